@@ -29,6 +29,8 @@ class MqttConfig(_Section):
     ca_file: Path | None = None
     cert_file: Path | None = None
     key_file: Path | None = None
+    protocol_version: Literal["5", "3.1.1"] = Field(
+        default="5", description="MQTT v5 by default; 3.1.1 for brokers without v5 (e.g. the demo's amqtt)")
     keepalive_s: int = Field(default=30, ge=5, le=3600)
     inbound_queue: int = Field(default=10_000, ge=1)
 

@@ -1,0 +1,64 @@
+"""CloudConfig: everything cloudd is started with, validated once at startup.
+
+Invariant: a config that ``load_config`` returns is complete and consistent (every gateway id is
+valid, every token non-empty); errors are ``ConfigError`` naming the flag or file and the field.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from protocol.batch import MAX_BATCH_BYTES
+from protocol.errors import ProtocolError
+from protocol.topics import check_id
+
+
+class ConfigError(ValueError):
+    """An invalid cloudd option; the message names it."""
+
+
+@dataclass(frozen=True)
+class CloudConfig:
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 8700
+    gateway_tokens: dict[str, str] = field(default_factory=dict)
+    operator_token: str | None = None
+    max_body_bytes: int = MAX_BATCH_BYTES
+    max_pending_writes: int = 64
+    shutdown_timeout: float = 10.0
+
+
+def parse_token_arg(arg: str) -> tuple[str, str]:
+    """``GW=TOKEN`` -> (gw, token)."""
+    gateway, sep, token = arg.partition("=")
+    if not sep or not token:
+        raise ConfigError(f"--token {arg!r}: expected GATEWAY=TOKEN")
+    try:
+        check_id("gateway", gateway)
+    except ProtocolError as exc:
+        raise ConfigError(f"--token {arg!r}: {exc.detail}") from None
+    return gateway, token
+
+
+def load_tokens_file(path: Path) -> dict[str, str]:
+    """Read ``[gateways] gw1 = "token"`` from a TOML file."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"--tokens-file {path}: {exc}") from None
+    table = data.get("gateways")
+    if not isinstance(table, dict):
+        raise ConfigError(f"--tokens-file {path}: missing [gateways] table")
+    tokens: dict[str, str] = {}
+    for gateway, token in table.items():
+        if not isinstance(token, str) or not token:
+            raise ConfigError(f"--tokens-file {path}: gateways.{gateway} must be a non-empty string")
+        try:
+            check_id("gateway", gateway)
+        except ProtocolError as exc:
+            raise ConfigError(f"--tokens-file {path}: gateways.{gateway}: {exc.detail}") from None
+        tokens[gateway] = token
+    return tokens

@@ -1,0 +1,166 @@
+"""cloudd: the cloud daemon's HTTP app and its one runner.
+
+``build_app(config)`` makes the aiohttp application: shared state under the typed keys of
+``cloud.api.context``, the store opened and closed by the app's cleanup context, and the route
+groups of ``ROUTE_GROUPS`` (a later feature adds its module there). ``CloudServer`` is the one
+runner. Invariant: it starts in order (store, then routes, then the listening socket) and stops
+in reverse (stop accepting, let in-flight requests finish for up to ``shutdown_timeout``, then
+close the store after its queued writes), so nothing is acknowledged after the store closes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+
+from aiohttp import web
+
+from cloud.api import health, ingest, status
+from cloud.api.context import CONFIG, METRICS, STORE
+from cloud.api.errors import json_errors
+from cloud.config import CloudConfig, ConfigError, load_tokens_file, parse_token_arg
+from cloud.metrics import CloudMetrics
+from cloud.store import StoreLocked
+from cloud.store.writer import AsyncStoreWriter
+
+log = logging.getLogger("cloudd")
+
+ROUTE_GROUPS: tuple[Callable[[web.Application], None], ...] = (health.setup, ingest.setup, status.setup)
+
+
+async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
+    writer = app[STORE]
+    await writer.open()
+    recovery = writer.store.recovery
+    if recovery.cut_bytes:
+        log.info("store recovered: cut %d uncommitted bytes", recovery.cut_bytes)
+    if recovery.corrupt:
+        log.error("store corruption: committed bytes missing in %s", recovery.missing_bytes)
+    try:
+        yield
+    finally:
+        await writer.close()
+
+
+def build_app(config: CloudConfig, *, extra_routes: Sequence[Callable[[web.Application], None]] = ()
+              ) -> web.Application:
+    """The cloudd application; ``extra_routes`` lets a caller add route groups (tests, features)."""
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[json_errors])
+    app[CONFIG] = config
+    app[METRICS] = CloudMetrics()
+    app[STORE] = AsyncStoreWriter(config.data_dir, max_pending=config.max_pending_writes)
+    app.cleanup_ctx.append(_store_lifetime)
+    for setup in (*ROUTE_GROUPS, *extra_routes):
+        setup(app)
+    return app
+
+
+class CloudServer:
+    """The one runner of cloudd: owns the AppRunner and its single TCP site."""
+
+    def __init__(self, config: CloudConfig, app: web.Application | None = None) -> None:
+        self.config = config
+        self.app = app if app is not None else build_app(config)
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def port(self) -> int:
+        if self._runner is None or not self._runner.addresses:
+            raise RuntimeError("CloudServer is not started")
+        return self._runner.addresses[0][1]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.port}"
+
+    async def start(self) -> None:
+        if self._runner is not None:
+            raise RuntimeError("CloudServer already started")
+        runner = web.AppRunner(self.app, handle_signals=False, shutdown_timeout=self.config.shutdown_timeout)
+        await runner.setup()  # runs the app's startup: opens (and recovers) the store
+        self._runner = runner
+        try:
+            await web.TCPSite(runner, self.config.host, self.config.port).start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        """Stop accepting, drain in-flight requests (bounded), close the store. Idempotent."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+
+async def serve(config: CloudConfig, ready: Callable[[CloudServer], None] | None = None) -> None:
+    """Run cloudd until SIGTERM or SIGINT, then shut down within a deadline."""
+    server = CloudServer(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start()
+        log.info("cloudd listening on %s (data in %s, %d gateways)", server.url, config.data_dir,
+                 len(config.gateway_tokens))
+        if ready is not None:
+            ready(server)
+        await stop.wait()
+        log.info("cloudd stopping")
+    finally:
+        try:
+            # Drain gets shutdown_timeout; closing the store (queued writes) gets a little more.
+            await asyncio.wait_for(server.stop(), timeout=config.shutdown_timeout + 5.0)
+        except TimeoutError:
+            log.error("cloudd: shutdown did not finish within %.0fs", config.shutdown_timeout + 5.0)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> CloudConfig:
+    parser = argparse.ArgumentParser(prog="cloudd", description="edgefed cloud daemon")
+    parser.add_argument("--data-dir", required=True, type=Path, help="datasets and meta.sqlite live here")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", default=8700, type=int)
+    parser.add_argument("--token", action="append", default=[], metavar="GW=TOKEN",
+                        help="a gateway's upload token (repeatable)")
+    parser.add_argument("--tokens-file", type=Path, help='TOML file: [gateways] gw1 = "token"')
+    parser.add_argument("--operator-token", help="required by GET /v1/status when set")
+    parser.add_argument("--shutdown-timeout", type=float, default=10.0)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    tokens = load_tokens_file(args.tokens_file) if args.tokens_file else {}
+    tokens.update(parse_token_arg(arg) for arg in args.token)
+    if args.operator_token == "":
+        raise ConfigError("--operator-token must not be empty")
+    return CloudConfig(data_dir=args.data_dir, host=args.host, port=args.port, gateway_tokens=tokens,
+                       operator_token=args.operator_token, shutdown_timeout=args.shutdown_timeout)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config = parse_args(argv)
+    except ConfigError as exc:
+        print(f"cloudd: {exc}", file=sys.stderr)
+        return 2
+    if not config.gateway_tokens:
+        log.warning("no gateway tokens configured: every upload will be refused (use --token GW=TOKEN)")
+    try:
+        asyncio.run(serve(config))
+    except StoreLocked as exc:
+        print(f"cloudd: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"cloudd: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

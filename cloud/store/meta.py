@@ -1,0 +1,148 @@
+"""The metadata database (SQLite, WAL, ``synchronous=FULL``): what the segments mean.
+
+Tables: ``segments`` (committed length of each segment file), ``lsn_ranges`` (per gateway and
+log_id, the merged intervals of LSNs already stored), ``gateways`` and ``devices`` (counts).
+Invariant: every row here describes bytes that are already fsynced in a segment; the writer
+changes them only inside one transaction per batch (``commit_batch``), so a reader sees a batch
+entirely or not at all. Functions take a connection; they never open or commit one themselves,
+except ``connect`` and ``commit_batch``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+from cloud.store.intervals import Interval
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS segments (
+    gateway TEXT NOT NULL, seq INTEGER NOT NULL, committed_len INTEGER NOT NULL,
+    PRIMARY KEY (gateway, seq));
+CREATE TABLE IF NOT EXISTS lsn_ranges (
+    gateway TEXT NOT NULL, log_id TEXT NOT NULL, lo INTEGER NOT NULL, hi INTEGER NOT NULL,
+    PRIMARY KEY (gateway, log_id, lo));
+CREATE TABLE IF NOT EXISTS gateways (
+    id TEXT PRIMARY KEY, last_seen REAL, records INTEGER NOT NULL DEFAULT 0,
+    batches INTEGER NOT NULL DEFAULT 0, duplicates INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS devices (
+    gateway TEXT NOT NULL, device TEXT NOT NULL, records INTEGER NOT NULL DEFAULT 0, last_ts REAL,
+    PRIMARY KEY (gateway, device));
+"""
+
+
+def connect(path: Path, readonly: bool = False) -> sqlite3.Connection:
+    """Open the database; the writer creates the schema, a reader opens it read-only."""
+    if readonly:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10.0, check_same_thread=False)
+        return conn
+    # isolation_level=None: we issue BEGIN/COMMIT ourselves, so the transaction boundary is explicit.
+    conn = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")  # a COMMIT that returned is on disk
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version not in (0, SCHEMA_VERSION):
+        conn.close()
+        raise RuntimeError(f"{path}: metadata schema version {version}, this cloudd knows {SCHEMA_VERSION}")
+    conn.executescript(_SCHEMA)
+    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+    return conn
+
+
+def segments(conn: sqlite3.Connection, gateway: str | None = None) -> list[tuple[str, int, int]]:
+    """(gateway, seq, committed_len), ordered by gateway then seq."""
+    if gateway is None:
+        rows = conn.execute("SELECT gateway, seq, committed_len FROM segments ORDER BY gateway, seq")
+    else:
+        rows = conn.execute(
+            "SELECT gateway, seq, committed_len FROM segments WHERE gateway=? ORDER BY seq", (gateway,))
+    return [(g, s, n) for g, s, n in rows]
+
+
+def ranges_near(conn: sqlite3.Connection, gateway: str, log_id: str, first: int, last: int) -> list[Interval]:
+    """Stored intervals that overlap or touch [first, last] (those a merge may join), sorted."""
+    rows = conn.execute(
+        "SELECT lo, hi FROM lsn_ranges WHERE gateway=? AND log_id=? AND lo<=? AND hi>=? ORDER BY lo",
+        (gateway, log_id, last + 1, first - 1))
+    return [(lo, hi) for lo, hi in rows]
+
+
+def all_ranges(conn: sqlite3.Connection, gateway: str, log_id: str) -> list[Interval]:
+    rows = conn.execute("SELECT lo, hi FROM lsn_ranges WHERE gateway=? AND log_id=? ORDER BY lo",
+                        (gateway, log_id))
+    return [(lo, hi) for lo, hi in rows]
+
+
+@dataclass(frozen=True)
+class BatchCommit:
+    """Everything one acknowledged batch changes in the metadata, applied atomically."""
+
+    gateway: str
+    log_id: str
+    now: float
+    stored: int
+    duplicates: int
+    segment: tuple[int, int] | None  # (seq, new committed_len), None when nothing was written
+    old_ranges: list[Interval]  # replaced by new_ranges
+    new_ranges: list[Interval]
+    devices: dict[str, tuple[int, float]]  # device -> (records added, max received_ts)
+
+
+def commit_batch(conn: sqlite3.Connection, change: BatchCommit) -> None:
+    """Apply ``change`` in one transaction; on any error nothing of it is applied."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if change.segment is not None:
+            seq, committed_len = change.segment
+            conn.execute(
+                "INSERT INTO segments (gateway, seq, committed_len) VALUES (?, ?, ?) "
+                "ON CONFLICT (gateway, seq) DO UPDATE SET committed_len=excluded.committed_len",
+                (change.gateway, seq, committed_len))
+        conn.executemany("DELETE FROM lsn_ranges WHERE gateway=? AND log_id=? AND lo=?",
+                         [(change.gateway, change.log_id, lo) for lo, _ in change.old_ranges])
+        conn.executemany("INSERT INTO lsn_ranges (gateway, log_id, lo, hi) VALUES (?, ?, ?, ?)",
+                         [(change.gateway, change.log_id, lo, hi) for lo, hi in change.new_ranges])
+        conn.executemany(
+            "INSERT INTO devices (gateway, device, records, last_ts) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (gateway, device) DO UPDATE SET records=records+excluded.records, "
+            "last_ts=max(coalesce(last_ts, excluded.last_ts), excluded.last_ts)",
+            [(change.gateway, dev, n, ts) for dev, (n, ts) in change.devices.items()])
+        conn.execute(
+            "INSERT INTO gateways (id, last_seen, records, batches, duplicates) VALUES (?, ?, ?, 1, ?) "
+            "ON CONFLICT (id) DO UPDATE SET last_seen=excluded.last_seen, "
+            "records=records+excluded.records, batches=batches+1, duplicates=duplicates+excluded.duplicates",
+            (change.gateway, change.now, change.stored, change.duplicates))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+@dataclass(frozen=True)
+class GatewayCounts:
+    id: str
+    last_seen: float | None
+    records: int
+    batches: int
+    duplicates: int
+
+
+@dataclass(frozen=True)
+class DeviceCounts:
+    gateway: str
+    device: str
+    records: int
+    last_ts: float | None
+
+
+def gateway_counts(conn: sqlite3.Connection) -> list[GatewayCounts]:
+    rows = conn.execute("SELECT id, last_seen, records, batches, duplicates FROM gateways ORDER BY id")
+    return [GatewayCounts(*row) for row in rows]
+
+
+def device_counts(conn: sqlite3.Connection) -> list[DeviceCounts]:
+    rows = conn.execute("SELECT gateway, device, records, last_ts FROM devices ORDER BY gateway, device")
+    return [DeviceCounts(*row) for row in rows]

@@ -1,0 +1,93 @@
+"""AsyncStoreWriter: the one thread that does the store's blocking work for cloudd's event loop.
+
+Owns a ``ThreadPoolExecutor(max_workers=1)``: opening (recovery), every write and the status
+reads run on it, one at a time, so writes are serialised and the loop never waits for a disk.
+Invariant: at most ``max_pending`` calls are queued or running; one more is refused at once with
+``StoreBusy`` (counted in ``busy_rejections``) instead of queueing without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+from cloud.store.dataset import DatasetStore, StoreCounts
+from cloud.store.segments import DEFAULT_SEGMENT_MAX_BYTES
+from protocol.batch import BatchAck, UploadBatch
+
+T = TypeVar("T")
+
+
+class StoreBusy(Exception):
+    """Too many store calls are waiting; the caller should retry later."""
+
+
+class AsyncStoreWriter:
+    def __init__(self, data_dir: Path, *, max_pending: int = 64,
+                 segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES) -> None:
+        self.data_dir = Path(data_dir)
+        self.max_pending = max_pending
+        self.segment_max_bytes = segment_max_bytes
+        self.busy_rejections = 0
+        self._pending = 0
+        self._executor: ThreadPoolExecutor | None = None
+        self._store: DatasetStore | None = None
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    @property
+    def store(self) -> DatasetStore:
+        if self._store is None:
+            raise RuntimeError("AsyncStoreWriter is not open")
+        return self._store
+
+    async def open(self) -> None:
+        if self._executor is not None:
+            raise RuntimeError("AsyncStoreWriter is already open")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-writer")
+        try:
+            self._store = await self._run(lambda: DatasetStore.open(
+                self.data_dir, segment_max_bytes=self.segment_max_bytes))
+        except BaseException:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+            raise
+
+    async def close(self) -> None:
+        """Let queued calls finish (they may be writes already promised to nobody), then close."""
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        store, self._store = self._store, None
+        if store is not None:
+            await asyncio.get_running_loop().run_in_executor(executor, store.close)
+        await asyncio.to_thread(executor.shutdown, wait=True)
+
+    async def store_batch(self, batch: UploadBatch) -> BatchAck:
+        return await self._run(lambda: self.store.store_batch(batch))
+
+    async def counts(self) -> StoreCounts:
+        return await self._run(lambda: self.store.counts())
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        if self._executor is None:
+            raise RuntimeError("AsyncStoreWriter is not open")
+        if self._pending >= self.max_pending:
+            self.busy_rejections += 1
+            raise StoreBusy(f"{self._pending} store calls pending (limit {self.max_pending})")
+        self._pending += 1
+        future = asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        # Counted until the thread is done with it, even when the caller gave up waiting.
+        future.add_done_callback(self._done)
+        # Not cancelled with the caller: a write that started finishes, and a replay dedupes it.
+        return await asyncio.shield(future)
+
+    def _done(self, future: asyncio.Future) -> None:
+        self._pending -= 1
+        if not future.cancelled():
+            future.exception()  # retrieved here, so a caller that gave up leaves no warning behind

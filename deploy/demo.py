@@ -1,0 +1,213 @@
+"""`make demo`: a broker, cloudd, gatewayd and simulated sensors, with live counts and a final
+accounting of every record sent.
+
+Invariant: the demo exits 0 only if every message the broker acknowledged to the sensors is
+stored in the cloud exactly once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import aiohttp
+
+from cloud.store.dataset import DatasetStore
+from devices.sensors import SensorRun, SentRecord, run_sensors
+
+ROOT = Path(__file__).resolve().parent.parent
+GATEWAY = "gw1"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def wait_http(url: str, limit_s: float = 20.0) -> None:
+    deadline = time.monotonic() + limit_s
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                async with session.get(url, timeout=aiohttp.ClientTimeout(total=1)) as resp:
+                    if resp.status < 500:
+                        return
+            await asyncio.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer within {limit_s}s")
+
+
+async def get_json(session: aiohttp.ClientSession, url: str, token: str | None = None) -> dict | None:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=2)) as resp:
+            return await resp.json() if resp.status == 200 else None
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        return None
+
+
+class EmbeddedBroker:
+    """amqtt in this process: MQTT 3.1.1 only and not durable, fine for a demo (DESIGN.md)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self._broker = None
+
+    async def __aenter__(self) -> str:
+        from amqtt.broker import Broker
+
+        self._broker = Broker({
+            "listeners": {"default": {"type": "tcp", "bind": f"127.0.0.1:{self.port}"}},
+            "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
+        })
+        await self._broker.start()
+        return f"mqtt://127.0.0.1:{self.port}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._broker.shutdown()
+
+
+class Demo:
+    def __init__(self, args: argparse.Namespace, broker_url: str) -> None:
+        self.args = args
+        self.broker_url = broker_url
+        self.data = ROOT / "demo-data"
+        self.cloud_port, self.gateway_port = free_port(), free_port()
+        self.token = secrets.token_hex(16)
+        self.children: list[tuple[str, subprocess.Popen]] = []
+        self.sent = SentRecord()
+        self.stop_sensors = threading.Event()
+
+    def start_children(self) -> None:
+        shutil.rmtree(self.data, ignore_errors=True)
+        (self.data / "gateway").mkdir(parents=True)
+        bin_dir = Path(sys.executable).parent
+        logs = self.data / "logs"
+        logs.mkdir()
+        self._spawn("cloudd", [bin_dir / "cloudd", "--data-dir", self.data / "cloud",
+                               "--port", self.cloud_port, "--token", f"{GATEWAY}={self.token}"], logs)
+        protocol = "3.1.1" if self.args.broker is None else "5"
+        config = self.data / "gateway.toml"
+        config.write_text(
+            f'gateway_id = "{GATEWAY}"\ndata_dir = "gateway"\n'
+            f'[mqtt]\nbroker = "{self.broker_url}"\nprotocol_version = "{protocol}"\n'
+            f'[uplink]\ncloud_url = "http://127.0.0.1:{self.cloud_port}"\ntoken = "{self.token}"\n'
+            f'[http]\nlisten = "127.0.0.1:{self.gateway_port}"\n')
+        self._spawn("gatewayd", [bin_dir / "gatewayd", "--config", config], logs)
+
+    def _spawn(self, name: str, argv: list, logs: Path) -> None:
+        log_file = open(logs / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen([str(a) for a in argv], stdout=log_file, stderr=subprocess.STDOUT)
+        self.children.append((name, proc))
+        print(f"started {name} (pid {proc.pid}), log in {logs / f'{name}.log'}")
+
+    def stop_children(self) -> None:
+        for name, proc in reversed(self.children):  # gateway first: it flushes, then the cloud
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    print(f"{name} did not stop within 15 s; killing it")
+                    proc.kill()
+                    proc.wait()
+            print(f"{name} exited with {proc.returncode}")
+
+    async def run(self) -> int:
+        self.start_children()
+        try:
+            await wait_http(f"http://127.0.0.1:{self.cloud_port}/healthz")
+            await wait_http(f"http://127.0.0.1:{self.gateway_port}/status")
+            sensor_run = SensorRun(broker=self.broker_url, gateway=GATEWAY, count=self.args.count,
+                                   rate_hz=self.args.rate, duration_s=self.args.duration, seed=self.args.seed)
+            sensors = asyncio.get_running_loop().run_in_executor(
+                None, lambda: run_sensors(sensor_run, self.stop_sensors, self._on_progress))
+            async with aiohttp.ClientSession() as session:
+                print(f"{'time':>6} {'sent':>8} {'in log':>8} {'uploaded':>9} {'in cloud':>9}")
+                start = time.monotonic()
+                while not sensors.done():
+                    await self._show(session, time.monotonic() - start)
+                    await asyncio.wait({sensors}, timeout=1.0)
+                self.sent = await sensors
+                print(f"sensors done: {self.sent.total} messages acknowledged by the broker; draining")
+                deadline = time.monotonic() + self.args.drain_timeout
+                while time.monotonic() < deadline:
+                    stored = await self._show(session, time.monotonic() - start)
+                    if stored >= self.sent.total:
+                        break
+                    await asyncio.sleep(1.0)
+        finally:
+            self.stop_sensors.set()
+            self.stop_children()
+        return self.account()
+
+    def _on_progress(self, record: SentRecord) -> None:
+        self.sent = record
+
+    async def _show(self, session: aiohttp.ClientSession, elapsed: float) -> int:
+        gateway = await get_json(session, f"http://127.0.0.1:{self.gateway_port}/status") or {}
+        cloud = await get_json(session, f"http://127.0.0.1:{self.cloud_port}/v1/status") or {}
+        uplink = gateway.get("uplink", {})
+        stored = cloud.get("totals", {}).get("records", 0)
+        print(f"{elapsed:6.0f} {self.sent.total:8d} {uplink.get('backlog', '?')!s:>8} "
+              f"{uplink.get('records_uploaded', '?')!s:>9} {stored:9d}", flush=True)
+        return stored
+
+    def account(self) -> int:
+        """Compare what the broker acknowledged to the sensors with what the cloud stored."""
+        store = DatasetStore.open(self.data / "cloud", readonly=True)
+        stored = Counter((r.record["device"], r.record["body"]["seq"]) for r in store.iter_records(GATEWAY))
+        sent = {(device, seq) for device, seqs in self.sent.sent.items() for seq in seqs}
+        missing = sent - stored.keys()
+        duplicates = sum(n - 1 for n in stored.values() if n > 1)
+        extra = stored.keys() - sent
+        print("\n== summary ==")
+        print(f"sent (acknowledged by the broker): {len(sent)}")
+        print(f"stored in the cloud:                {sum(stored.values())} ({len(stored)} distinct)")
+        print(f"missing: {len(missing)}   duplicates: {duplicates}   "
+              f"stored but not recorded as sent: {len(extra)}")
+        for device, seqs in sorted(self.sent.sent.items()):
+            have = sum(1 for seq in seqs if (device, seq) in stored)
+            print(f"  {device}: sent {len(seqs)}, stored {have}")
+        ok = not missing and not duplicates
+        print("OK: every record sent is stored exactly once" if ok else "FAILED: records lost or duplicated")
+        return 0 if ok else 1
+
+
+async def amain(args: argparse.Namespace) -> int:
+    if args.broker:
+        return await Demo(args, args.broker).run()
+    async with EmbeddedBroker(free_port()) as broker_url:
+        print(f"embedded broker (amqtt) on {broker_url}")
+        return await Demo(args, broker_url).run()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="edgefed demo: sensors -> gateway -> cloud")
+    parser.add_argument("--duration", type=float, default=float(os.environ.get("DURATION", 30)))
+    parser.add_argument("--broker", default=os.environ.get("BROKER"), help="use this broker instead of amqtt")
+    parser.add_argument("--count", type=int, default=5, help="simulated sensors")
+    parser.add_argument("--rate", type=float, default=10.0, help="messages per second per sensor")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--drain-timeout", type=float, default=60.0)
+    args = parser.parse_args()
+    try:
+        return asyncio.run(amain(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Sources of records: sensors over MQTT (sensors.py) and cameras (camera.py)."""

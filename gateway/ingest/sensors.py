@@ -1,0 +1,195 @@
+"""Sensor ingest: device telemetry from MQTT into the log, acknowledged only once it is durable.
+
+Owns two tasks: *intake* (takes messages from the MQTT adapter, validates them, appends accepted
+ones to the log) and *flusher* (closes a log epoch every ``flush_interval_ms``, or sooner when
+many messages wait, and acknowledges that epoch's messages once the log says it is durable).
+
+Invariant (the ack rule, DESIGN.md): a QoS 1 message is acknowledged to the broker only after
+the epoch holding its record is durable, and acks go out in arrival order. Rejected messages
+are queued for ack in the same order as accepted ones, so they are acked with the epoch they
+arrived in. A record refused because the log is full is rejected ("log_full") and still acked:
+policy "reject" refuses new data, loudly and counted. Nothing a device sends stops the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gateway.mqtt import InboundMessage, MqttAdapter
+from gateway.ratelimit import RateLimitedLog
+from gateway.storage.interface import LogFailed, LogFull, RecordLog
+from protocol.errors import ProtocolError
+from protocol.records import telemetry_record
+from protocol.telemetry import parse_telemetry
+from protocol.topics import devices_subscription, parse_device_topic
+
+log = logging.getLogger(__name__)
+
+EAGER_FLUSH_MESSAGES = 1000  # close the epoch early when this many messages wait for their ack
+DURABILITY_WARN_S = 30.0  # an fsync slower than this is logged (and waited for again)
+REJECT_REASONS = ("unknown_topic", "unknown_device", "too_large", "not_json", "invalid",
+                  "device_mismatch", "log_full")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What to do with one message: append ``record``, or reject it for ``reason``."""
+
+    record: bytes | None
+    reason: str | None = None
+    detail: str = ""
+
+
+def judge_message(gateway_id: str, allow: Sequence[str], topic: str, payload: bytes,
+                  received_ts: float) -> Verdict:
+    """Pure: validate one device message and build its log record."""
+    try:
+        where = parse_device_topic(topic)
+    except ProtocolError as exc:
+        return Verdict(None, "unknown_topic", exc.detail)
+    if where.gateway_id != gateway_id or where.leaf != "telemetry":
+        return Verdict(None, "unknown_topic", f"topic {topic!r} is not a telemetry topic of {gateway_id}")
+    if not any(fnmatch.fnmatchcase(where.device_id, pattern) for pattern in allow):
+        return Verdict(None, "unknown_device", f"device {where.device_id!r} is not in devices.allow")
+    try:
+        telemetry = parse_telemetry(payload)
+    except ProtocolError as exc:
+        return Verdict(None, exc.reason, f"device {where.device_id}: {exc.detail}")
+    if telemetry.device != where.device_id:
+        return Verdict(None, "device_mismatch",
+                       f"payload device {telemetry.device!r} published on {where.device_id!r}'s topic")
+    return Verdict(telemetry_record(where.device_id, received_ts, payload))
+
+
+class SensorIngest:
+    def __init__(self, adapter: MqttAdapter, record_log: RecordLog, gateway_id: str, allow: Sequence[str],
+                 flush_interval_ms: int, on_durable: Callable[[], None] = lambda: None,
+                 on_fatal: Callable[[BaseException], None] = lambda exc: None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._adapter = adapter
+        self._log = record_log
+        self.gateway_id = gateway_id
+        self._allow = list(allow)
+        self._interval_s = flush_interval_ms / 1000
+        self._on_durable = on_durable
+        self._on_fatal = on_fatal
+        self._clock = clock
+        self._awaiting_ack: list[InboundMessage] = []  # arrival order; appended to after the log append
+        self._appended_since_flush = 0
+        self._flush_now = asyncio.Event()
+        self._stopping = False
+        self._failed = False
+        self._intake: asyncio.Task[None] | None = None
+        self._flusher: asyncio.Task[None] | None = None
+        self._warn = RateLimitedLog(log)
+        self.accepted = 0
+        self.rejected: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
+        self.acked = 0
+        self.epochs = 0
+
+    async def start(self) -> None:
+        self._adapter.subscribe(devices_subscription(self.gateway_id), qos=1)
+        self._intake = asyncio.create_task(self._intake_loop(), name="ingest-intake")
+        self._flusher = asyncio.create_task(self._flusher_loop(), name="ingest-flusher")
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop intake, flush and ack what was taken (waiting for durability up to ``timeout_s``).
+
+        The socket is still read (PUBACKs must get through); messages that arrive from now on stay
+        unacked in the adapter's queue and the broker redelivers them to the next run.
+        """
+        if self._intake is not None:
+            self._intake.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._intake
+        self._stopping = True
+        self._flush_now.set()
+        if self._flusher is not None:
+            try:
+                await asyncio.wait_for(self._flusher, timeout_s)
+            except TimeoutError:
+                log.error("ingest: log not durable within %.1fs at shutdown; unacked messages "
+                          "will be redelivered by the broker", timeout_s)
+        self._intake = self._flusher = None
+
+    # --- intake ----------------------------------------------------------------------------------
+
+    async def _intake_loop(self) -> None:
+        while True:
+            message = await self._adapter.receive(timeout_s=1.0)
+            if message is None:
+                continue
+            await self._take(message)
+
+    async def _take(self, message: InboundMessage) -> None:
+        verdict = judge_message(self.gateway_id, self._allow, message.topic, message.payload, self._clock())
+        if verdict.record is not None and not self._failed:
+            try:
+                await self._log.append(verdict.record)
+                self.accepted += 1
+                self._appended_since_flush += 1
+            except LogFull as exc:
+                verdict = Verdict(None, "log_full", f"log full, policy reject: {exc}")
+            except LogFailed as exc:
+                self._fail(exc)
+                return  # never acked: the broker keeps it
+        if verdict.reason is not None:
+            self.rejected[verdict.reason] = self.rejected.get(verdict.reason, 0) + 1
+            self._warn.warning(verdict.reason, "ingest: rejected (%s): %s", verdict.reason, verdict.detail)
+        self._awaiting_ack.append(message)
+        if len(self._awaiting_ack) >= EAGER_FLUSH_MESSAGES:
+            self._flush_now.set()
+
+    # --- flusher ---------------------------------------------------------------------------------
+
+    async def _flusher_loop(self) -> None:
+        while not self._stopping:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._flush_now.wait(), self._interval_s)
+            self._flush_now.clear()
+            if self._awaiting_ack or self._appended_since_flush:
+                await self._flush_and_ack()
+        await self._flush_and_ack()  # the last epoch, at shutdown
+
+    async def _flush_and_ack(self) -> None:
+        if self._failed:
+            return
+        # Take the ack list before closing the epoch: every message in it has its record (if any)
+        # in this epoch or an earlier one, so acking after durability can never run ahead of it.
+        to_ack, self._awaiting_ack = self._awaiting_ack, []
+        appended, self._appended_since_flush = self._appended_since_flush, 0
+        try:
+            epoch = await self._log.flush()
+            while True:
+                try:
+                    await asyncio.wait_for(asyncio.shield(epoch.durable), DURABILITY_WARN_S)
+                    break
+                except TimeoutError:
+                    log.warning("ingest: epoch %d not durable after %.0fs (slow disk?)", epoch.number,
+                                DURABILITY_WARN_S)
+        except LogFailed as exc:
+            self._fail(exc)
+            return
+        self.epochs += 1
+        for message in to_ack:
+            if self._adapter.ack(message):
+                self.acked += 1
+        if appended:
+            self._on_durable()
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self._failed:
+            self._failed = True
+            log.critical("ingest: the log failed (%s); nothing more is acknowledged", exc)
+            self._on_fatal(exc)
+
+    def stats(self) -> dict[str, int]:
+        # rejections per reason are exported separately (a labelled counter), so no total here
+        return {"accepted": self.accepted, "acked": self.acked,
+                "epochs": self.epochs, "awaiting_ack": len(self._awaiting_ack)}

@@ -1,0 +1,1 @@
+"""The gateway's durable record log: the RecordLog contract (interface.py) and its implementations."""

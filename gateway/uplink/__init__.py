@@ -1,0 +1,1 @@
+"""Store-and-forward from the log to the cloud (sender.py)."""

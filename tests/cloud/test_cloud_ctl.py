@@ -1,0 +1,47 @@
+"""cloudctl status against a real cloudd: the table, --json, and clear failures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from cloudtest_util import upload
+from conftest import free_port
+
+from cloud.ctl import format_table
+
+
+def cloudctl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cloud.ctl", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_format_table_aligns_columns():
+    text = format_table(["NAME", "N"], [["a", 5], ["longer", 123]])
+    assert text.splitlines() == ["NAME      N", "a         5", "longer  123"]
+
+
+def test_status_table_and_json(cloudd):
+    upload(cloudd.url, cloudd.token_for("gw1"), "gw1", "abcdef12", [1, 2, 3], device="temp-1")
+    upload(cloudd.url, cloudd.token_for("gw2"), "gw2", "abcdef12", [1], device="cam-7")
+    result = cloudctl("--url", cloudd.url, "--token", cloudd.operator_token, "status")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["GATEWAY", "LAST", "SEEN", "RECORDS", "BATCHES", "DUPLICATES"]
+    gw1 = next(line for line in lines if line.startswith("gw1 "))
+    assert gw1.split()[-3:] == ["3", "1", "0"]
+    assert any(line.split()[:3] == ["gw2", "cam-7", "1"] for line in lines)
+    assert "total: 4 records in 2 batches" in result.stdout
+
+    result = cloudctl("--url", cloudd.url, "--token", cloudd.operator_token, "status", "--json")
+    assert result.returncode == 0
+    doc = json.loads(result.stdout)
+    assert doc == cloudd.status()
+
+
+def test_unreachable_and_unauthorized_exit_1(cloudd):
+    result = cloudctl("--url", f"http://127.0.0.1:{free_port()}", "status")
+    assert result.returncode == 1 and "cannot reach cloudd" in result.stderr
+    result = cloudctl("--url", cloudd.url, "--token", "wrong", "status")
+    assert result.returncode == 1 and "401" in result.stderr and "unauthorized" in result.stderr
