@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from gateway.ingest.recent import RecentSamples, SampleKey
 from gateway.mqtt import InboundMessage, MqttAdapter
 from gateway.ratelimit import RateLimitedLog
 from gateway.storage.interface import LogFailed, LogFull, RecordLog
@@ -44,6 +45,7 @@ class Verdict:
     record: bytes | None
     reason: str | None = None
     detail: str = ""
+    sample: SampleKey | None = None
 
 
 def judge_message(gateway_id: str, allow: Sequence[str], topic: str, payload: bytes,
@@ -64,7 +66,8 @@ def judge_message(gateway_id: str, allow: Sequence[str], topic: str, payload: by
     if telemetry.device != where.device_id:
         return Verdict(None, "device_mismatch",
                        f"payload device {telemetry.device!r} published on {where.device_id!r}'s topic")
-    return Verdict(telemetry_record(where.device_id, received_ts, payload))
+    return Verdict(telemetry_record(where.device_id, received_ts, payload),
+                   sample=(telemetry.device, telemetry.seq, telemetry.ts))
 
 
 class SensorIngest:
@@ -92,8 +95,13 @@ class SensorIngest:
         self.rejected: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
         self.acked = 0
         self.epochs = 0
+        self.redelivered = 0  # samples already in the log, delivered again by the broker
+        self._recent = RecentSamples()
 
     async def start(self) -> None:
+        newest = max(self._log.trimmed_lsn + 1, self._log.durable_lsn - self._recent.capacity + 1)
+        seeded = await self._recent.seed(self._log.read(newest))
+        log.info("ingest: %d recent samples known from the log (redeliveries of them are skipped)", seeded)
         self._adapter.subscribe(devices_subscription(self.gateway_id), qos=1)
         self._intake = asyncio.create_task(self._intake_loop(), name="ingest-intake")
         self._flusher = asyncio.create_task(self._flusher_loop(), name="ingest-flusher")
@@ -129,11 +137,14 @@ class SensorIngest:
 
     async def _take(self, message: InboundMessage) -> None:
         verdict = judge_message(self.gateway_id, self._allow, message.topic, message.payload, self._clock())
-        if verdict.record is not None and not self._failed:
+        if verdict.sample in self._recent:
+            self.redelivered += 1  # already durable or in the open epoch: ack it with this epoch
+        elif verdict.record is not None and not self._failed:
             try:
                 await self._log.append(verdict.record)
                 self.accepted += 1
                 self._appended_since_flush += 1
+                self._recent.remember(verdict.sample)
             except LogFull as exc:
                 verdict = Verdict(None, "log_full", f"log full, policy reject: {exc}")
             except LogFailed as exc:
@@ -191,5 +202,5 @@ class SensorIngest:
 
     def stats(self) -> dict[str, int]:
         # rejections per reason are exported separately (a labelled counter), so no total here
-        return {"accepted": self.accepted, "acked": self.acked,
+        return {"accepted": self.accepted, "acked": self.acked, "redelivered": self.redelivered,
                 "epochs": self.epochs, "awaiting_ack": len(self._awaiting_ack)}
