@@ -1,0 +1,29 @@
+"""Link monitor + planner: which task of which service runs on the gateway and which in the cloud.
+
+Math (``model``, ``search``, ``planner.plan_placement``) is pure; mechanism (``probe.LinkProber``,
+``controller.PlacementController``) owns the asyncio tasks. See docs/placement.md.
+"""
+
+from gateway.placement.controller import PlacementController
+from gateway.placement.link import LinkEstimate, LinkMonitor
+from gateway.placement.model import Budgets, LinkView
+from gateway.placement.plan import Decision, Plan, ServicePlan
+from gateway.placement.planner import Hysteresis, PinError, PlacementPlanner, check_pins, plan_placement
+from gateway.placement.probe import LinkProber
+
+__all__ = [
+    "Budgets",
+    "Decision",
+    "Hysteresis",
+    "LinkEstimate",
+    "LinkMonitor",
+    "LinkProber",
+    "LinkView",
+    "PinError",
+    "PlacementController",
+    "PlacementPlanner",
+    "Plan",
+    "ServicePlan",
+    "check_pins",
+    "plan_placement",
+]

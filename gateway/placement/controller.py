@@ -1,0 +1,84 @@
+"""PlacementController: one asyncio task that watches a LinkMonitor and re-plans through a planner.
+
+Invariants: one owner starts and stops it; the first plan is made in ``start`` (so a started
+controller always has a plan); ``on_plan`` is called once per new plan, in order, from this task
+only; an exception in ``on_plan`` is logged and counted, never kills the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+
+from gateway.placement.link import LinkMonitor
+from gateway.placement.plan import Plan
+from gateway.placement.planner import PlacementPlanner
+
+log = logging.getLogger(__name__)
+
+OnPlan = Callable[[Plan], Awaitable[None] | None]
+
+
+class PlacementController:
+    def __init__(
+        self,
+        planner: PlacementPlanner,
+        monitor: LinkMonitor,
+        on_plan: OnPlan | None = None,
+        *,
+        interval_s: float = 1.0,
+        default_rtt_s: float = 0.1,
+    ) -> None:
+        self.planner = planner
+        self._monitor = monitor
+        self._on_plan = on_plan
+        self._interval = interval_s
+        self._default_rtt = default_rtt_s
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.callback_errors = 0
+
+    @property
+    def plan(self) -> Plan | None:
+        return self.planner.current
+
+    async def start(self) -> None:
+        if self._task is not None:
+            raise RuntimeError("PlacementController already started")
+        await self.check()
+        self._task = asyncio.create_task(self._run(), name="placement-controller")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def poke(self) -> None:
+        """Check now rather than at the next interval (e.g. after pins changed)."""
+        self._wake.set()
+
+    async def check(self) -> Plan | None:
+        plan = self.planner.update(self._monitor.snapshot().view(self._default_rtt))
+        if plan is not None:
+            log.info("placement %s", self.planner.decisions[-1].to_text())
+            if self._on_plan is not None:
+                try:
+                    result = self._on_plan(plan)
+                    if inspect.isawaitable(result):
+                        await result
+                except Exception:
+                    self.callback_errors += 1
+                    log.exception("on_plan callback failed for plan v%d", plan.version)
+        return plan
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._interval)
+            self._wake.clear()
+            await self.check()

@@ -1,0 +1,211 @@
+"""Link monitor: RTT, goodput and availability of the uplink, from real uploads and light probes.
+
+Invariants:
+- Estimates come only from observations (``observe_probe``, ``observe_upload``) stamped with the
+  injected clock; goodput is ``prior_goodput_Bps`` until a large enough upload has been seen.
+- Availability: the link is *down* after ``down_after_failures`` consecutive failures and *up*
+  after one success; it is *flapping* while the window holds ``flap_transitions`` or more
+  up/down transitions, whatever its instantaneous state.
+- Every sample store is bounded (``window_samples``); nothing here does I/O (see ``probe.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gateway.placement.model import LinkState, LinkView
+
+
+@dataclass(frozen=True)
+class LinkEstimate:
+    at: float
+    state: LinkState
+    rtt_s: float | None  # EWMA
+    rtt_window_s: float | None  # median of the window
+    goodput_Bps: float  # EWMA of log goodput (the prior until measured)
+    goodput_window_Bps: float | None  # median of the window
+    goodput_measured: bool
+    up_fraction: float  # of the window's time
+    transitions: int  # in the window
+    consecutive_failures: int
+    last_success_at: float | None
+
+    def view(self, default_rtt_s: float = 0.1) -> LinkView:
+        """What the planner sees: EWMA values (smooth) and the availability state."""
+        rtt = self.rtt_s if self.rtt_s is not None else default_rtt_s
+        return LinkView(self.state, rtt, self.goodput_Bps, self.up_fraction)
+
+
+class LinkMonitor:
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        alpha: float = 0.3,
+        window_s: float = 30.0,
+        window_samples: int = 256,
+        down_after_failures: int = 2,
+        flap_transitions: int = 4,
+        prior_goodput_Bps: float = 125_000.0,
+        min_goodput_bytes: int = 4096,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        if not 0 < alpha <= 1:
+            raise ValueError("alpha must be in (0, 1]")
+        self._clock = clock
+        self._alpha = alpha
+        self.window_s = window_s
+        self._down_after = down_after_failures
+        self._flap_transitions = flap_transitions
+        self._min_goodput_bytes = min_goodput_bytes
+        self._rtt_ewma: float | None = None
+        self._goodput_ewma = prior_goodput_Bps
+        self._goodput_measured = False
+        self._rtts: deque[tuple[float, float]] = deque(maxlen=window_samples)
+        self._goodputs: deque[tuple[float, float]] = deque(maxlen=window_samples)
+        self._transitions: deque[tuple[float, bool]] = deque(maxlen=window_samples)  # (at, now_up)
+        self._up = True  # optimistic until told otherwise: the first failures will say so
+        self._failures = 0
+        self._last_success: float | None = None
+        self._started = clock()
+        self._metrics = _Metrics(registry) if registry is not None else None
+
+    # -- observations ------------------------------------------------------------------------
+    def observe_probe(self, rtt_s: float | None) -> None:
+        """A light probe's round trip in seconds, or None when it failed or timed out."""
+        if rtt_s is None:
+            self._failure("probe")
+            return
+        now = self._clock()
+        self._rtt_ewma = rtt_s if self._rtt_ewma is None else self._ewma(self._rtt_ewma, rtt_s)
+        self._rtts.append((now, rtt_s))
+        self._success(now, "probe")
+
+    def observe_upload(self, nbytes: int, seconds: float, ok: bool) -> None:
+        """A real upload: its size, how long it took, and whether the cloud acknowledged it."""
+        if not ok:
+            self._failure("upload")
+            return
+        now = self._clock()
+        if nbytes >= self._min_goodput_bytes and seconds > 0:
+            # An acknowledged upload costs one round trip besides the transfer: take it out, but never
+            # more than half the time, so a stale RTT cannot invent an absurd goodput.
+            transfer = max(seconds - (self._rtt_ewma or 0.0), seconds / 2)
+            sample = nbytes / transfer
+            # Goodput spans orders of magnitude (MB/s to kB/s): average in log space, so that one
+            # sample of a collapsed link moves the estimate by orders of magnitude, not by alpha.
+            self._goodput_ewma = (
+                sample
+                if not self._goodput_measured
+                else math.exp(self._ewma(math.log(self._goodput_ewma), math.log(sample)))
+            )
+            self._goodput_measured = True
+            self._goodputs.append((now, sample))
+        self._success(now, "upload")
+
+    def _ewma(self, old: float, new: float) -> float:
+        return (1 - self._alpha) * old + self._alpha * new
+
+    def _success(self, now: float, kind: str) -> None:
+        self._failures = 0
+        self._last_success = now
+        if not self._up:
+            self._up = True
+            self._transitions.append((now, True))
+        if self._metrics:
+            self._metrics.observations.labels(kind, "ok").inc()
+        self._publish()
+
+    def _failure(self, kind: str) -> None:
+        now = self._clock()
+        self._failures += 1
+        if self._up and self._failures >= self._down_after:
+            self._up = False
+            self._transitions.append((now, False))
+        if self._metrics:
+            self._metrics.observations.labels(kind, "failed").inc()
+        self._publish()
+
+    # -- estimates ---------------------------------------------------------------------------
+    def snapshot(self) -> LinkEstimate:
+        now = self._clock()
+        since = now - self.window_s
+        transitions = [(t, up) for t, up in self._transitions if t >= since]
+        state: LinkState
+        if len(transitions) >= self._flap_transitions:
+            state = "flapping"
+        else:
+            state = "up" if self._up else "down"
+        rtts = [r for t, r in self._rtts if t >= since]
+        goodputs = [g for t, g in self._goodputs if t >= since]
+        return LinkEstimate(
+            at=now,
+            state=state,
+            rtt_s=self._rtt_ewma,
+            rtt_window_s=statistics.median(rtts) if rtts else None,
+            goodput_Bps=self._goodput_ewma,
+            goodput_window_Bps=statistics.median(goodputs) if goodputs else None,
+            goodput_measured=self._goodput_measured,
+            up_fraction=self._up_fraction(now, since, transitions),
+            transitions=len(transitions),
+            consecutive_failures=self._failures,
+            last_success_at=self._last_success,
+        )
+
+    def _up_fraction(self, now: float, since: float, transitions: list[tuple[float, bool]]) -> float:
+        start = max(since, self._started)
+        if now <= start:
+            return 1.0 if self._up else 0.0
+        # The state at the window's start is the opposite of its first transition (or the current one).
+        up = (not transitions[0][1]) if transitions else self._up
+        up_time, t = 0.0, start
+        for at, now_up in transitions:
+            if up:
+                up_time += at - t
+            up, t = now_up, at
+        if up:
+            up_time += now - t
+        return min(1.0, max(0.0, up_time / (now - start)))
+
+    def _publish(self) -> None:
+        if self._metrics is not None:
+            self._metrics.publish(self.snapshot())
+
+
+class _Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.rtt = Gauge("edgefed_link_rtt_seconds", "Uplink round trip (EWMA)", registry=registry)
+        self.goodput = Gauge(
+            "edgefed_link_goodput_bytes_per_second", "Uplink goodput (EWMA)", registry=registry
+        )
+        self.up_fraction = Gauge(
+            "edgefed_link_up_fraction", "Fraction of the window the link was up", registry=registry
+        )
+        self.transitions = Gauge(
+            "edgefed_link_transitions", "Up/down transitions in the window", registry=registry
+        )
+        self.state = Gauge(
+            "edgefed_link_state", "1 for the current link state", ["state"], registry=registry
+        )
+        self.observations = Counter(
+            "edgefed_link_observations",
+            "Probes and uploads seen by the link monitor",
+            ["kind", "result"],
+            registry=registry,
+        )
+
+    def publish(self, est: LinkEstimate) -> None:
+        if est.rtt_s is not None:
+            self.rtt.set(est.rtt_s)
+        self.goodput.set(est.goodput_Bps)
+        self.up_fraction.set(est.up_fraction)
+        self.transitions.set(est.transitions)
+        for state in ("up", "down", "flapping"):
+            self.state.labels(state).set(1.0 if state == est.state else 0.0)

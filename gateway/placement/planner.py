@@ -1,0 +1,366 @@
+"""The placement planner: ``plan_placement`` (pure) and ``PlacementPlanner`` (hysteresis + decision log).
+
+Invariants:
+- ``plan_placement`` is a pure function of (services, link view, budgets, pins): it honours every
+  pin, puts every unpinned task at the edge when the link is down, and otherwise returns the best
+  placement ``search.choose`` finds (exact for small graphs).
+- ``PlacementPlanner`` re-plans only when the link leaves the hysteresis band around the estimate
+  the current plan was made with, when the link state changes, or when pins, budgets or services
+  change; each re-plan appends one ``Decision`` to a bounded log (evictions counted).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from gateway.placement.model import (
+    Budgets,
+    EffectiveLink,
+    LinkView,
+    Option,
+    effective_link,
+    evaluate,
+    make_option,
+    option_latency,
+    queue_factor,
+)
+from gateway.placement.plan import Decision, Plan, ServicePlan, moves_between, placement_strings
+from gateway.placement.search import choose, service_options
+from gateway.services.graph import Service, Side
+
+Pins = Mapping[str, Side]  # "service/task" -> side, set by the operator
+
+
+class PinError(ValueError):
+    """An operator pin that names no task or contradicts the service (source, privacy)."""
+
+
+def check_pins(services: Sequence[Service], pins: Pins) -> tuple[str, ...]:
+    """Errors as values: one message per bad pin, empty when all are acceptable."""
+    errors = []
+    by_name = {s.name: s for s in services}
+    for key, side in pins.items():
+        service_name, _, task = key.partition("/")
+        service = by_name.get(service_name)
+        if side not in ("edge", "cloud"):
+            errors.append(f"{key}: side must be edge or cloud, not {side!r}")
+        elif service is None or task not in {t.name for t in service.tasks}:
+            errors.append(f"{key}: no such service/task")
+        else:
+            required = service.required_pins().get(task)
+            if required is not None and required != side:
+                errors.append(
+                    f"{key}: must stay at the {required} ({'private' if service.private else 'source'}"
+                    f" or declared pin)"
+                )
+    return tuple(errors)
+
+
+def _pins_for(service: Service, pins: Pins) -> dict[str, Side]:
+    merged = dict(service.required_pins())
+    prefix = service.name + "/"
+    merged.update({k[len(prefix) :]: v for k, v in pins.items() if k.startswith(prefix)})
+    return merged
+
+
+def _kB(x: float) -> str:
+    return f"{x / 1000:.1f} kB/s"
+
+
+def plan_placement(
+    services: Sequence[Service],
+    link: LinkView,
+    budgets: Budgets,
+    pins: Pins | None = None,
+    *,
+    version: int = 1,
+    made_at: float = 0.0,
+) -> Plan:
+    pins = dict(pins or {})
+    errors = check_pins(services, pins)
+    if errors:
+        raise PinError("; ".join(errors))
+    eff = effective_link(link, budgets)
+    reasons = [
+        f"link {link.state}: rtt {link.rtt_s * 1000:.1f} ms, goodput {_kB(link.goodput_Bps)}, "
+        f"up {link.up_fraction:.0%}"
+    ]
+    reasons += [f"pinned by operator: {k}@{v}" for k, v in sorted(pins.items())]
+    reasons += [
+        f"private: {s.name} raw data stays on the gateway ({', '.join(s.raw_consumers())} at the edge)"
+        for s in services
+        if s.private
+    ]
+    per_service_pins = [_pins_for(s, pins) for s in services]
+
+    if link.state == "down":
+        options = [
+            make_option(s, [p.get(t.name, "edge") for t in s.tasks])
+            for s, p in zip(services, per_service_pins, strict=True)
+        ]
+        cpu = sum(o.edge_cpu for o in options) / budgets.edge_cores
+        backlog = sum(o.uplink_Bps for o in options)
+        reasons.append(
+            f"link down: all unpinned tasks at the edge; results wait in the log "
+            f"(backlog grows {_kB(backlog)})"
+        )
+        if cpu > budgets.edge_cpu_share:
+            reasons.append(
+                f"edge CPU over budget while down: {cpu:.2f} > {budgets.edge_cpu_share:.2f} of "
+                f"{budgets.edge_cores:g} cores; work queues"
+            )
+        # With no link, a result is ready when the edge has computed it; a service with a task the
+        # operator pinned to the cloud has no result until the link returns (latency None).
+        qf = queue_factor(cpu)
+        plans = tuple(
+            ServicePlan(
+                o.service.name,
+                o.service.priority,
+                o.service.latency_target_s,
+                _down_latency(o, eff, qf),
+                o.edge_cpu,
+                o.uplink_Bps,
+                _placement(o.service, o.sides),
+            )
+            for o in options
+        )
+        return Plan(version, made_at, link, "link-down", plans, cpu, backlog, 0.0, tuple(reasons))
+
+    option_lists, methods = [], []
+    for s, p in zip(services, per_service_pins, strict=True):
+        opts, method = service_options(s, p, eff, budgets)
+        option_lists.append(opts)
+        methods.append(method)
+    chosen, ev, method = None, None, ""
+    if link.state == "flapping":
+        reasons.append(
+            f"link flapping (up {link.up_fraction:.0%}): predicting with goodput {_kB(eff.goodput_Bps)}"
+            f" and rtt {eff.rtt_s * 1000:.0f} ms (flap penalty {budgets.flap_penalty_s:g} s)"
+        )
+        if budgets.flapping == "edge":
+            at_edge = [
+                make_option(s, [p.get(t.name, "edge") for t in s.tasks])
+                for s, p in zip(services, per_service_pins, strict=True)
+            ]
+            ev = evaluate(at_edge, eff, budgets)
+            if ev.violation == 0:
+                chosen, method = tuple(at_edge), "flapping-edge"
+                reasons.append(
+                    "flapping policy 'edge': all unpinned tasks at the edge, uploads when the link is up"
+                )
+            else:
+                reasons.append("flapping policy 'edge' does not fit the edge CPU budget: searching instead")
+    if chosen is None or ev is None:
+        chosen, ev, method = choose(option_lists, eff, budgets)
+    reasons += [
+        f"{s.name}: {len(s.tasks)} tasks, heuristic candidates (cut points + hill climb)"
+        for s, m in zip(services, methods, strict=True)
+        if m == "heuristic"
+    ]
+    if method in ("exact", "descent"):
+        reasons += _binding_reasons(option_lists, ev, eff, budgets)
+    plans = tuple(
+        ServicePlan(
+            o.service.name,
+            o.service.priority,
+            o.service.latency_target_s,
+            lat,
+            o.edge_cpu,
+            o.uplink_Bps,
+            _placement(o.service, o.sides),
+        )
+        for o, lat in zip(chosen, ev.latencies_s, strict=True)
+    )
+    for sp in plans:
+        if sp.latency_s is not None and sp.latency_s > sp.target_s:
+            higher = [p.name for p in plans if p.priority > sp.priority and p.meets_target]
+            who = f"; capacity kept for higher priority {', '.join(higher)}" if higher else ""
+            reasons.append(
+                f"{sp.name} misses its target: predicted {sp.latency_s:.3g} s > {sp.target_s:g} s{who}"
+            )
+    return Plan(
+        version,
+        made_at,
+        link,
+        method,
+        plans,
+        ev.edge_utilisation,
+        ev.uplink_Bps,
+        eff.uplink_limit_Bps,
+        tuple(reasons),
+    )
+
+
+def _down_latency(option: Option, eff: EffectiveLink, qf_edge: float) -> float | None:
+    delivery = set(option.service.delivery_tasks())
+    if any(
+        side == "cloud" and t.name not in delivery
+        for t, side in zip(option.service.tasks, option.sides, strict=True)
+    ):
+        return None
+    return option_latency(option, eff, qf_edge, 1.0)
+
+
+def _placement(service: Service, sides: Sequence[Side]) -> tuple[tuple[str, Side], ...]:
+    return tuple(zip((t.name for t in service.tasks), sides, strict=True))
+
+
+def _binding_reasons(option_lists, ev, eff, budgets: Budgets) -> list[str]:
+    """Which budget bound: compare with the placement that would be chosen without budgets."""
+    unbounded = dataclasses.replace(budgets, edge_cpu_share=1.0, max_link_utilisation=1.0)
+    free_eff = dataclasses.replace(eff, uplink_limit_Bps=math.inf)
+    free_choice, free_ev, _ = choose(option_lists, free_eff, unbounded)
+    reasons = []
+    if ev.violation > 0:
+        reasons.append(
+            f"no placement fits the budgets: least violation chosen (edge CPU {ev.edge_utilisation:.2f}"
+            f" of {budgets.edge_cpu_share:.2f}, uplink {_kB(ev.uplink_Bps)} of {_kB(eff.uplink_limit_Bps)})"
+        )
+    full = evaluate(free_choice, eff, budgets)
+    if full.uplink_Bps > eff.uplink_limit_Bps:
+        src = (
+            "operator budget"
+            if eff.uplink_limit_Bps >= budgets.uplink_Bps
+            else f"{budgets.max_link_utilisation:.0%} of goodput"
+        )
+        reasons.append(
+            f"uplink binds: fastest placement needs {_kB(full.uplink_Bps)} > limit "
+            f"{_kB(eff.uplink_limit_Bps)} ({src})"
+        )
+    if full.edge_utilisation > budgets.edge_cpu_share:
+        reasons.append(
+            f"edge CPU binds: fastest placement needs {full.edge_utilisation:.2f} > "
+            f"{budgets.edge_cpu_share:.2f} of {budgets.edge_cores:g} cores"
+        )
+    if budgets.byte_weight > 0:
+        latency_only = dataclasses.replace(budgets, byte_weight=0.0)
+        fast, fast_ev, _ = choose(option_lists, eff, latency_only)
+        if (
+            fast_ev.score[:2] == ev.score[:2]
+            and fast_ev.uplink_Bps > ev.uplink_Bps * 1.01
+            and fast_ev.normalised_latency < ev.normalised_latency
+        ):
+            reasons.append(
+                f"byte cost (weight {budgets.byte_weight:g}) chose a placement sending "
+                f"{_kB(fast_ev.uplink_Bps - ev.uplink_Bps)} less at a small latency cost"
+            )
+    if free_ev.score[1:] == ev.score[1:] and not reasons:
+        reasons.append("no budget binds: best placement for latency and bytes chosen")
+    return reasons
+
+
+@dataclass(frozen=True)
+class Hysteresis:
+    """Re-plan when an estimate leaves the band around the one the plan was made with."""
+
+    rtt_ratio: float = 1.5  # re-plan if rtt grows or shrinks by more than this factor ...
+    rtt_floor_s: float = 0.02  # ... and by more than this many seconds (loopback jitter is not news)
+    goodput_ratio: float = 1.5
+    up_fraction_delta: float = 0.2
+
+
+def replan_trigger(basis: LinkView, now: LinkView, band: Hysteresis) -> str | None:
+    """Why ``now`` calls for a new plan made at ``basis``; None while it stays in the band."""
+    if now.state != basis.state:
+        return f"link {basis.state}->{now.state}"
+    if now.state == "down":
+        return None
+    if (
+        abs(now.rtt_s - basis.rtt_s) > band.rtt_floor_s
+        and not basis.rtt_s / band.rtt_ratio <= now.rtt_s <= basis.rtt_s * band.rtt_ratio
+    ):
+        return f"rtt {basis.rtt_s * 1000:.1f}->{now.rtt_s * 1000:.1f} ms (band x{band.rtt_ratio:g})"
+    if (
+        not basis.goodput_Bps / band.goodput_ratio
+        <= now.goodput_Bps
+        <= basis.goodput_Bps * band.goodput_ratio
+    ):
+        return f"goodput {_kB(basis.goodput_Bps)}->{_kB(now.goodput_Bps)} (band x{band.goodput_ratio:g})"
+    if abs(now.up_fraction - basis.up_fraction) > band.up_fraction_delta:
+        return f"up fraction {basis.up_fraction:.0%}->{now.up_fraction:.0%}"
+    return None
+
+
+class PlacementPlanner:
+    """Holds the current plan, decides when to re-plan, and logs each decision with its reasons."""
+
+    def __init__(
+        self,
+        services: Sequence[Service],
+        budgets: Budgets | None = None,
+        *,
+        hysteresis: Hysteresis | None = None,
+        pins: Pins | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        log_size: int = 256,
+    ) -> None:
+        self._services = tuple(services)
+        self._budgets = budgets or Budgets()
+        self._band = hysteresis or Hysteresis()
+        self._pins: dict[str, Side] = {}
+        self._clock = clock
+        self._forced: str | None = None
+        self.current: Plan | None = None
+        self.decisions: deque[Decision] = deque(maxlen=log_size)
+        self.decisions_dropped = 0
+        if pins:
+            self.set_pins(pins)
+
+    @property
+    def pins(self) -> dict[str, Side]:
+        return dict(self._pins)
+
+    def set_pins(self, pins: Pins) -> None:
+        """Replace the operator pins (validated whole: a bad pin raises PinError and changes nothing)."""
+        errors = check_pins(self._services, pins)
+        if errors:
+            raise PinError("; ".join(errors))
+        self._pins = dict(pins)
+        self._forced = "pins changed"
+
+    def set_budgets(self, budgets: Budgets) -> None:
+        self._budgets = budgets
+        self._forced = "budgets changed"
+
+    def set_services(self, services: Sequence[Service]) -> None:
+        errors = check_pins(services, self._pins)
+        if errors:
+            raise PinError("; ".join(errors))
+        self._services = tuple(services)
+        self._forced = "services changed"
+
+    def update(self, link: LinkView) -> Plan | None:
+        """Re-plan if the link left the band (or something was forced); return the new plan or None."""
+        if self.current is None:
+            trigger: str | None = "first plan"
+        elif self._forced is not None:
+            trigger = self._forced
+        else:
+            trigger = replan_trigger(self.current.link, link, self._band)
+        return None if trigger is None else self.replan(link, trigger)
+
+    def replan(self, link: LinkView, trigger: str) -> Plan:
+        now = self._clock()
+        version = 1 if self.current is None else self.current.version + 1
+        plan = plan_placement(self._services, link, self._budgets, self._pins, version=version, made_at=now)
+        if len(self.decisions) == self.decisions.maxlen:
+            self.decisions_dropped += 1
+        self.decisions.append(
+            Decision(
+                now,
+                version,
+                trigger,
+                link.state,
+                moves_between(self.current, plan),
+                plan.reasons,
+                placement_strings(plan),
+            )
+        )
+        self.current = plan
+        self._forced = None
+        return plan

@@ -1,0 +1,110 @@
+"""LinkProber: one asyncio task that probes an HTTP URL (e.g. cloudd's /healthz) and feeds a LinkMonitor.
+
+Invariants: one owner starts and stops it; every request has a timeout; a failure of any kind
+(timeout, reset, refused, HTTP 5xx) is reported to the monitor as a failed probe, never raised.
+Optionally every ``goodput_every``-th probe also POSTs ``payload_bytes`` to ``goodput_url`` and
+reports it as an upload, so goodput is measured even when there is nothing to send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import aiohttp
+
+from gateway.placement.link import LinkMonitor
+
+log = logging.getLogger(__name__)
+
+
+class LinkProber:
+    def __init__(
+        self,
+        monitor: LinkMonitor,
+        url: str,
+        *,
+        interval_s: float = 5.0,
+        timeout_s: float = 2.0,
+        goodput_url: str | None = None,
+        payload_bytes: int = 32 * 1024,
+        goodput_every: int = 4,
+        upload_timeout_s: float = 10.0,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._monitor = monitor
+        self._url = url
+        self._interval = interval_s
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._upload_timeout = aiohttp.ClientTimeout(
+            total=upload_timeout_s
+        )  # a slow link is not a dead one
+        self._goodput_url = goodput_url
+        self._payload = b"\0" * payload_bytes
+        self._goodput_every = max(1, goodput_every)
+        self._clock = clock
+        self._task: asyncio.Task[None] | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self.probes = 0
+        self.failures = 0
+
+    async def start(self) -> None:
+        if self._task is not None:
+            raise RuntimeError("LinkProber already started")
+        self._session = aiohttp.ClientSession(timeout=self._timeout)
+        self._task = asyncio.create_task(self._run(), name="link-prober")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def probe_once(self) -> float | None:
+        """One GET; returns the round trip in seconds or None, and reports it to the monitor."""
+        assert self._session is not None, "start() first"
+        start = self._clock()
+        rtt: float | None = None
+        try:
+            async with self._session.get(self._url, timeout=self._timeout) as resp:
+                await resp.read()
+                if resp.status < 500:
+                    rtt = self._clock() - start
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            log.debug("probe %s failed: %r", self._url, exc)
+        self.probes += 1
+        self.failures += rtt is None
+        self._monitor.observe_probe(rtt)
+        return rtt
+
+    async def upload_once(self) -> bool:
+        assert self._session is not None and self._goodput_url is not None
+        start = self._clock()
+        ok = False
+        try:
+            async with self._session.post(
+                self._goodput_url, data=self._payload, timeout=self._upload_timeout
+            ) as resp:
+                await resp.read()
+                ok = resp.status < 500
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            log.debug("goodput probe %s failed: %r", self._goodput_url, exc)
+        self._monitor.observe_upload(len(self._payload), self._clock() - start, ok)
+        return ok
+
+    async def _run(self) -> None:
+        n = 0
+        while True:
+            started = self._clock()
+            rtt = await self.probe_once()
+            n += 1
+            if self._goodput_url is not None and rtt is not None and n % self._goodput_every == 0:
+                await self.upload_once()
+            await asyncio.sleep(max(0.0, self._interval - (self._clock() - started)))

@@ -1,0 +1,114 @@
+"""The predefined services: sensor, camera and training task graphs.
+
+Invariant: every graph here is a valid ``Service`` whose source is pinned to the edge and whose
+last task, ``upload``, is the delivery of results into the cloud (pinned there, zero cost): a
+service's latency is the time from an input to its result, produced at the edge or in the cloud;
+delivering edge results is store-and-forward, bounded by the uplink, not by the target.
+
+Edge costs are defaults for a Raspberry-Pi-class gateway (one core); call
+``gateway.services.profile.with_profiled_costs`` to replace them with costs measured on this box.
+Cloud costs are declared. Sizes: a sensor sample is ~200 bytes of JSON, a camera frame a 150 kB
+JPEG; a farm scene changes rarely, so change detection passes ``changed_fraction`` of frames.
+"""
+
+from __future__ import annotations
+
+from gateway.services.graph import Service, Task
+
+
+def sensor_service(
+    rate_hz: float = 10.0, window: int = 10, target_s: float = 1.0, priority: int = 3
+) -> Service:
+    return Service(
+        name="sensor",
+        latency_target_s=target_s,
+        priority=priority,
+        rate_hz=rate_hz,
+        tasks=(
+            Task("ingest", edge_cost_s=0.0002, cloud_cost_s=0.0001, output_bytes=200, raw=True),
+            Task(
+                "aggregate",
+                edge_cost_s=0.001,
+                cloud_cost_s=0.0002,
+                output_bytes=240,
+                selectivity=1.0 / window,
+                after=("ingest",),
+            ),
+            Task("detect", edge_cost_s=0.004, cloud_cost_s=0.0005, output_bytes=64, after=("aggregate",)),
+            Task(
+                "upload",
+                edge_cost_s=0.0,
+                cloud_cost_s=0.0,
+                output_bytes=0,
+                after=("detect",),
+                pin="cloud",
+                delivery=True,
+            ),
+        ),
+    )
+
+
+def camera_service(
+    fps: float = 1.0,
+    changed_fraction: float = 0.1,
+    target_s: float = 2.0,
+    priority: int = 2,
+    frame_bytes: int = 150_000,
+) -> Service:
+    return Service(
+        name="camera",
+        latency_target_s=target_s,
+        priority=priority,
+        rate_hz=fps,
+        tasks=(
+            Task("capture", edge_cost_s=0.003, cloud_cost_s=0.003, output_bytes=frame_bytes, raw=True),
+            Task(
+                "change",
+                edge_cost_s=0.02,
+                cloud_cost_s=0.003,
+                output_bytes=frame_bytes,
+                selectivity=changed_fraction,
+                after=("capture",),
+                raw=True,
+            ),
+            Task("infer", edge_cost_s=0.45, cloud_cost_s=0.03, output_bytes=2_000, after=("change",)),
+            Task("summarise", edge_cost_s=0.005, cloud_cost_s=0.001, output_bytes=400, after=("infer",)),
+            Task(
+                "upload",
+                edge_cost_s=0.0,
+                cloud_cost_s=0.0,
+                output_bytes=0,
+                after=("summarise",),
+                pin="cloud",
+                delivery=True,
+            ),
+        ),
+    )
+
+
+def training_service(round_every_s: float = 120.0, target_s: float = 60.0, priority: int = 1) -> Service:
+    """Local training on private data: only the (compressed) model update may leave the gateway."""
+    return Service(
+        name="training",
+        latency_target_s=target_s,
+        priority=priority,
+        private=True,
+        rate_hz=1.0 / round_every_s,
+        tasks=(
+            Task("collect", edge_cost_s=0.05, cloud_cost_s=0.01, output_bytes=2_000_000, raw=True),
+            Task("train", edge_cost_s=8.0, cloud_cost_s=0.8, output_bytes=100_000, after=("collect",)),
+            Task(
+                "upload",
+                edge_cost_s=0.0,
+                cloud_cost_s=0.0,
+                output_bytes=0,
+                after=("train",),
+                pin="cloud",
+                delivery=True,
+            ),
+        ),
+    )
+
+
+def default_services() -> tuple[Service, ...]:
+    return (sensor_service(), camera_service(), training_service())

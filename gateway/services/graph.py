@@ -1,0 +1,281 @@
+"""Services as task graphs, as data: ``Task`` and ``Service`` values, their validation and text form.
+
+Invariant: a ``Service`` exists only if it is valid: task names are unique, every ``after`` names an
+earlier task (so ``tasks`` is in topological order and the graph is a DAG), every source (a task
+with no predecessor) is pinned to the edge (raw data is born on the gateway), and in a private
+service no task that consumes raw output is pinned to the cloud. Invalid input raises
+``ServiceError`` naming the service, the task and the field.
+
+Units: seconds, bytes, inputs per second. ``edge_cost_s``/``cloud_cost_s`` are compute seconds per
+input (edge: one edge core; cloud: declared); ``output_bytes`` is the size of one output message;
+``selectivity`` is outputs per input (a window of 10 samples emits 0.1 outputs per input), so a
+task's input rate is derived from the service's source rate, never declared twice.
+
+Text form (one service per block; ``parse_services(format_services(s)) == s``)::
+
+    service camera target=2.5 priority=2 private=no rate=1
+      task capture edge=0.002 cloud=0.002 out=60000 pin=edge raw=yes
+      task change edge=0.015 cloud=0.002 out=60000 sel=0.4 after=capture
+      task upload edge=0 cloud=0 out=0 after=change pin=cloud delivery=yes
+    end
+
+A *delivery* task (``upload``) is the store-and-forward of results into the cloud: what crosses into
+it costs uplink bytes, but a service's latency ends when its last other task has produced the
+result, at the edge or in the cloud. That is what keeps a gateway useful through an outage.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+Side = Literal["edge", "cloud"]
+SIDES: tuple[Side, ...] = ("edge", "cloud")
+
+
+class ServiceError(ValueError):
+    """An invalid service or task definition; the message names where and what."""
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    edge_cost_s: float
+    cloud_cost_s: float
+    output_bytes: int
+    after: tuple[str, ...] = ()
+    selectivity: float = 1.0
+    pin: Side | None = None
+    raw: bool = False  # its output is raw data (sources always are)
+    delivery: bool = False  # store-and-forward into the cloud: costs uplink bytes, not service latency
+
+
+@dataclass(frozen=True)
+class Service:
+    name: str
+    tasks: tuple[Task, ...]
+    latency_target_s: float
+    priority: int = 1  # higher wins when not every service can meet its target
+    private: bool = False  # raw data may not leave the gateway
+    rate_hz: float = 1.0  # inputs per second at the sources
+    _index: dict[str, Task] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+        object.__setattr__(self, "_index", {t.name: t for t in self.tasks})
+
+    def task(self, name: str) -> Task:
+        try:
+            return self._index[name]
+        except KeyError:
+            raise ServiceError(f"service {self.name!r} has no task {name!r}") from None
+
+    def delivery_tasks(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tasks if t.delivery)
+
+    def successors(self, name: str) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tasks if name in t.after)
+
+    def input_rate(self, name: str) -> float:
+        """Inputs per second reaching ``name``: the source rate times selectivities on the way.
+
+        With several predecessors the busiest one sets the rate (a join fires per input of its
+        fastest branch); documented, simple, and exact for chains.
+        """
+        rates: dict[str, float] = {}
+        for t in self.tasks:
+            rates[t.name] = (
+                self.rate_hz if not t.after else max(rates[p] * self._index[p].selectivity for p in t.after)
+            )
+        return rates[name]
+
+    def output_rate_bytes(self, name: str) -> float:
+        """Bytes per second ``name`` emits (what crosses the link if its consumer is elsewhere)."""
+        task = self.task(name)
+        return self.input_rate(name) * task.selectivity * task.output_bytes
+
+    def raw_consumers(self) -> tuple[str, ...]:
+        """Tasks whose input includes raw data: in a private service they must run at the edge."""
+        raw = {t.name for t in self.tasks if t.raw or not t.after}
+        return tuple(t.name for t in self.tasks if any(p in raw for p in t.after))
+
+    def required_pins(self) -> dict[str, Side]:
+        """Pins the definition itself imposes: declared pins, sources at the edge, privacy."""
+        pins: dict[str, Side] = {t.name: t.pin for t in self.tasks if t.pin is not None}
+        for t in self.tasks:
+            if not t.after:
+                pins[t.name] = "edge"
+        if self.private:
+            for name in self.raw_consumers():
+                pins[name] = "edge"
+        return pins
+
+
+def _fail(service: str, where: str, why: str) -> None:
+    raise ServiceError(f"service {service!r}: {where}: {why}")
+
+
+def _validate(s: Service) -> None:
+    if not s.name or not s.name.replace("_", "").replace("-", "").isalnum():
+        _fail(s.name, "name", "must be a non-empty identifier of [A-Za-z0-9_-]")
+    if not (math.isfinite(s.latency_target_s) and s.latency_target_s > 0):
+        _fail(s.name, "target", "latency target must be a positive number of seconds")
+    if not (math.isfinite(s.rate_hz) and s.rate_hz > 0):
+        _fail(s.name, "rate", "source rate must be a positive number of inputs per second")
+    if not s.tasks:
+        _fail(s.name, "tasks", "a service needs at least one task")
+    seen: set[str] = set()
+    for t in s.tasks:
+        where = f"task {t.name!r}"
+        if not t.name or " " in t.name or "=" in t.name or t.name in seen:
+            _fail(s.name, where, "task names must be unique words")
+        for value, label in ((t.edge_cost_s, "edge"), (t.cloud_cost_s, "cloud")):
+            if not (math.isfinite(value) and value >= 0):
+                _fail(s.name, where, f"{label} cost must be >= 0 seconds")
+        if t.output_bytes < 0:
+            _fail(s.name, where, "out (output bytes) must be >= 0")
+        if not (math.isfinite(t.selectivity) and t.selectivity >= 0):
+            _fail(s.name, where, "sel (outputs per input) must be >= 0")
+        if t.pin not in (None, "edge", "cloud"):
+            _fail(s.name, where, f"pin must be edge or cloud, not {t.pin!r}")
+        for p in t.after:
+            if p not in seen:
+                _fail(s.name, where, f"after={p!r} must name an earlier task (tasks in topological order)")
+        if t.delivery and (t.pin != "cloud" or not t.after):
+            _fail(s.name, where, "a delivery task must be pinned to cloud and have a predecessor")
+        if not t.after and t.pin == "cloud":
+            _fail(
+                s.name,
+                where,
+                "a source task produces raw data on the gateway: it cannot be pinned to cloud",
+            )
+        seen.add(t.name)
+    if s.private:
+        declared = {t.name: t.pin for t in s.tasks}
+        for name in s.raw_consumers():
+            if declared[name] == "cloud":
+                _fail(
+                    s.name,
+                    f"task {name!r}",
+                    "private service: a consumer of raw data cannot be pinned to cloud",
+                )
+
+
+# -- text form -----------------------------------------------------------------------------------
+
+
+def _num(x: float) -> str:
+    text = repr(float(x))  # repr round-trips exactly
+    return text[:-2] if text.endswith(".0") else text
+
+
+def format_service(s: Service) -> str:
+    lines = [
+        f"service {s.name} target={_num(s.latency_target_s)} priority={s.priority} "
+        f"private={'yes' if s.private else 'no'} rate={_num(s.rate_hz)}"
+    ]
+    for t in s.tasks:
+        parts = [
+            f"  task {t.name} edge={_num(t.edge_cost_s)} cloud={_num(t.cloud_cost_s)} out={t.output_bytes}"
+        ]
+        if t.selectivity != 1.0:
+            parts.append(f"sel={_num(t.selectivity)}")
+        if t.after:
+            parts.append("after=" + ",".join(t.after))
+        if t.pin:
+            parts.append(f"pin={t.pin}")
+        if t.raw:
+            parts.append("raw=yes")
+        if t.delivery:
+            parts.append("delivery=yes")
+        lines.append(" ".join(parts))
+    lines.append("end")
+    return "\n".join(lines)
+
+
+def format_services(services: tuple[Service, ...] | list[Service]) -> str:
+    return "\n".join(format_service(s) for s in services) + "\n"
+
+
+def _fields(words: list[str], allowed: set[str], where: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for w in words:
+        key, eq, value = w.partition("=")
+        if not eq or key not in allowed:
+            raise ServiceError(f"{where}: unknown or malformed field {w!r} (allowed: {sorted(allowed)})")
+        out[key] = value
+    return out
+
+
+def _float(fields: dict[str, str], key: str, where: str, default: float | None = None) -> float:
+    if key not in fields:
+        if default is None:
+            raise ServiceError(f"{where}: missing field {key}=")
+        return default
+    try:
+        return float(fields[key])
+    except ValueError:
+        raise ServiceError(f"{where}: {key}={fields[key]!r} is not a number") from None
+
+
+def _yes(value: str, where: str) -> bool:
+    if value not in ("yes", "no"):
+        raise ServiceError(f"{where}: expected yes or no, got {value!r}")
+    return value == "yes"
+
+
+def parse_services(text: str) -> tuple[Service, ...]:
+    """Parse the text form; raise ServiceError naming the line on any problem."""
+    services: list[Service] = []
+    head: dict[str, str] | None = None
+    name = ""
+    tasks: list[Task] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        words = line.split("#", 1)[0].split()
+        where = f"line {lineno}"
+        if not words:
+            continue
+        if words[0] == "service" and head is None and len(words) >= 2:
+            name, tasks = words[1], []
+            head = _fields(words[2:], {"target", "priority", "private", "rate"}, where)
+        elif words[0] == "task" and head is not None and len(words) >= 2:
+            f = _fields(
+                words[2:], {"edge", "cloud", "out", "sel", "after", "pin", "raw", "delivery"}, where
+            )
+            pin = f.get("pin")
+            if pin not in (None, "edge", "cloud"):
+                raise ServiceError(f"{where}: pin must be edge or cloud, not {pin!r}")
+            tasks.append(
+                Task(
+                    name=words[1],
+                    edge_cost_s=_float(f, "edge", where),
+                    cloud_cost_s=_float(f, "cloud", where),
+                    output_bytes=int(_float(f, "out", where)),
+                    selectivity=_float(f, "sel", where, 1.0),
+                    after=tuple(a for a in f.get("after", "").split(",") if a),
+                    pin=pin,  # type: ignore[arg-type]
+                    raw=_yes(f.get("raw", "no"), where),
+                    delivery=_yes(f.get("delivery", "no"), where),
+                )
+            )
+        elif words == ["end"] and head is not None:
+            services.append(
+                Service(
+                    name=name,
+                    tasks=tuple(tasks),
+                    latency_target_s=_float(head, "target", where),
+                    priority=int(_float(head, "priority", where, 1)),
+                    private=_yes(head.get("private", "no"), where),
+                    rate_hz=_float(head, "rate", where, 1.0),
+                )
+            )
+            head = None
+        else:
+            raise ServiceError(f"{where}: unexpected {line.strip()!r}")
+    if head is not None:
+        raise ServiceError(f"service {name!r}: missing 'end'")
+    names = [s.name for s in services]
+    if len(set(names)) != len(names):
+        raise ServiceError(f"duplicate service names in {names}")
+    return tuple(services)

@@ -1,0 +1,238 @@
+"""Planner math: exact search vs brute force, heuristics, hysteresis, link down, pins, budgets, priority."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from gateway.placement.model import Budgets, LinkView, effective_link, evaluate, make_option
+from gateway.placement.planner import Hysteresis, PinError, PlacementPlanner, plan_placement, replan_trigger
+from gateway.placement.search import (
+    cut_options,
+    enumerate_options,
+    heuristic_options,
+    search_descent,
+    search_exact,
+)
+from gateway.services import (
+    Service,
+    Task,
+    camera_service,
+    default_services,
+    sensor_service,
+    training_service,
+)
+
+UP = LinkView("up", 0.04, 1_000_000)
+SLOW = LinkView("up", 0.3, 30_000)
+
+
+def _chain(rng: random.Random, n: int, name: str = "s", priority: int = 1) -> Service:
+    tasks = [Task("t0", 0.001, 0.001, rng.randint(1_000, 200_000), raw=True)]
+    for i in range(1, n):
+        edge = rng.uniform(0.001, 0.5)
+        tasks.append(
+            Task(
+                f"t{i}",
+                edge,
+                edge * rng.uniform(0.02, 1.0),
+                rng.randint(10, 200_000),
+                selectivity=rng.choice([1.0, 0.5, 0.1]),
+                after=(f"t{i - 1}",),
+            )
+        )
+    tasks.append(Task("upload", 0, 0, 0, after=(f"t{n - 1}",), pin="cloud", delivery=rng.random() < 0.5))
+    return Service(
+        name,
+        tuple(tasks),
+        latency_target_s=rng.uniform(0.2, 3),
+        priority=priority,
+        rate_hz=rng.uniform(0.2, 3),
+    )
+
+
+def _dag(rng: random.Random, n: int, name: str = "d") -> Service:
+    tasks = [Task("t0", 0.001, 0.001, rng.randint(1_000, 100_000), raw=True)]
+    for i in range(1, n):
+        preds = tuple(sorted(set(rng.sample([f"t{j}" for j in range(i)], k=min(i, rng.randint(1, 2))))))
+        edge = rng.uniform(0.001, 0.4)
+        tasks.append(
+            Task(f"t{i}", edge, edge * rng.uniform(0.02, 1.0), rng.randint(10, 100_000), after=preds)
+        )
+    tasks.append(Task("upload", 0, 0, 0, after=(f"t{n - 1}",), pin="cloud"))
+    return Service(name, tuple(tasks), latency_target_s=2.0, rate_hz=rng.uniform(0.2, 2))
+
+
+def test_exact_equals_brute_force_over_joint_assignments():
+    rng = random.Random(1)
+    budgets = Budgets(uplink_Bps=100_000, edge_cores=1.0)
+    for _ in range(10):
+        services = [_chain(rng, 3, "a", 2), _chain(rng, 3, "b", 1)]
+        link = LinkView("up", rng.uniform(0.01, 0.3), rng.uniform(20_000, 2_000_000))
+        plan = plan_placement(services, link, budgets)
+        eff = effective_link(link, budgets)
+        brute = min(
+            evaluate(
+                [make_option(s, sides) for s, sides in zip(services, combo, strict=True)], eff, budgets
+            ).score
+            for combo in itertools.product(
+                *[
+                    [("edge", *c, "cloud") for c in itertools.product(("edge", "cloud"), repeat=2)]
+                    for _ in services
+                ]
+            )
+        )
+        chosen = [make_option(s, [side for _, side in plan.service(s.name).placement]) for s in services]
+        assert evaluate(chosen, eff, budgets).score == brute
+
+
+def test_cut_points_are_exact_for_chains_without_budget_pressure():
+    rng = random.Random(2)
+    budgets = Budgets(uplink_Bps=1e12, edge_cores=100.0, byte_weight=0.0)
+    for _ in range(30):
+        s = _chain(rng, rng.randint(2, 7))
+        link = effective_link(
+            LinkView("up", rng.uniform(0.005, 0.5), rng.uniform(10_000, 5_000_000)), budgets
+        )
+        pins = s.required_pins()
+        best_cut = min(evaluate([o], link, budgets).score[2] for o in cut_options(s, pins))
+        best = min(evaluate([o], link, budgets).score[2] for o in enumerate_options(s, pins))
+        assert best_cut == pytest.approx(best)
+
+
+def test_heuristic_within_bound_of_exact_on_small_dags():
+    rng = random.Random(3)
+    budgets = Budgets(uplink_Bps=1e12, edge_cores=100.0, byte_weight=0.0)
+    worst = 1.0
+    for _ in range(30):
+        s = _dag(rng, rng.randint(3, 7))
+        link = effective_link(
+            LinkView("up", rng.uniform(0.005, 0.3), rng.uniform(10_000, 5_000_000)), budgets
+        )
+        pins = s.required_pins()
+        heur = min(evaluate([o], link, budgets).score[2] for o in heuristic_options(s, pins, link, budgets))
+        exact = min(evaluate([o], link, budgets).score[2] for o in enumerate_options(s, pins))
+        assert heur >= exact - 1e-12
+        worst = max(worst, heur / exact)
+    assert worst <= 1.25, f"hill climb from the best cut is {worst:.2f}x the exact optimum"
+
+
+def test_descent_within_bound_of_exhaustive_joint_search():
+    rng = random.Random(4)
+    budgets = Budgets(uplink_Bps=60_000, edge_cores=1.0)
+    for _ in range(15):
+        services = [_chain(rng, 4, f"s{i}", priority=i % 3) for i in range(3)]
+        link = effective_link(
+            LinkView("up", rng.uniform(0.01, 0.2), rng.uniform(50_000, 2_000_000)), budgets
+        )
+        lists = [enumerate_options(s, s.required_pins()) for s in services]
+        _, exact = search_exact(lists, link, budgets)
+        _, descent = search_descent(lists, link, budgets)
+        assert descent.score[:2] == exact.score[:2] or descent.score > exact.score
+        if descent.score[:2] == exact.score[:2]:
+            assert descent.score[2] <= exact.score[2] * 1.5
+
+
+def test_fast_link_sends_inference_to_cloud_slow_link_keeps_it_at_edge():
+    services = default_services()
+    assert plan_placement(services, UP, Budgets()).side("camera", "infer") == "cloud"
+    slow = plan_placement(services, SLOW, Budgets())
+    assert slow.side("camera", "infer") == "edge" and slow.side("camera", "change") == "edge"
+
+
+def test_link_down_puts_everything_at_the_edge_and_results_wait():
+    plan = plan_placement(default_services(), LinkView("down", 0.04, 1e6), Budgets())
+    for s in plan.services:
+        assert all(side == "edge" for task, side in s.placement if task != "upload")
+        assert s.latency_s is not None and s.latency_s > 0  # computed at the edge; delivery waits
+    pinned = plan_placement(
+        default_services(), LinkView("down", 0.04, 1e6), Budgets(), {"camera/infer": "cloud"}
+    )
+    assert pinned.service("camera").latency_s is None and pinned.service("sensor").latency_s is not None
+    assert any("results wait in the log" in r for r in plan.reasons)
+
+
+def test_private_service_never_sends_raw_data():
+    for link in (UP, SLOW, LinkView("up", 0.001, 1e9)):
+        plan = plan_placement([training_service()], link, Budgets(edge_cores=100))
+        assert plan.side("training", "train") == "edge"
+
+
+def test_operator_pins_are_honoured_and_validated():
+    pins = {"camera/infer": "edge"}
+    plan = plan_placement(default_services(), UP, Budgets(), pins)
+    assert plan.side("camera", "infer") == "edge"
+    assert any("pinned by operator: camera/infer@edge" in r for r in plan.reasons)
+    with pytest.raises(PinError, match="camera/capture"):
+        plan_placement(default_services(), UP, Budgets(), {"camera/capture": "cloud"})
+    with pytest.raises(PinError, match="training/train"):
+        plan_placement(default_services(), UP, Budgets(), {"training/train": "cloud"})
+    with pytest.raises(PinError, match="no such"):
+        plan_placement(default_services(), UP, Budgets(), {"camera/nope": "edge"})
+
+
+def test_uplink_budget_binds():
+    plan = plan_placement(
+        [camera_service(changed_fraction=1.0)], UP, Budgets(uplink_Bps=50_000, byte_weight=0)
+    )
+    assert plan.uplink_Bps <= 50_000
+    assert plan.side("camera", "infer") == "edge"
+    assert any("uplink binds" in r for r in plan.reasons)
+
+
+def test_edge_cpu_budget_binds():
+    budgets = Budgets(uplink_Bps=1e9, edge_cores=0.5, byte_weight=0)
+    plan = plan_placement([camera_service(fps=4, changed_fraction=0.5)], UP, budgets)
+    assert plan.edge_utilisation <= budgets.edge_cpu_share
+    assert plan.side("camera", "infer") == "cloud"
+    neither = plan_placement([camera_service(fps=4, changed_fraction=0.5)], SLOW, budgets)
+    assert any("no placement fits the budgets" in r for r in neither.reasons)
+
+
+def test_priority_decides_who_misses():
+    # Two cameras that both need the cloud to meet 0.5 s; the uplink fits only one of them.
+    hi = camera_service(changed_fraction=1.0, target_s=0.5, priority=5)
+    lo = camera_service(changed_fraction=1.0, target_s=0.5, priority=1)
+    lo = Service("camera2", lo.tasks, lo.latency_target_s, lo.priority, lo.private, lo.rate_hz)
+    budgets = Budgets(uplink_Bps=200_000, byte_weight=0)
+    plan = plan_placement([lo, hi], UP, budgets)
+    assert plan.service("camera").meets_target is True
+    assert plan.service("camera2").meets_target is False
+    assert any("camera2 misses its target" in r and "camera" in r for r in plan.reasons)
+
+
+def test_hysteresis_band():
+    band = Hysteresis()
+    base = LinkView("up", 0.10, 100_000)
+    assert replan_trigger(base, LinkView("up", 0.12, 120_000), band) is None
+    assert "rtt" in replan_trigger(base, LinkView("up", 0.30, 100_000), band)
+    assert "goodput" in replan_trigger(base, LinkView("up", 0.10, 50_000), band)
+    assert "up->down" in replan_trigger(base, LinkView("down", 0.10, 100_000), band)
+    tiny = LinkView("up", 0.001, 1e6)
+    assert replan_trigger(tiny, LinkView("up", 0.005, 1e6), band) is None  # 5x but under the floor
+
+
+def test_planner_replans_only_outside_band_and_logs_decisions():
+    t = [0.0]
+    planner = PlacementPlanner(default_services(), clock=lambda: t[0], log_size=3)
+    assert planner.update(UP) is not None
+    assert planner.update(LinkView("up", 0.045, 950_000)) is None
+    t[0] = 5.0
+    slow = planner.update(SLOW)
+    assert slow is not None and slow.version == 2
+    assert any(m.startswith("camera/infer cloud->edge") for m in planner.decisions[-1].moves)
+    planner.update(LinkView("down", 0.3, 30_000))
+    planner.set_pins({"sensor/detect": "cloud"})
+    planner.update(LinkView("down", 0.3, 30_000))
+    assert [d.trigger for d in planner.decisions][-1] == "pins changed"
+    assert len(planner.decisions) == 3 and planner.decisions_dropped == 1
+    with pytest.raises(PinError):
+        planner.set_pins({"sensor/ingest": "cloud"})
+    assert planner.pins == {"sensor/detect": "cloud"}
+
+
+def test_plan_text_form_names_everything():
+    text = plan_placement([sensor_service()], UP, Budgets()).to_text()
+    assert "sensor p3:" in text and "ingest@edge" in text and "reason:" in text
