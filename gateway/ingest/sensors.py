@@ -98,6 +98,10 @@ class SensorIngest:
         self.redelivered = 0  # samples already in the log, delivered again by the broker
         self._recent = RecentSamples()
 
+    def set_allow(self, allow: Sequence[str]) -> None:
+        """Replace the device allow-list (glob patterns); takes effect from the next message."""
+        self._allow = list(allow)
+
     async def start(self) -> None:
         newest = max(self._log.trimmed_lsn + 1, self._log.durable_lsn - self._recent.capacity + 1)
         seeded = await self._recent.seed(self._log.read(newest))

@@ -9,13 +9,13 @@ import sys
 
 from gwtest_util import REPO, Gatewayd, publish, telemetry, wait_until, write_config
 
-from gateway.storage.simple import SimpleLog
+from gateway.storage.epoch_log import EpochLog
 from protocol.records import decode_record
 from protocol.telemetry import MAX_TELEMETRY_BYTES
 
 
 async def log_records(data_dir) -> list[tuple[int, bytes]]:
-    log = SimpleLog(data_dir / "log")
+    log = EpochLog(data_dir / "log")
     await log.open()
     try:
         return [entry async for entry in log.read(1)]

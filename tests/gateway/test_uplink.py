@@ -11,7 +11,7 @@ import pytest
 from conftest import free_port, stop_process, wait_for_port
 from gwtest_util import REPO, telemetry
 
-from gateway.storage.simple import SimpleLog
+from gateway.storage.epoch_log import EpochLog
 from gateway.uplink.sender import Uplink, classify_response
 from protocol.config import UplinkConfig
 from protocol.records import telemetry_record
@@ -57,8 +57,8 @@ def config(url: str, token: str = TOKEN, **kw) -> UplinkConfig:
     return UplinkConfig(cloud_url=url, token=token, backoff_initial_s=0.05, backoff_max_s=0.2, **kw)
 
 
-async def filled_log(directory: Path, n: int, record: bytes | None = None) -> SimpleLog:
-    log = SimpleLog(directory)
+async def filled_log(directory: Path, n: int, record: bytes | None = None) -> EpochLog:
+    log = EpochLog(directory)
     await log.open()
     for i in range(n):
         await log.append(record or telemetry_record("s1", 1000.0 + i, telemetry("s1", i)))

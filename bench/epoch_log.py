@@ -1,0 +1,163 @@
+"""Benchmark of the epoch log (issue 3): writer throughput, flush->durable latency, recovery.
+
+Baselines measured in the same run: fsync after every record, SQLite WAL synchronous=FULL (one
+transaction per epoch), SQLite synchronous=NORMAL, and the same log with fsync disabled (ceiling).
+Writer throughput is what the writer sees: appends and flush() calls, waiting only at the end.
+
+    python bench/epoch_log.py [--quick]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import Results, parse_args  # noqa: E402
+from gateway.storage.epoch_log import EpochLog  # noqa: E402
+from gateway.storage.filelayer import OsFileLayer  # noqa: E402
+from gateway.storage.recovery import recover_all  # noqa: E402
+
+SIZES = (128, 1024, 65536)
+EPOCHS = (1, 16, 256)
+
+
+def _label(size: int, per_epoch: int) -> str:
+    return f"{size // 1024}KiB x {per_epoch}/epoch" if size >= 1024 else f"{size}B x {per_epoch}/epoch"
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+async def _log_run(directory: Path, size: int, per_epoch: int, records: int, sync: bool) -> dict[str, float]:
+    log = EpochLog(directory, segment_bytes=64 << 20, max_bytes=64 << 30, file_layer=OsFileLayer(sync=sync))
+    await log.open()
+    record = os.urandom(size)
+    latencies: list[float] = []
+    append, flush = log.append, log.flush
+    started = time.perf_counter()
+    last = None
+    for _ in range(records // per_epoch):
+        for _ in range(per_epoch):
+            await append(record)
+        t0 = time.perf_counter()
+        last = await flush()
+        last.durable.add_done_callback(lambda _f, t0=t0: latencies.append(time.perf_counter() - t0))
+    written = time.perf_counter() - started
+    await last  # type: ignore[misc]
+    durable = time.perf_counter() - started
+    await log.close()
+    n = (records // per_epoch) * per_epoch
+    return {"records_per_s": n / written, "mb_per_s": n * size / written / 1e6,
+            "records_per_s_durable": n / durable, "p50_ms": _percentile(latencies, 0.5) * 1e3,
+            "p99_ms": _percentile(latencies, 0.99) * 1e3}
+
+
+def _fsync_per_record(path: Path, size: int, records: int) -> float:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    record = os.urandom(size)
+    started = time.perf_counter()
+    for _ in range(records):
+        os.write(fd, record)
+        os.fsync(fd)
+    elapsed = time.perf_counter() - started
+    os.close(fd)
+    return records / elapsed
+
+
+def _sqlite(path: Path, size: int, per_epoch: int, records: int, synchronous: str) -> float:
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute(f"PRAGMA synchronous={synchronous}")
+    db.execute("CREATE TABLE log (lsn INTEGER PRIMARY KEY, data BLOB)")
+    record = os.urandom(size)
+    rows = [(record,)] * per_epoch
+    started = time.perf_counter()
+    for _ in range(records // per_epoch):
+        db.execute("BEGIN")
+        db.executemany("INSERT INTO log (data) VALUES (?)", rows)
+        db.execute("COMMIT")
+    elapsed = time.perf_counter() - started
+    db.close()
+    return (records // per_epoch) * per_epoch / elapsed
+
+
+async def _recovery(directory: Path, records: int) -> dict[str, float]:
+    log = EpochLog(directory, segment_bytes=64 << 20, max_bytes=64 << 30)
+    await log.open()
+    record = os.urandom(1024)
+    for i in range(records):
+        await log.append(record)
+        if i % 256 == 255:
+            await log.flush()
+    await log.flush(wait=True)
+    await log.close()
+    started = time.perf_counter()
+    reopened = EpochLog(directory, segment_bytes=64 << 20, max_bytes=64 << 30)
+    await reopened.open()
+    await reopened.append(b"new record")
+    until_append = time.perf_counter() - started
+    backlog = reopened.durable_lsn - reopened.trimmed_lsn
+    await reopened.close()
+    started = time.perf_counter()
+    full = recover_all(OsFileLayer(), str(directory), collect=False)
+    full_scan = time.perf_counter() - started
+    assert full.damage is None and full.last_lsn >= records and backlog >= records
+    return {"open_to_first_append_s": until_append, "full_recovery_scan_s": full_scan}
+
+
+async def main() -> None:
+    args = parse_args(__doc__.splitlines()[0])
+    results = Results("epoch_log", args.quick)
+    budget = (4 << 20) if args.quick else (64 << 20)  # bytes written per case
+    base = Path(tempfile.mkdtemp(prefix="epochlog-bench-", dir=os.environ.get("BENCH_DIR", ".")))
+    try:
+        ours: dict[tuple[int, int], dict[str, float]] = {}
+        ceiling: dict[tuple[int, int], dict[str, float]] = {}
+        for size in SIZES:
+            for per_epoch in EPOCHS:
+                records = max(per_epoch, min(budget // size, 200_000 if not args.quick else 20_000))
+                records -= records % per_epoch
+                case = _label(size, per_epoch)
+                variants = (("epoch_log", True, ours), ("epoch_log_no_fsync", False, ceiling))
+                for system, sync, store in variants:
+                    directory = base / f"{system}-{size}-{per_epoch}"
+                    run = await _log_run(directory, size, per_epoch, records, sync)
+                    store[(size, per_epoch)] = run
+                    for metric, value in run.items():
+                        if sync or metric in ("records_per_s", "mb_per_s"):
+                            results.add(case, system, metric, value)
+        per_record_n = 500 if args.quick else 3000
+        fsync_rate = _fsync_per_record(base / "fsync-per-record", 1024, per_record_n)
+        results.add("1KiB x 1/record", "fsync_per_record", "records_per_s", fsync_rate)
+        sqlite_n = 25_600 if args.quick else 256_000
+        full = _sqlite(base / "full.db", 1024, 256, sqlite_n, "FULL")
+        normal = _sqlite(base / "normal.db", 1024, 256, sqlite_n, "NORMAL")
+        results.add(_label(1024, 256), "sqlite_wal_full", "records_per_s", full)
+        results.add(_label(1024, 256), "sqlite_wal_normal", "records_per_s", normal)
+        headline = ours[(1024, 256)]["records_per_s"]
+        results.ratio("vs_sqlite_wal_full", headline, full)
+        results.ratio("vs_fsync_per_record", headline, fsync_rate)
+        results.ratio("vs_no_fsync_ceiling", headline, ceiling[(1024, 256)]["records_per_s"])
+        backlog = 100_000 if args.quick else 1_000_000
+        recovery = await _recovery(base / "recovery", backlog)
+        for metric, value in recovery.items():
+            results.add(f"backlog {backlog} x 1KiB" + (" (quick: not 1,000,000)" if args.quick else ""),
+                        "epoch_log", metric, value)
+    finally:
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)
+    results.write()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

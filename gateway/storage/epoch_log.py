@@ -1,0 +1,426 @@
+"""EpochLog: the gateway's crash-consistent log, ordering decoupled from durability (Blizzard, NSDI'14).
+
+Owns: the asyncio side of the log: LSN and epoch assignment, framing and chained checksums, the
+bounded buffer, the byte budget and full-disk policy, trim, reading, and the durability futures.
+The writer thread (epoch_writer.py) owns the disk writes; recovery.py owns reading bytes back.
+
+Invariant: after any crash the log holds a prefix of whole flush epochs that contains every epoch
+whose durability future completed; ``append`` never waits for the disk (only, when the buffer is
+full, for space); a failed fsync makes the log fail (LogFailed) and is never retried.
+The format and the guarantee are written up in docs/storage.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import os
+import random
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Literal
+
+from gateway.storage.epoch_writer import ClosedEpoch, DurableGroup, EpochWriter
+from gateway.storage.filelayer import FileLayer, OsFileLayer
+from gateway.storage.interface import Epoch, LogFailed, LogFull, Lsn
+from gateway.storage.log_format import (
+    META_FILE,
+    RECORD_HEADER_BYTES,
+    SEGMENT_HEADER_BYTES,
+    SegmentHeader,
+    commit_bytes,
+    decode_meta,
+    encode_meta,
+    frame_data,
+    segment_name,
+    segment_seq,
+)
+from gateway.storage.recovery import Damage, SegmentInfo, TailRecovery, recover_tail
+from gateway.storage.segment_reader import read_chunk
+
+log = logging.getLogger(__name__)
+FullPolicy = Literal["reject", "drop_oldest"]
+
+
+class LogCorrupted(Exception):
+    """A lazily scanned older segment holds corrupt bytes; ``damage`` says where. Not a crash artefact."""
+
+    def __init__(self, damage: Damage) -> None:
+        super().__init__(str(damage))
+        self.damage = damage
+
+
+class EpochLog:
+    def __init__(self, directory: Path | str, *, segment_bytes: int = 64 << 20, max_bytes: int = 1 << 30,
+                 full_policy: FullPolicy = "reject", writer_threads: int = 2, buffer_bytes: int = 32 << 20,
+                 file_layer: FileLayer | None = None, rng: random.Random | None = None,
+                 append_timeout_s: float = 30.0, close_timeout_s: float = 30.0) -> None:
+        if full_policy not in ("reject", "drop_oldest"):
+            raise ValueError(f"full_policy must be 'reject' or 'drop_oldest', not {full_policy!r}")
+        if max_bytes < 2 * segment_bytes:
+            raise ValueError("max_bytes must hold at least two segments (max_bytes >= 2 * segment_bytes)")
+        self.directory = str(directory)
+        self.segment_bytes, self.max_bytes, self.full_policy = segment_bytes, max_bytes, full_policy
+        self.buffer_bytes = buffer_bytes
+        self.append_timeout_s, self.close_timeout_s = append_timeout_s, close_timeout_s
+        self._layer: FileLayer = file_layer or OsFileLayer()
+        self._rng = rng or random.SystemRandom()
+        self._writer_threads = writer_threads
+        self.log_id = ""
+        self.recovery: TailRecovery | None = None
+        self.recovery_s = 0.0
+        self._admin = ThreadPoolExecutor(1, thread_name_prefix="epochlog-admin")  # meta, unlink
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="epochlog-reader")
+        self._writer: EpochWriter | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._segments: list[SegmentInfo] = []  # oldest first; the last may be the active one
+        self._active: SegmentHeader | None = None
+        self._active_bytes = 0
+        self._next_seq = 1
+        self._next_lsn: Lsn = 1
+        self._epoch_no = 0
+        self._durable_lsn: Lsn = 0
+        self._trimmed_lsn: Lsn = 0
+        self._chain = 0
+        self._open_chunks: list[bytes] = []
+        self._open_first: Lsn = 0
+        self._open_bytes = 0
+        self._buffered = 0  # appended, not yet durable: bounded by buffer_bytes
+        self._bytes_used = 0  # on disk or on the way, for the byte budget
+        self._pending: deque[tuple[Lsn, asyncio.Future[None]]] = deque()
+        self._space = asyncio.Event()
+        self._room_lock = asyncio.Lock()
+        self._failed: BaseException | None = None
+        self._closed = False
+        self._disk_full = False
+        self._stats = dict.fromkeys((
+            "appended_records", "appended_bytes", "epochs", "epochs_durable", "rejected_records",
+            "dropped_records", "dropped_segments", "disk_full_events", "buffer_waits", "corruptions",
+            "recovered_cut_bytes", "trims", "trim_persist_failures"), 0)
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        await self._loop.run_in_executor(self._admin, self._recover)
+        self.recovery_s = time.perf_counter() - started
+        self._writer = EpochWriter(self._layer, self.directory, self._writer_threads,
+                                   self._from_writer(self._on_durable), self._from_writer(self._on_failed),
+                                   self._from_writer(self._on_disk_full))
+        self._writer.start()
+
+    def _recover(self) -> None:
+        self._layer.makedirs(self.directory)
+        meta = self._layer.read_file(os.path.join(self.directory, META_FILE))
+        decoded = decode_meta(meta) if meta is not None else None
+        if meta is not None and decoded is None:
+            raise LogFailed(f"{self.directory}/{META_FILE} is damaged; refusing to guess the log id")
+        if decoded is None:
+            self.log_id = f"{self._rng.getrandbits(128):032x}"
+            self._write_meta(0)
+        else:
+            self.log_id, self._trimmed_lsn = decoded
+        seqs = [segment_seq(name) for name in self._layer.listdir(self.directory)]
+        self._next_seq = max((seq for seq in seqs if seq is not None), default=0) + 1
+        tail = self.recovery = recover_tail(self._layer, self.directory, self._trimmed_lsn)
+        if tail.damage is not None:
+            self._stats["corruptions"] += 1
+            log.error("epoch log %s: recovery stopped at corruption: %s", self.directory, tail.damage)
+        self._stats["recovered_cut_bytes"] = tail.cut_bytes
+        self._segments = tail.segments
+        if self._segments:  # a trim deletes segments before it persists the trim point
+            self._trimmed_lsn = max(self._trimmed_lsn, self._segments[0].header.first_lsn - 1)
+        seqs = [s.header.seq for s in self._segments]
+        if seqs != list(range(seqs[0], seqs[0] + len(seqs))) if seqs else tail.headers_unreadable:
+            self._stats["corruptions"] += 1
+            log.error("epoch log %s: segments missing or unreadable: have %s, unreadable %s",
+                      self.directory, seqs, tail.headers_unreadable)
+        self._next_lsn = max(tail.last_lsn, self._trimmed_lsn) + 1
+        self._durable_lsn = self._next_lsn - 1
+        self._epoch_no = tail.last_epoch
+        self._drop_trimmed_segments()
+        self._bytes_used = sum(s.size for s in self._segments)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        if self._failed is None and self._open_chunks:
+            try:
+                await asyncio.wait_for(self.flush(wait=True), self.close_timeout_s)
+            except (LogFailed, TimeoutError) as exc:
+                log.error("epoch log %s: last epoch not durable at close: %s", self.directory, exc)
+        self._closed = True
+        if self._writer is not None:
+            stopped = await asyncio.get_running_loop().run_in_executor(
+                None, self._writer.stop, self.close_timeout_s)
+            if not stopped:
+                log.error("epoch log %s: writer did not stop within %.0fs", self.directory,
+                          self.close_timeout_s)
+        self._fail_pending(LogFailed("log closed"))
+        self._admin.shutdown(wait=True)
+        self._reader.shutdown(wait=True)
+
+    # -- intake ------------------------------------------------------------------------------------
+
+    @property
+    def durable_lsn(self) -> Lsn:
+        return self._durable_lsn
+
+    @property
+    def trimmed_lsn(self) -> Lsn:
+        return self._trimmed_lsn
+
+    async def append(self, record: bytes) -> Lsn:
+        if self._failed is not None or self._closed:
+            raise LogFailed(f"epoch log {self.directory} is {'failed' if self._failed else 'closed'}")
+        size = len(record) + RECORD_HEADER_BYTES
+        if self._bytes_used + size > self.max_bytes or self._disk_full:
+            await self._make_room(size)
+        if self._buffered + size > self.buffer_bytes:
+            await self._wait_for_space(size)
+        if not self._open_chunks:
+            self._start_epoch()
+        lsn = self._next_lsn
+        self._next_lsn = lsn + 1
+        crc, rest, self._chain = frame_data(record if type(record) is bytes else bytes(record),
+                                            self._epoch_no, lsn, self._chain)
+        self._open_chunks += (crc, rest, record)
+        self._open_bytes += size
+        self._buffered += size
+        self._bytes_used += size
+        self._active_bytes += size
+        return lsn
+
+    def _start_epoch(self) -> None:
+        self._epoch_no += 1
+        self._open_first = self._next_lsn
+        if self._active is None or self._active_bytes >= self.segment_bytes:
+            salt = self._rng.getrandbits(32)
+            self._active = SegmentHeader(salt, self._next_seq, self._next_lsn, self._epoch_no)
+            self._next_seq += 1
+            self._chain = self._active.salt
+            self._active_bytes = SEGMENT_HEADER_BYTES
+            self._bytes_used += SEGMENT_HEADER_BYTES
+            path = os.path.join(self.directory, segment_name(self._active.seq))
+            self._segments.append(SegmentInfo(path, self._active, SEGMENT_HEADER_BYTES))
+
+    async def flush(self, wait: bool = False) -> Epoch:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        epoch = Epoch(self._epoch_no, self._next_lsn - 1, future)
+        if self._failed is not None:
+            self._set_failed(future, self._failed)
+        else:
+            self._close_epoch()
+            if self._durable_lsn >= epoch.last_lsn:
+                future.set_result(None)
+            else:
+                self._pending.append((epoch.last_lsn, future))
+        if wait:
+            await epoch
+        return epoch
+
+    def _close_epoch(self) -> None:
+        if not self._open_chunks:
+            return
+        assert self._active is not None and self._writer is not None
+        closed = ClosedEpoch(self._epoch_no, self._open_first, self._next_lsn - 1, self._active,
+                             self._segments[-1].path, self._open_chunks, self._open_bytes, self._chain)
+        self._open_chunks, self._open_bytes = [], 0
+        self._active_bytes += commit_bytes(1)
+        self._bytes_used += commit_bytes(1)
+        self._stats["epochs"] += 1
+        self._writer.submit(closed)
+
+    async def _wait_for_space(self, size: int) -> None:
+        """The buffer is full: close the open epoch early (a finer split keeps the prefix guarantee)
+        and wait, at most append_timeout_s, for the writer to make room."""
+        self._stats["buffer_waits"] += 1
+        self._close_epoch()
+        deadline = time.monotonic() + self.append_timeout_s
+        while self._buffered + size > self.buffer_bytes and self._buffered > 0:
+            if self._failed is not None:
+                raise LogFailed(str(self._failed))
+            self._space.clear()
+            try:
+                await asyncio.wait_for(self._space.wait(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                self._stats["rejected_records"] += 1
+                raise LogFull(f"buffer of {self.buffer_bytes} bytes still full after "
+                              f"{self.append_timeout_s}s: the disk is not keeping up") from None
+
+    async def _make_room(self, size: int) -> None:
+        async with self._room_lock:
+            while self._bytes_used + size > self.max_bytes or self._disk_full:
+                if self.full_policy == "reject" or not await self._drop_oldest():
+                    self._stats["rejected_records"] += 1
+                    raise LogFull(f"epoch log {self.directory}: {self._bytes_used} of {self.max_bytes} bytes "
+                                  f"used{' and the disk is full' if self._disk_full else ''}")
+                self._disk_full = False  # re-raised by the writer if its retry still finds no space
+
+    async def _drop_oldest(self) -> bool:
+        """Drop the oldest whole segment that is durable and not the active one (counted loss)."""
+        if len(self._segments) < 2 or self._segments[1].header.first_lsn - 1 > self._durable_lsn:
+            return False
+        victim, last = self._segments[0], self._segments[1].header.first_lsn - 1
+        lost = max(0, last - max(victim.header.first_lsn, self._trimmed_lsn + 1) + 1)
+        await self._persist_trim(last)
+        self._stats["dropped_records"] += lost
+        self._stats["dropped_segments"] += 1
+        log.warning("epoch log %s full: dropped %d un-uploaded records (lsn <= %d)", self.directory,
+                    lost, last)
+        return True
+
+    # -- writer callbacks (on the loop) --------------------------------------------------------------
+
+    def _from_writer(self, callback):  # noqa: ANN001, ANN202 - thread -> loop trampoline
+        loop = self._loop
+        assert loop is not None
+
+        def call(*args: object) -> None:
+            try:
+                loop.call_soon_threadsafe(callback, *args)
+            except RuntimeError:  # the loop is gone: nobody is waiting any more
+                pass
+        return call
+
+    def _on_durable(self, group: DurableGroup) -> None:
+        self._durable_lsn = group.last_lsn
+        self._buffered -= group.nbytes
+        self._disk_full = False
+        for info in reversed(self._segments):
+            if info.header.seq == group.seq:
+                info.end, info.size = group.end, group.end.offset
+                if not info.index or group.end.offset - info.index[-1].offset >= 1 << 20:
+                    info.index.append(group.end)
+                break
+        while self._pending and self._pending[0][0] <= group.last_lsn:
+            _, future = self._pending.popleft()
+            if not future.done():
+                future.set_result(None)
+            self._stats["epochs_durable"] += 1
+        self._space.set()
+
+    def _on_failed(self, exc: BaseException) -> None:
+        log.error("epoch log %s failed: %s (fsync errors are never retried)", self.directory, exc)
+        self._failed = exc
+        self._fail_pending(LogFailed(f"epoch log {self.directory}: {exc}"))
+        self._space.set()
+
+    def _on_disk_full(self) -> None:
+        if not self._disk_full:
+            self._stats["disk_full_events"] += 1
+        self._disk_full = True
+
+    def _fail_pending(self, exc: BaseException) -> None:
+        while self._pending:
+            self._set_failed(self._pending.popleft()[1], exc)
+
+    @staticmethod
+    def _set_failed(future: asyncio.Future[None], exc: BaseException) -> None:
+        if not future.done():
+            future.set_exception(exc if isinstance(exc, LogFailed) else LogFailed(str(exc)))
+            future.exception()  # retrieved: whoever awaits still gets it
+
+    # -- reading and trimming -----------------------------------------------------------------------
+
+    async def read(self, from_lsn: Lsn) -> AsyncIterator[tuple[Lsn, bytes]]:  # type: ignore[override]
+        loop = asyncio.get_running_loop()
+        lsn = from_lsn
+        while True:
+            lsn = max(lsn, self._trimmed_lsn + 1)
+            if lsn > self._durable_lsn or not self._segments:
+                return
+            firsts = [s.header.first_lsn for s in self._segments]
+            at = max(0, bisect.bisect_right(firsts, lsn) - 1)
+            info = self._segments[at]
+            lsn = max(lsn, info.header.first_lsn)
+            last = firsts[at + 1] - 1 if at + 1 < len(firsts) else self._durable_lsn
+            chunk = await loop.run_in_executor(self._reader, read_chunk, self._layer, info, lsn, last)
+            if chunk.vanished:
+                if info in self._segments:
+                    raise LogFailed(f"segment {info.path} is gone but the log still holds it")
+                continue  # trimmed or dropped meanwhile: start again from the trim point
+            if chunk.end is not None and info.end is None:
+                info.end = chunk.end
+            info.index.extend(p for p in chunk.index if not info.index or p.offset > info.index[-1].offset)
+            for record in chunk.records:
+                if record[0] > self._durable_lsn:
+                    return
+                yield record
+            if chunk.damage is not None:
+                self._stats["corruptions"] += 1
+                raise LogCorrupted(chunk.damage)
+            if chunk.records:
+                lsn = chunk.records[-1][0] + 1
+            elif at + 1 < len(self._segments) and lsn <= last:
+                lsn = last + 1
+            elif at + 1 < len(firsts):
+                lsn = firsts[at + 1]
+            else:
+                return
+
+    async def trim(self, upto_lsn: Lsn) -> None:
+        upto_lsn = min(upto_lsn, self._durable_lsn)
+        if upto_lsn <= self._trimmed_lsn:
+            return
+        self._stats["trims"] += 1
+        await self._persist_trim(upto_lsn)
+
+    async def _persist_trim(self, upto_lsn: Lsn) -> None:
+        """Delete the segments the trim frees, then make the trim point durable. Deleting first is
+        safe (those records are all trimmed) and is what lets a trim free space on a full disk."""
+        loop = asyncio.get_running_loop()
+        self._trimmed_lsn = max(self._trimmed_lsn, upto_lsn)
+        freed = self._drop_trimmed_segments(unlink=False)
+        for info in freed:
+            self._bytes_used -= info.size
+        if freed:
+            await loop.run_in_executor(self._admin, self._unlink, freed)
+        try:
+            await loop.run_in_executor(self._admin, self._write_meta, self._trimmed_lsn)
+        except OSError as exc:  # e.g. ENOSPC: the records stay trimmed here; the next trim retries
+            self._stats["trim_persist_failures"] += 1
+            log.warning("epoch log %s: trim to %d not persisted yet: %s", self.directory, upto_lsn, exc)
+
+    def _drop_trimmed_segments(self, unlink: bool = True) -> list[SegmentInfo]:
+        freed = []
+        while len(self._segments) > 1 and self._segments[1].header.first_lsn - 1 <= self._trimmed_lsn:
+            freed.append(self._segments.pop(0))
+        if unlink and freed:
+            self._unlink(freed)
+        return freed
+
+    def _unlink(self, segments: list[SegmentInfo]) -> None:
+        for info in segments:
+            try:
+                self._layer.unlink(info.path)
+            except FileNotFoundError:
+                pass
+        self._layer.fsync_dir(self.directory)
+
+    def _write_meta(self, trimmed_lsn: Lsn) -> None:
+        path = os.path.join(self.directory, META_FILE)
+        fd = self._layer.open(path + ".tmp", create=True)
+        try:
+            data = encode_meta(self.log_id, trimmed_lsn)
+            self._layer.truncate(fd, 0)
+            self._layer.pwrite(fd, data, 0)
+            self._layer.fsync(fd)
+        finally:
+            self._layer.close(fd)
+        self._layer.replace(path + ".tmp", path)
+        self._layer.fsync_dir(self.directory)
+
+    def stats(self) -> dict[str, int]:
+        writer = self._writer
+        return {**self._stats, "durable_lsn": self._durable_lsn, "trimmed_lsn": self._trimmed_lsn,
+                "next_lsn": self._next_lsn, "segments": len(self._segments), "bytes_used": self._bytes_used,
+                "max_bytes": self.max_bytes, "buffered_bytes": self._buffered,
+                "fsyncs": writer.fsyncs if writer else 0, "write_rounds": writer.rounds if writer else 0,
+                "disk_full": int(self._disk_full), "failed": int(self._failed is not None)}

@@ -1,0 +1,186 @@
+"""EpochLog behaviour on real files: the contract, corruption reports, fsync failure, full disk."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import subprocess
+from pathlib import Path
+
+import pytest
+from storagetest_workload import check_prefix, payload
+
+from gateway.storage.epoch_log import EpochLog
+from gateway.storage.filelayer import FaultyFileLayer, OsFileLayer
+from gateway.storage.interface import LogFailed, LogFull
+from gateway.storage.log_format import RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES
+from gateway.storage.recovery import recover_all
+
+
+async def _fill(log: EpochLog, epochs: int, size: int = 5) -> None:
+    for _ in range(epochs):
+        for index in range(size):
+            await log.append(payload(log.stats()["next_lsn"], 7, size, index))
+        await log.flush()
+    await log.flush(wait=True)
+
+
+async def test_append_flush_read_trim_reopen(tmp_path: Path) -> None:
+    log = EpochLog(tmp_path, segment_bytes=8192, max_bytes=1 << 20)
+    await log.open()
+    await _fill(log, 40)
+    assert log.durable_lsn == 200
+    records = [r async for r in log.read(1)]
+    assert [lsn for lsn, _ in records] == list(range(1, 201)) and check_prefix(records) is None
+    await log.trim(100)
+    assert log.stats()["segments"] > 1
+    await log.close()
+    again = EpochLog(tmp_path, segment_bytes=8192, max_bytes=1 << 20)
+    await again.open()
+    assert (again.durable_lsn, again.trimmed_lsn, again.log_id) == (200, 100, log.log_id)
+    assert [lsn for lsn, _ in [r async for r in again.read(1)]] == list(range(101, 201))
+    assert await again.append(b"next") == 201
+    await again.close()
+
+
+async def test_byte_flip_in_committed_record_is_reported_with_offset(tmp_path: Path) -> None:
+    log = EpochLog(tmp_path, segment_bytes=1 << 20, max_bytes=4 << 20)
+    await log.open()
+    await _fill(log, 10)
+    await log.close()
+    segment = next(tmp_path.glob("seg-*.log"))
+    data = bytearray(segment.read_bytes())
+    record_3 = SEGMENT_HEADER_BYTES + sum(RECORD_HEADER_BYTES + len(payload(lsn, 7, 5, 0)) for lsn in (1, 2))
+    where = record_3 + RECORD_HEADER_BYTES + 5  # a payload byte of lsn 3, in the first epoch
+    data[where] ^= 0x40
+    segment.write_bytes(bytes(data))
+    full = recover_all(OsFileLayer(), str(tmp_path))
+    assert full.damage is not None and full.damage.kind == "corrupt"
+    assert full.damage.offset == record_3 and full.last_lsn == 0
+    reopened = EpochLog(tmp_path, segment_bytes=1 << 20, max_bytes=4 << 20)
+    await reopened.open()
+    assert reopened.recovery.damage.offset == record_3 and reopened.stats()["corruptions"] == 1
+    assert reopened.durable_lsn == 0 and list(tmp_path.glob("*.corrupt-*"))
+    await reopened.close()
+
+
+async def test_torn_tail_is_cut_silently(tmp_path: Path) -> None:
+    log = EpochLog(tmp_path, segment_bytes=1 << 20, max_bytes=4 << 20)
+    await log.open()
+    await _fill(log, 4)
+    await log.close()
+    segment = next(tmp_path.glob("seg-*.log"))
+    size = segment.stat().st_size
+    with open(segment, "r+b") as f:  # a crash in the middle of a further epoch: header and half a record
+        f.seek(size)
+        f.write(b"\x45\x46\x64\x31" * 9)
+    reopened = EpochLog(tmp_path, segment_bytes=1 << 20, max_bytes=4 << 20)
+    await reopened.open()
+    assert reopened.recovery.damage is None and reopened.recovery.cut_bytes == 36
+    assert reopened.durable_lsn == 20
+    await reopened.close()
+
+
+async def test_fsync_error_is_fatal_and_not_retried(tmp_path: Path) -> None:
+    layer = FaultyFileLayer(fail_fsync_from=5)
+    log = EpochLog(tmp_path, segment_bytes=1 << 20, max_bytes=4 << 20, file_layer=layer)
+    await log.open()
+    with pytest.raises(LogFailed):
+        for _ in range(20):
+            await _fill(log, 1)
+    fsyncs = layer.fsyncs
+    with pytest.raises(LogFailed):
+        await log.append(b"more")
+    await asyncio.sleep(0.1)
+    assert layer.fsyncs == fsyncs and log.stats()["failed"] == 1
+    await log.close()
+
+
+@pytest.mark.parametrize("policy", ["reject", "drop_oldest"])
+async def test_byte_budget_policy(tmp_path: Path, policy: str) -> None:
+    log = EpochLog(tmp_path, segment_bytes=16 * 1024, max_bytes=64 * 1024, full_policy=policy)  # type: ignore[arg-type]
+    await log.open()
+    rejected = 0
+    for _ in range(200):
+        try:
+            await _fill(log, 1)
+        except LogFull:
+            rejected += 1
+    stats = log.stats()
+    assert stats["bytes_used"] <= 64 * 1024
+    if policy == "reject":
+        assert rejected > 0 and stats["rejected_records"] >= rejected and stats["dropped_records"] == 0
+    else:
+        assert rejected == 0 and stats["dropped_records"] > 0 and log.trimmed_lsn > 0
+        records = [r async for r in log.read(0)]
+        assert records[-1][0] == log.durable_lsn and check_prefix(records) is None
+    await log.append(b"still running")
+    await log.close()
+
+
+async def test_enospc_injected_policy_holds_and_log_recovers(tmp_path: Path) -> None:
+    layer = FaultyFileLayer(write_quota=40 * 1024)
+    log = EpochLog(tmp_path, segment_bytes=8 * 1024, max_bytes=1 << 20, file_layer=layer)
+    await log.open()
+    rejected = 0
+    for _ in range(100):
+        try:
+            for index in range(5):
+                await log.append(payload(log.stats()["next_lsn"], 7, 5, index))
+            await log.flush()
+        except LogFull:
+            rejected += 1
+        await asyncio.sleep(0.005)
+    assert rejected > 0 and layer.enospc > 0 and log.stats()["disk_full_events"] > 0
+    layer.free(1 << 20)
+    epoch = await log.flush()
+    await asyncio.wait_for(epoch, 10)
+    assert log.stats()["failed"] == 0
+    await log.close()
+
+
+def _mount_tmpfs(path: Path, size: str) -> bool:
+    path.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                            capture_output=True)
+    return result.returncode == 0
+
+
+@pytest.mark.parametrize("policy", ["reject", "drop_oldest"])
+async def test_real_full_tmpfs(tmp_path: Path, policy: str) -> None:
+    mount = tmp_path / "small"
+    if not _mount_tmpfs(mount, "2m"):
+        pytest.skip("cannot mount a tmpfs here; ENOSPC is covered by the injected test")
+    try:
+        # the budget is larger than the disk on purpose: the disk fills first, for real
+        log = EpochLog(mount / "log", segment_bytes=128 * 1024, max_bytes=64 << 20,  # type: ignore[arg-type]
+                       full_policy=policy, append_timeout_s=2.0, close_timeout_s=5.0)
+        await log.open()
+        rejected = 0
+        for _ in range(400):
+            try:
+                for index in range(20):
+                    await log.append(payload(log.stats()["next_lsn"], 7, 20, index))
+            except LogFull:
+                rejected += 1
+            await log.flush()
+            await asyncio.sleep(0.002)
+        stats = log.stats()
+        assert stats["disk_full_events"] > 0 and stats["failed"] == 0
+        if policy == "reject":
+            assert rejected > 0
+        else:
+            assert stats["dropped_records"] > 0
+        await log.trim(log.durable_lsn)  # the uplink catches up: space comes back
+        await asyncio.wait_for(log.flush(wait=True), 10)
+        await asyncio.wait_for(_fill(log, 1), 10)
+        records = [r async for r in log.read(0)]
+        assert records and records[-1][0] == log.durable_lsn
+        await log.close()
+        assert recover_all(OsFileLayer(), str(mount / "log")).damage is None
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_enospc_constant() -> None:
+    assert errno.ENOSPC == 28
