@@ -1,0 +1,299 @@
+"""Gateway inference: one onnxruntime session per loaded model artifact, run in a dedicated executor,
+micro-batching whatever has queued while the previous batch ran; hot swap with verification.
+
+Owner: whoever calls `InferenceEngine.start()` calls `stop()`; the engine owns its one worker task
+and its executor. `submit` and `swap` are called on the event loop.
+
+Swap: the new artifact's hash is checked, a session is built and run on a probe input off the
+loop; only then is the active model replaced (one reference assignment on the loop), so the batch in
+flight finishes on the old model and the next batch uses the new one. A failed load or probe
+leaves the old model running and is reported (counter + last error + the returned value).
+
+Invariant: every submitted item ends exactly once as a result, a drop (input queue full, oldest
+first) or a failure (its batch raised): ``submitted == inferred + dropped + failed + pending``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from models.artifact import ArtifactError, ModelArtifact, check_bytes, preprocess_images
+from protocol.events import InferenceEvent
+
+
+@dataclass(frozen=True)
+class InferenceInput:
+    source: str  # camera or device id
+    seq: int
+    capture_ts: float
+    data: np.ndarray  # a BGR frame (image models) or a ready float vector (preprocess "none")
+    payload: Any = None  # carried through untouched (e.g. the JPEG to upload)
+
+
+@dataclass(frozen=True)
+class InferenceResult:
+    item: InferenceInput
+    event: InferenceEvent
+
+
+@dataclass(frozen=True)
+class SwapOutcome:
+    ok: bool
+    version: str
+    reason: str = ""  # "", pinned, hash_mismatch, load_failed, probe_failed, ...
+    detail: str = ""
+
+
+@dataclass
+class InferenceCounters:
+    submitted: int = 0
+    dropped: int = 0
+    inferred: int = 0
+    failed: int = 0
+    batches: int = 0
+    largest_batch: int = 0
+    results_dropped: int = 0
+    swaps: int = 0
+    swap_failures: int = 0
+    last_error: str = ""
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    artifact: ModelArtifact
+    session: Any  # onnxruntime.InferenceSession
+
+    @property
+    def version(self) -> str:
+        return self.artifact.version
+
+
+def build_inputs(artifact: ModelArtifact, items: list[InferenceInput]) -> np.ndarray:
+    spec = artifact.metadata.input
+    if spec.preprocess == "image_rgb01":
+        return preprocess_images([item.data for item in items], spec)
+    return np.stack([np.asarray(item.data, np.float32).reshape(spec.shape[1:]) for item in items])
+
+
+def postprocess(artifact: ModelArtifact, inputs: np.ndarray, outputs: np.ndarray) -> list[tuple[str, float]]:
+    """(label, score) per row: softmax class and probability, or anomaly verdict and error."""
+    metadata = artifact.metadata
+    if metadata.postprocess == "softmax_labels":
+        shifted = np.exp(outputs - outputs.max(axis=1, keepdims=True))
+        probabilities = shifted / shifted.sum(axis=1, keepdims=True)
+        best = probabilities.argmax(axis=1)
+        return [(metadata.labels[i], float(probabilities[row, i])) for row, i in enumerate(best)]
+    errors = ((outputs.reshape(len(outputs), -1) - inputs.reshape(len(inputs), -1)) ** 2).mean(axis=1)
+    threshold = metadata.threshold if metadata.threshold is not None else float("inf")
+    return [("anomaly" if e > threshold else "normal", float(e)) for e in errors]
+
+
+def run_batch(model: LoadedModel, items: list[InferenceInput]) -> list[InferenceResult]:
+    """Blocking: preprocess, run, postprocess. Called in the engine's executor."""
+    artifact = model.artifact
+    inputs = build_inputs(artifact, items)
+    outputs = model.session.run([artifact.metadata.output_name], {artifact.metadata.input.name: inputs})[0]
+    kind = "classification" if artifact.metadata.postprocess == "softmax_labels" else "anomaly"
+    return [InferenceResult(item, InferenceEvent(type=kind, source=item.source, seq=item.seq,
+                                                 capture_ts=item.capture_ts, model=artifact.name,
+                                                 model_version=artifact.version, label=label, score=score))
+            for item, (label, score) in zip(items, postprocess(artifact, inputs, outputs), strict=True)]
+
+
+def probe_input(artifact: ModelArtifact) -> InferenceInput:
+    spec = artifact.metadata.input
+    if spec.preprocess == "image_rgb01":
+        data = np.full((int(spec.shape[2]), int(spec.shape[3]), 3), 128, np.uint8)
+    else:
+        data = np.zeros([int(d) for d in spec.shape[1:]], np.float32)
+    return InferenceInput("probe", 0, 0.0, data)
+
+
+def load_and_probe(artifact: ModelArtifact, threads: int) -> LoadedModel:
+    """Blocking: verify the bytes, build a session, run the probe; raise ArtifactError on any failure."""
+    import onnxruntime as ort
+
+    check_bytes(artifact.metadata, artifact.onnx_bytes)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(artifact.onnx_bytes, options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own types; convert at the boundary
+        raise ArtifactError("load_failed", str(exc)[:300]) from None
+    model = LoadedModel(artifact, session)
+    try:
+        [result] = run_batch(model, [probe_input(artifact)])
+    except Exception as exc:
+        raise ArtifactError("probe_failed", str(exc)[:300]) from None
+    if not np.isfinite(result.event.score):
+        raise ArtifactError("probe_failed", "probe output is not finite")
+    return model
+
+
+class InferenceEngine:
+    def __init__(self, *, max_batch: int = 8, queue_size: int = 64, results_size: int = 1024,
+                 threads: int = 1, clock: Callable[[], float] = time.time) -> None:
+        self.max_batch, self.queue_size, self.results_size = max_batch, queue_size, results_size
+        self.threads = threads
+        self.counters = InferenceCounters()
+        self._clock = clock
+        self._inputs: collections.deque[InferenceInput] = collections.deque()
+        self._results: collections.deque[InferenceResult] = collections.deque()
+        self._input_ready = asyncio.Event()
+        self._result_ready = asyncio.Event()
+        self._active: LoadedModel | None = None
+        self._pinned: str | None = None
+        self._swap_lock = asyncio.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+        self._worker: asyncio.Task | None = None
+        self._in_flight = 0
+
+    @property
+    def active_version(self) -> str | None:
+        return self._active.version if self._active else None
+
+    @property
+    def active_artifact(self) -> ModelArtifact | None:
+        return self._active.artifact if self._active else None
+
+    @property
+    def pinned(self) -> str | None:
+        return self._pinned
+
+    def pending(self) -> int:
+        return len(self._inputs) + self._in_flight
+
+    async def start(self, artifact: ModelArtifact) -> SwapOutcome:
+        """Load the first model and start the worker; a failed first load is returned, not raised."""
+        if self._worker is not None:
+            raise RuntimeError("InferenceEngine already started")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
+        outcome = await self.swap(artifact)
+        self._worker = asyncio.get_running_loop().create_task(self._work(), name="inference-worker")
+        return outcome
+
+    async def stop(self, drain_timeout: float = 5.0) -> None:
+        """Finish what was submitted (up to ``drain_timeout``), then stop the worker and executor."""
+        deadline = time.monotonic() + drain_timeout
+        while self.pending() and self._active is not None and time.monotonic() < deadline:
+            self._result_ready.clear()
+            try:  # each finished batch sets the event; the cap re-checks a batch that failed silently
+                wait_s = min(0.1, max(0.0, deadline - time.monotonic()))
+                async with asyncio.timeout(wait_s):  # not wait_for: 3.11 may swallow a cancel
+                    await self._result_ready.wait()
+            except TimeoutError:
+                pass
+        if self._worker is not None:
+            self._worker.cancel()
+            try:
+                await self._worker
+            except asyncio.CancelledError:
+                pass
+            self._worker = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def submit(self, item: InferenceInput) -> bool:
+        """Queue one input; when full the oldest queued input is dropped (counted). False if dropped."""
+        self.counters.submitted += 1
+        dropped = False
+        if len(self._inputs) >= self.queue_size:
+            self._inputs.popleft()
+            self.counters.dropped += 1
+            dropped = True
+        self._inputs.append(item)
+        self._input_ready.set()
+        return not dropped
+
+    async def next_result(self, within_s: float) -> InferenceResult | None:
+        deadline = time.monotonic() + within_s
+        while not self._results:
+            self._result_ready.clear()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            try:
+                async with asyncio.timeout(remaining):  # not wait_for: 3.11 may swallow a cancel
+                    await self._result_ready.wait()
+            except TimeoutError:
+                return None
+        return self._results.popleft()
+
+    def pin(self, version: str) -> None:
+        """Only ``version`` may be swapped in from now on (the OTA client fetches it)."""
+        self._pinned = version
+
+    def unpin(self) -> None:
+        self._pinned = None
+
+    async def swap(self, artifact: ModelArtifact) -> SwapOutcome:
+        if self._pinned is not None and artifact.version != self._pinned:
+            return SwapOutcome(False, artifact.version, "pinned", f"pinned to version {self._pinned}")
+        async with self._swap_lock:
+            loop = asyncio.get_running_loop()
+            try:
+                loaded = await loop.run_in_executor(None, load_and_probe, artifact, self.threads)
+            except ArtifactError as exc:
+                self.counters.swap_failures += 1
+                self.counters.last_error = f"{artifact.name}@{artifact.version}: {exc}"
+                return SwapOutcome(False, artifact.version, exc.reason, exc.detail)
+            self._active = loaded  # the swap: one assignment on the loop thread
+            self.counters.swaps += 1
+            self._input_ready.set()  # inputs that waited for a first model can run now
+            return SwapOutcome(True, artifact.version)
+
+    async def _work(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._inputs or self._active is None:
+                self._input_ready.clear()
+                try:
+                    async with asyncio.timeout(1.0):  # not wait_for: 3.11 may swallow a cancel
+                        await self._input_ready.wait()
+                except TimeoutError:
+                    pass
+                continue
+            # micro-batching: take what queued while the last batch ran, never wait for more
+            batch = [self._inputs.popleft() for _ in range(min(self.max_batch, len(self._inputs)))]
+            model = self._active  # snapshot: a swap during this batch affects the next one
+            self._in_flight = len(batch)
+            try:
+                results = await loop.run_in_executor(self._executor, run_batch, model, batch)
+            except Exception as exc:  # noqa: BLE001 - a failed batch is counted, the loop goes on
+                self.counters.failed += len(batch)
+                self.counters.last_error = f"batch failed on {model.version}: {exc}"[:300]
+                results = []
+            finally:
+                self._in_flight = 0
+            self.counters.batches += 1
+            self.counters.largest_batch = max(self.counters.largest_batch, len(batch))
+            self.counters.inferred += len(results)
+            for result in results:
+                if len(self._results) >= self.results_size:
+                    self._results.popleft()
+                    self.counters.results_dropped += 1
+                self._results.append(result)
+            self._result_ready.set()
+
+
+async def feed_from_camera(source: Any, engine: InferenceEngine, *, poll_s: float = 0.5) -> int:
+    """Move delivered camera frames into the engine until the source is finished; returns the count.
+    Run it as one task owned by whoever owns both ``source`` (a CameraSource) and ``engine``."""
+    fed = 0
+    while not source.finished:
+        frame = await source.get(poll_s)
+        if frame is None:
+            continue
+        engine.submit(InferenceInput(frame.camera_id, frame.seq, frame.capture_ts, frame.image, frame.jpeg))
+        fed += 1
+    return fed

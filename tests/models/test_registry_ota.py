@@ -1,0 +1,136 @@
+"""The cloud model registry's routes on a real aiohttp server, and the gateway's OTA client against
+it: upload/list/download round trip, notice over a real broker, pin/unpin, a tampered model refused."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import aiohttp
+import paho.mqtt.client as paho
+from aiohttp import web
+from conftest import free_port
+from paho.mqtt.enums import CallbackAPIVersion
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "camera"))
+from camtest_util import relabel, scene_artifact  # noqa: E402
+
+from cloud.registry import setup_model_routes  # noqa: E402
+from gateway.inference import InferenceEngine  # noqa: E402
+from gateway.models.ota import ModelUpdater  # noqa: E402
+from models.artifact import ModelArtifact, sha256_hex  # noqa: E402
+from protocol.events import ModelNotice, model_notice_topic  # noqa: E402
+
+OPERATOR_TOKEN = "op-secret"
+
+
+def require_operator(request: web.Request) -> None:
+    if request.headers.get("Authorization") != f"Bearer {OPERATOR_TOKEN}":
+        raise web.HTTPUnauthorized(text="operator token required")
+
+
+async def serve_registry(data_dir: Path) -> tuple[web.AppRunner, str]:
+    app = web.Application()
+    setup_model_routes(app, data_dir, require_operator)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"
+
+
+async def upload(http: aiohttp.ClientSession, url: str, artifact: ModelArtifact,
+                 token: str = OPERATOR_TOKEN) -> tuple[int, dict]:
+    form = aiohttp.FormData()
+    form.add_field("metadata", artifact.metadata.model_dump_json(), content_type="application/json")
+    form.add_field("onnx", artifact.onnx_bytes, content_type="application/octet-stream",
+                   filename="model.onnx")
+    async with http.post(f"{url}/v1/models/{artifact.name}", data=form,
+                         headers={"Authorization": f"Bearer {token}"}) as response:
+        return response.status, (await response.json() if response.content_type == "application/json" else {})
+
+
+async def test_registry_routes_round_trip(tmp_path: Path) -> None:
+    runner, url = await serve_registry(tmp_path)
+    v1, v2 = scene_artifact("1"), scene_artifact("2")
+    try:
+        async with aiohttp.ClientSession() as http:
+            assert (await upload(http, url, v1, token="wrong"))[0] == 401
+            status, entry = await upload(http, url, v1)
+            assert status == 201 and entry["seq"] == 1 and entry["sha256"] == v1.metadata.sha256
+            assert (await upload(http, url, v1))[0] == 200  # the same upload again: idempotent
+            assert (await upload(http, url, relabel(v1, "1", onnx_bytes=v1.onnx_bytes + b"\0")))[0] == 409
+            assert (await upload(http, url, v2))[1]["seq"] == 2
+            tampered_form = aiohttp.FormData()
+            tampered_form.add_field("metadata", scene_artifact("3").metadata.model_dump_json())
+            tampered_form.add_field("onnx", v1.onnx_bytes[:-1] + b"\0", filename="m.onnx")
+            async with http.post(f"{url}/v1/models/scene", data=tampered_form,
+                                 headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}) as response:
+                assert response.status == 400 and (await response.json())["error"] == "hash_mismatch"
+            async with http.get(f"{url}/v1/models") as response:
+                listed = (await response.json())["models"]
+            assert [(e["version"], e["seq"]) for e in listed] == [("1", 1), ("2", 2)]
+            async with http.get(f"{url}/v1/models/scene/2") as response:
+                assert (await response.json())["sha256"] == v2.metadata.sha256
+            async with http.get(f"{url}/v1/models/scene/2/onnx") as response:
+                body = await response.read()
+                assert response.headers["X-Model-Sha256"] == sha256_hex(body) == v2.metadata.sha256
+            async with http.get(f"{url}/v1/models/scene/9") as response:
+                assert response.status == 404
+    finally:
+        await runner.cleanup()
+
+
+async def test_ota_notice_pin_unpin_and_tampered_model(tmp_path: Path, mosquitto) -> None:
+    runner, url = await serve_registry(tmp_path / "cloud")
+    engine = InferenceEngine()
+    updater = ModelUpdater(engine, name="scene", cloud_url=url, store_dir=tmp_path / "gw-models",
+                           poll_interval_s=3600)  # only notices and explicit checks in this test
+    loop = asyncio.get_running_loop()
+    subscriber = paho.Client(CallbackAPIVersion.VERSION2)
+    subscriber.on_message = lambda _c, _u, msg: loop.call_soon_threadsafe(updater.on_notice, msg.payload)
+    try:
+        async with aiohttp.ClientSession() as http:
+            assert (await upload(http, url, scene_artifact("1")))[0] == 201
+            assert (await engine.start(scene_artifact("1"))).ok
+            await updater.start()
+            subscriber.connect(mosquitto.host, mosquitto.port)
+            subscriber.subscribe(model_notice_topic("gw1", "scene"), qos=1)
+            subscriber.loop_start()
+            # a new version and its retained notice: the gateway swaps to it
+            v2 = scene_artifact("2")
+            assert (await upload(http, url, v2))[0] == 201
+            notice = ModelNotice(name="scene", version="2", sha256=v2.metadata.sha256, size=v2.metadata.size)
+            publisher = paho.Client(CallbackAPIVersion.VERSION2)
+            publisher.connect(mosquitto.host, mosquitto.port)
+            publisher.loop_start()
+            publisher.publish(model_notice_topic("gw1", "scene"), notice.model_dump_json(), qos=1,
+                              retain=True).wait_for_publish(10)
+            for _ in range(200):
+                if engine.active_version == "2":
+                    break
+                await asyncio.sleep(0.05)
+            assert engine.active_version == "2" and updater.counters.notices >= 1
+            # pin the old version; a newer upload does not move a pinned gateway; unpin does
+            assert (await updater.pin("1")).ok and engine.active_version == "1"
+            assert (await upload(http, url, scene_artifact("3")))[0] == 201
+            assert (await updater.check()).reason == "pinned" or engine.active_version == "1"
+            assert engine.active_version == "1"
+            assert (await updater.unpin()).ok and engine.active_version == "3"
+            # version 4's bytes are damaged in the registry's store after upload: refused, 3 keeps running
+            assert (await upload(http, url, scene_artifact("4")))[0] == 201
+            onnx_file = tmp_path / "cloud" / "models" / "scene" / "4" / "model.onnx"
+            onnx_file.write_bytes(onnx_file.read_bytes()[:-1] + b"\0")
+            outcome = await updater.check()
+            assert (outcome.ok, outcome.reason) == (False, "hash_mismatch")
+            assert engine.active_version == "3" and updater.counters.refused == 1
+            assert (await updater.check()).reason == "refused_before"  # not fetched again
+            publisher.loop_stop()
+            publisher.disconnect()
+    finally:
+        subscriber.loop_stop()
+        subscriber.disconnect()
+        await updater.stop()
+        await engine.stop()
+        await runner.cleanup()
