@@ -1,0 +1,193 @@
+"""Pipeline-parallel training throughput: ours (GPipe, 1F1B-flush, 1F1B-stash) against one process
+and against torch.distributed.pipelining's Schedule1F1B on the same 2-stage partition.
+
+The model is an MLP of wide Linear layers, so each stage is compute-bound. Each pipeline rank runs
+with 1 intra-op thread; the single-process baseline runs with 1 thread (the ratio's baseline) and
+2 threads (reported beside it). Also prints the schedule simulator's predicted bubble fraction for
+4 to 16 stages. Writes bench/results/pipeline.json.
+
+    .venv/bin/python bench/pipeline.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cloud.training.partition import partition  # noqa: E402
+from cloud.training.profiler import profile_layers  # noqa: E402
+from cloud.training.runtime import StageExecutor  # noqa: E402
+from cloud.training.schedules import Topology, build_schedule, predicted_bubble  # noqa: E402
+
+OURS = ("gpipe", "1f1b-flush", "1f1b-stash")
+
+
+def wide_mlp(width: int, depth: int) -> nn.Sequential:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    layers.append(nn.Linear(width, 10))
+    return nn.Sequential(*layers)
+
+
+def make_data(cfg: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(cfg["batch"], cfg["width"], generator=generator)
+    y = torch.randint(0, 10, (cfg["batch"],), generator=generator)
+    return x, y
+
+
+def single_process(cfg: dict, threads: int) -> float:
+    torch.set_num_threads(threads)
+    model, (x, y) = wide_mlp(cfg["width"], cfg["depth"]), make_data(cfg)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    loss_fn, m = nn.CrossEntropyLoss(), cfg["microbatches"]
+
+    def step() -> None:
+        optimizer.zero_grad()
+        for xb, yb in zip(x.chunk(m), y.chunk(m), strict=True):
+            (loss_fn(model(xb), yb) / m).backward()
+        optimizer.step()
+
+    step()
+    start = time.perf_counter()
+    for _ in range(cfg["steps"]):
+        step()
+    return cfg["batch"] * cfg["steps"] / (time.perf_counter() - start)
+
+
+def _timed(rank: int, cfg: dict, step) -> float:
+    step()  # warm-up (and shape inference for torch's stages)
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(cfg["steps"]):
+        step()
+    dist.barrier()
+    return cfg["batch"] * cfg["steps"] / (time.perf_counter() - start)
+
+
+def _stage_module(cfg: dict, rank: int) -> nn.Sequential:
+    first, last = cfg["stages"][rank]
+    return wide_mlp(cfg["width"], cfg["depth"])[first:last + 1]
+
+
+def _ours(rank: int, cfg: dict, name: str) -> float:
+    module = _stage_module(cfg, rank)
+    optimizer = torch.optim.SGD(module.parameters(), lr=1e-3)
+    topology = Topology((1, 1))
+    executor = StageExecutor(module, topology, rank, optimizer=optimizer, loss_fn=nn.CrossEntropyLoss())
+    schedule = build_schedule(name, [1, 1], cfg["microbatches"])
+    x, y = make_data(cfg)
+    xs = dict(enumerate(x.chunk(cfg["microbatches"])))
+    ys = dict(enumerate(y.chunk(cfg["microbatches"])))
+    return _timed(rank, cfg, lambda: executor.run_step(schedule, xs if rank == 0 else None,
+                                                       ys if rank == 1 else None))
+
+
+def _torch_1f1b(rank: int, cfg: dict) -> float:
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+    module = _stage_module(cfg, rank)
+    optimizer = torch.optim.SGD(module.parameters(), lr=1e-3)
+    stage = PipelineStage(module, rank, 2, torch.device("cpu"))
+    schedule = Schedule1F1B(stage, cfg["microbatches"], loss_fn=nn.CrossEntropyLoss())
+    x, y = make_data(cfg)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        if rank == 0:
+            schedule.step(x)
+        else:
+            schedule.step(target=y, losses=[])
+        optimizer.step()
+
+    return _timed(rank, cfg, step)
+
+
+def _worker(rank: int, cfg: dict, port: int, results) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=120))
+    try:
+        measured: dict[str, float] = {}
+        # Rounds interleave the systems and keep each one's best, so that a burst of load from other
+        # processes on the cores does not land on one system only.
+        for _ in range(cfg["rounds"]):
+            runs = {"torch_pipelining_1f1b": lambda: _torch_1f1b(rank, cfg)}
+            runs.update({f"ours_{name}": (lambda name=name: _ours(rank, cfg, name)) for name in OURS})
+            for system, run in runs.items():
+                measured[system] = max(measured.get(system, 0.0), run())
+        if rank == 0:
+            results.put(measured)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    quick = {"width": 768, "depth": 8, "batch": 256, "microbatches": 8, "steps": 3, "rounds": 2}
+    full = {"width": 1024, "depth": 8, "batch": 512, "microbatches": 16, "steps": 10, "rounds": 3}
+    cfg = quick if args.quick else full
+    model, (x, _) = wide_mlp(cfg["width"], cfg["depth"]), make_data(cfg)
+    costs = profile_layers(model, x[:cfg["batch"] // cfg["microbatches"]], threads=1, repeats=3)
+    plan = partition(costs, 2, 1e9, straight=True)  # the partitioner picks the split both peers use
+    cfg["stages"] = [(s.first, s.last) for s in plan.stages]
+    rows, case = [], f"mlp {cfg['depth']}x{cfg['width']} batch {cfg['batch']} m={cfg['microbatches']}"
+    single = {t: max(single_process(cfg, t) for _ in range(cfg["rounds"])) for t in (1, 2)}
+    torch.set_num_threads(1)
+    context = mp.get_context("spawn")
+    results = context.SimpleQueue()
+    os.environ["OMP_NUM_THREADS"] = "1"
+    mp.start_processes(_worker, args=(cfg, _free_port(), results), nprocs=2, start_method="spawn")
+    measured = results.get()
+    systems = {"single_process_1thread": single[1], "single_process_2threads": single[2], **measured}
+    for system, value in systems.items():
+        rows.append({"case": case, "system": system, "metric": "samples_per_s", "value": round(value, 2)})
+    for stages in (4, 8, 12, 16):
+        for name, m in (("gpipe", 16), ("1f1b-flush", 16), ("1f1b-stash", 64)):
+            rows.append({"case": f"{stages} stages m={m}", "system": f"simulator_{name}",
+                         "metric": "bubble_fraction", "value": round(predicted_bubble(name, stages, m), 4)})
+    best = max(measured[f"ours_{n}"] for n in OURS)
+    peer = measured["torch_pipelining_1f1b"]
+    ratios = {"vs_single_process": round(best / single[1], 3),
+              "vs_single_process_2threads": round(best / single[2], 3),
+              "vs_torch_pipelining_1f1b": round(measured["ours_1f1b-flush"] / peer, 3),
+              "best_vs_torch_pipelining_1f1b": round(best / peer, 3)}
+    print(f"partition: {plan.text()}")
+    print(f"{'case':<40} {'system':<28} {'metric':<16} value")
+    for row in rows:
+        print(f"{row['case']:<40} {row['system']:<28} {row['metric']:<16} {row['value']}")
+    print("ratios:", ratios)
+    print(f"load average during the run: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus "
+          "(other processes on the cores skew every figure)")
+    out = {"bench": "pipeline", "quick": args.quick, "python": platform.python_version(),
+           "torch": torch.__version__.split("+")[0], "cpus": os.cpu_count(), "rows": rows, "ratios": ratios}
+    path = Path(__file__).resolve().parent / "results" / "pipeline.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

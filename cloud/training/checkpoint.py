@@ -1,0 +1,70 @@
+"""Per-stage checkpoints: ``<dir>/stage<S>/step<N>.pt``, written atomically, resumed when complete.
+
+Each stage's replica 0 writes its own file (replicas hold identical weights after the flush).
+A write goes to a temporary file that is fsynced, then renamed over the final name, and the folder
+is fsynced: a crash leaves either no file or a whole one, never a torn one (a leftover ``.tmp``
+is normal crash damage and ignored). A step is COMPLETE when every stage has a file for it.
+
+Invariant: ``latest_complete_step`` returns the largest step for which every stage has a file
+(or None), so all ranks of a resumed job load weights from the same step.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_STEP_RE = re.compile(r"^step(\d+)\.pt$")
+
+
+def stage_dir(root: str | Path, stage: int) -> Path:
+    return Path(root) / f"stage{stage}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_stage(root: str | Path, stage: int, step: int, state: dict[str, Any], keep: int = 3) -> Path:
+    folder = stage_dir(root, stage)
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / f"step{step:08d}.pt"
+    tmp = folder / f".step{step:08d}.pt.tmp"
+    with open(tmp, "wb") as handle:
+        torch.save(state, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, final)
+    _fsync_dir(folder)
+    # Older files go only after a newer one is whole; keep >= 2 so that a step some other stage
+    # has not finished writing yet still has a complete predecessor.
+    for old in stage_steps(root, stage)[:-keep]:
+        (folder / f"step{old:08d}.pt").unlink(missing_ok=True)
+    return final
+
+
+def stage_steps(root: str | Path, stage: int) -> list[int]:
+    folder = stage_dir(root, stage)
+    if not folder.is_dir():
+        return []
+    return sorted(int(m.group(1)) for m in (_STEP_RE.match(p.name) for p in folder.iterdir()) if m)
+
+
+def latest_complete_step(root: str | Path, n_stages: int) -> int | None:
+    common: set[int] | None = None
+    for stage in range(n_stages):
+        steps = set(stage_steps(root, stage))
+        common = steps if common is None else common & steps
+    return max(common) if common else None
+
+
+def load_stage(root: str | Path, stage: int, step: int) -> dict[str, Any]:
+    return torch.load(stage_dir(root, stage) / f"step{step:08d}.pt", weights_only=False)

@@ -1,0 +1,167 @@
+"""Point-to-point transport between pipeline stages: tensors cross as packed uint8 payloads.
+
+A message is two ``torch.distributed`` messages with the same tag base: a fixed-size int64 header
+(magic, codec id, dtype, shape, payload bytes) and the uint8 payload a ``WireCodec`` produced.
+Because the payload is bytes, compressed activations (BFP, integer codes) cross stages as easily as
+fp32 ones; torch's own pipelining forces ``requires_grad`` on boundary tensors and cannot.
+
+Invariant: a receive returns exactly the tensor the codec decodes from the bytes that were sent
+(for ``Fp32Codec``: the sent tensor, bit for bit); every wait is bounded by ``timeout_s``.
+Sends are ``isend``: they never block the sender, which is what the schedule simulator assumes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+
+HEADER_LEN = 12
+MAX_DIMS = HEADER_LEN - 5
+_MAGIC = 0x7E1D
+_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
+           torch.int8, torch.uint8, torch.bool]
+KIND_ACTIVATION, KIND_GRADIENT, KIND_EVAL = 0, 1, 2
+
+
+class WireCodec(Protocol):
+    """Turns a tensor into bytes and back. ``decode`` receives the original shape and dtype from the
+    header, so a codec need not describe itself (a self-describing one may ignore them)."""
+
+    codec_id: int
+    name: str
+
+    def encode(self, tensor: torch.Tensor) -> torch.Tensor: ...  # -> 1-D uint8
+
+    def decode(self, payload: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor: ...
+
+
+class Fp32Codec:
+    """The identity codec: the tensor's own bytes (lossless)."""
+
+    codec_id = 0
+    name = "fp32"
+
+    def encode(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.detach().contiguous().view(-1).view(torch.uint8)
+
+    def decode(self, payload: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return payload.view(dtype).view(shape).clone()
+
+
+_CODECS: dict[int, WireCodec] = {Fp32Codec.codec_id: Fp32Codec()}
+
+
+def register_codec(codec: WireCodec) -> None:
+    """Make a codec decodable on this rank (every rank must register the same codecs)."""
+    existing = _CODECS.get(codec.codec_id)
+    if existing is not None and existing.name != codec.name:
+        raise ValueError(f"codec id {codec.codec_id} already names {existing.name!r}")
+    _CODECS[codec.codec_id] = codec
+
+
+def codec_by_name(name: str) -> WireCodec:
+    for codec in _CODECS.values():
+        if codec.name == name:
+            return codec
+    raise ValueError(f"unknown wire codec {name!r}; registered: {sorted(c.name for c in _CODECS.values())}")
+
+
+def message_tag(kind: int, microbatch: int) -> int:
+    """Header tag; the payload uses tag + 1. Distinct per (kind, microbatch) within a step."""
+    return (microbatch * 3 + kind) * 2
+
+
+def pack_header(codec: WireCodec, tensor: torch.Tensor, n_bytes: int) -> torch.Tensor:
+    if tensor.dim() > MAX_DIMS:
+        raise ValueError(f"at most {MAX_DIMS} dimensions cross a stage boundary")
+    shape = list(tensor.shape) + [0] * (MAX_DIMS - tensor.dim())
+    return torch.tensor([_MAGIC, codec.codec_id, _DTYPES.index(tensor.dtype), tensor.dim(), *shape, n_bytes],
+                        dtype=torch.int64)
+
+
+def unpack_header(header: torch.Tensor) -> tuple[WireCodec, torch.dtype, tuple[int, ...], int]:
+    values = header.tolist()
+    if values[0] != _MAGIC:
+        raise ValueError(f"bad header magic {values[0]:#x}: peers disagree on the message order")
+    ndim = values[3]
+    return _CODECS[values[1]], _DTYPES[values[2]], tuple(values[4:4 + ndim]), values[-1]
+
+
+@dataclass
+class PendingSends:
+    """Sends in flight; keeps their buffers alive until waited."""
+
+    works: list = field(default_factory=list)
+    buffers: list = field(default_factory=list)
+    bytes_sent: int = 0
+
+    def wait_all(self, timeout_s: float) -> None:
+        for work in self.works:
+            work.wait(timedelta(seconds=timeout_s))
+        self.works.clear()
+        self.buffers.clear()
+
+
+def send_tensor(tensor: torch.Tensor, dst: int, tag: int, codec: WireCodec, pending: PendingSends) -> None:
+    payload = codec.encode(tensor)
+    header = pack_header(codec, tensor, payload.numel())
+    pending.works.append(dist.isend(header, dst, tag=tag))
+    pending.works.append(dist.isend(payload, dst, tag=tag + 1))
+    pending.buffers += [header, payload]
+    pending.bytes_sent += payload.numel() + header.numel() * 8
+
+
+class PendingRecv:
+    """A receive posted early: the header ``irecv`` at once, the payload's as soon as the header is in."""
+
+    def __init__(self, src: int, tag: int):
+        self.src, self.tag = src, tag
+        self.header = torch.empty(HEADER_LEN, dtype=torch.int64)
+        self.header_work = dist.irecv(self.header, src, tag=tag)
+        self.payload: torch.Tensor | None = None
+        self.payload_work = None
+        self.meta: tuple[WireCodec, torch.dtype, tuple[int, ...], int] | None = None
+
+    def _post_payload(self) -> None:
+        self.meta = unpack_header(self.header)
+        self.payload = torch.empty(self.meta[3], dtype=torch.uint8)
+        self.payload_work = dist.irecv(self.payload, self.src, tag=self.tag + 1)
+
+    def poll(self) -> None:
+        """Post the payload receive if the header has arrived (lets the payload overlap compute)."""
+        if self.payload_work is None and self.header_work.is_completed():
+            self.header_work.wait()
+            self._post_payload()
+
+    def wait(self, timeout_s: float) -> torch.Tensor:
+        if self.payload_work is None:
+            self.header_work.wait(timedelta(seconds=timeout_s))
+            self._post_payload()
+        self.payload_work.wait(timedelta(seconds=timeout_s))
+        codec, dtype, shape, _ = self.meta  # type: ignore[misc]
+        return codec.decode(self.payload, shape, dtype)  # type: ignore[arg-type]
+
+
+def measure_bandwidth(n_bytes: int = 4 << 20, rounds: int = 3) -> float:
+    """Bytes per second between ranks 0 and 1 (ping-pong); every rank must call it. 1 rank: inf."""
+    if dist.get_world_size() < 2:
+        return float("inf")
+    buffer = torch.zeros(n_bytes, dtype=torch.uint8)
+    rank, best = dist.get_rank(), float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        if rank == 0:
+            dist.send(buffer, 1)
+            dist.recv(buffer, 1)
+        elif rank == 1:
+            dist.recv(buffer, 0)
+            dist.send(buffer, 0)
+        best = min(best, time.perf_counter() - start)
+    result = torch.tensor([2 * n_bytes / best if rank == 0 else 0.0], dtype=torch.float64)
+    dist.broadcast(result, 0)
+    return float(result.item())

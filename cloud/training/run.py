@@ -1,0 +1,249 @@
+"""Entry point of a training job: ``torchrun ... -m cloud.training.run --job job.toml``.
+
+Every rank loads the job, builds the same model from the same seed, agrees on one plan (rank 0
+profiles and partitions, then broadcasts), builds its stage, resumes from the last complete
+checkpoint, and runs steps with ``StageExecutor``. Rank 0 appends JSON lines to the progress file:
+``start``, ``resume``, ``step`` (loss, samples/s, per-stage busy/idle seconds), ``eval``,
+``checkpoint`` (written only once every stage's file is on disk), ``done`` or ``error``.
+
+Exit codes (of each worker; torchrun itself exits 1 when any worker fails):
+0 done, 2 invalid job file, 3 plan does not fit the world size, 4 training diverged (loss not
+finite), 5 checkpoint belongs to a different plan or schedule.
+
+Invariant: the data order depends only on (seed, step), so a resumed job trains on exactly the
+minibatches an uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from cloud.training import checkpoint, comm
+from cloud.training.job import JobConfig, JobError, build_model, load_job
+from cloud.training.partition import Plan, StagePlan, even_plan, partition
+from cloud.training.profiler import cached_profile
+from cloud.training.runtime import StageExecutor
+from cloud.training.schedules import build_schedule
+
+EXIT_OK, EXIT_BAD_JOB, EXIT_PLAN, EXIT_DIVERGED, EXIT_CHECKPOINT = 0, 2, 3, 4, 5
+
+
+class JobFailed(Exception):
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class ProgressLog:
+    """Rank 0's JSON-lines progress file (appended, flushed per line) plus a human line on stdout."""
+
+    def __init__(self, path: str, enabled: bool):
+        self.path, self.enabled = Path(path), enabled
+        if enabled:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, event: str, **fields) -> None:
+        if not self.enabled:
+            return
+        record = {"event": event, "time": round(time.time(), 3), **fields}
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        human = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                         for k, v in fields.items() if k != "stages")
+        print(f"[train] {event} {human}", flush=True)
+
+
+class DigitsStream:
+    """Minibatches in the order of ``models.digits.train_single_process`` (one randperm per epoch
+    from one generator seeded with the job seed); a trailing partial minibatch is dropped."""
+
+    def __init__(self, seed: int, batch_size: int):
+        from models.digits import load_digits_split
+        self.split = load_digits_split(seed)
+        self.seed, self.batch_size = seed, batch_size
+        self.steps_per_epoch = len(self.split.train_y) // batch_size
+        self._epoch, self._order = -1, None
+
+    def _order_of(self, epoch: int) -> torch.Tensor:
+        if epoch != self._epoch:
+            generator = torch.Generator().manual_seed(self.seed)
+            for _ in range(epoch + 1):
+                order = torch.randperm(len(self.split.train_y), generator=generator)
+            self._epoch, self._order = epoch, order
+        return self._order
+
+    def minibatch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        epoch, index = divmod(step, self.steps_per_epoch)
+        rows = self._order_of(epoch)[index * self.batch_size:(index + 1) * self.batch_size]
+        return self.split.train_x[rows], self.split.train_y[rows]
+
+
+def choose_plan(job: JobConfig, model: nn.Sequential, sample: torch.Tensor, world: int) -> Plan:
+    """Every rank calls this; rank 0 decides and broadcasts, so all ranks hold the same plan."""
+    p = job.partition
+    bandwidth = p.bandwidth
+    if p.mode == "auto" and bandwidth == 0:
+        bandwidth = comm.measure_bandwidth()  # collective: all ranks take part
+    text = [None]
+    if dist.get_rank() == 0:
+        try:
+            if p.mode == "explicit":
+                replicas = p.replicas or [1] * len(p.stages)
+                spans = zip(p.stages, replicas, strict=True)
+                plan = Plan(tuple(StagePlan(f, last, r) for (f, last), r in spans), math.nan)
+            elif p.mode == "even":
+                plan = even_plan(len(model), world)
+            else:
+                costs = cached_profile(model, sample, p.profile_cache, threads=job.train.threads)
+                plan = partition(costs, world, bandwidth, compression_ratio=p.compression_ratio,
+                                 straight=p.straight or job.train.schedule == "1f1b-stash")
+            text[0] = plan.text()
+        except ValueError as exc:
+            text[0] = f"error: {exc}"
+    dist.broadcast_object_list(text, src=0)
+    if text[0].startswith("error:"):
+        raise JobFailed(EXIT_PLAN, text[0])
+    plan = Plan.parse(text[0])
+    covered = [i for s in plan.stages for i in range(s.first, s.last + 1)]
+    if plan.workers != world or covered != list(range(len(model))):
+        raise JobFailed(EXIT_PLAN, f"plan {text[0]} does not cover {len(model)} layers on {world} ranks")
+    return plan
+
+
+def _gather_stats(values: list[float]) -> torch.Tensor:
+    mine = torch.tensor(values, dtype=torch.float64)
+    everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, mine)
+    return torch.stack(everyone)
+
+
+def train(job: JobConfig) -> int:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = job.train
+    progress = ProgressLog(job.progress.file, rank == 0)
+    torch.manual_seed(t.seed)
+    model = build_model(job.model.name)
+    stream = DigitsStream(t.seed, t.batch_size)
+    micro = t.batch_size // t.microbatches
+    plan = choose_plan(job, model, stream.minibatch(0)[0][:micro], world)
+    schedule = build_schedule(t.schedule, plan.replicas, t.microbatches, vertical_sync=t.vertical_sync)
+    topology = schedule.topology
+    groups = [dist.new_group(topology.stage_ranks(s)) for s in range(topology.n_stages)]
+    stage, replica = topology.stage_replica_of(rank)
+    span = plan.stages[stage]
+    module = model[span.first:span.last + 1]  # keeps the global layer indices in state_dict keys
+    has_params = any(True for _ in module.parameters())
+    optimizer = torch.optim.SGD(module.parameters(), lr=t.lr, momentum=t.momentum) if has_params else None
+    executor = StageExecutor(module, topology, rank, optimizer=optimizer, loss_fn=nn.CrossEntropyLoss(),
+                             codec=comm.codec_by_name(t.wire_codec), replica_group=groups[stage],
+                             timeout_s=t.comm_timeout_s)
+    identity = {"plan": [[s.first, s.last, s.replicas] for s in plan.stages], "schedule": t.schedule,
+                "microbatches": t.microbatches, "batch_size": t.batch_size, "seed": t.seed}
+    total = stream.steps_per_epoch * t.epochs
+    total = min(total, t.max_steps) if t.max_steps else total
+    progress.write("start", plan=plan.text(), schedule=t.schedule, world=world, total_steps=total)
+
+    step = 0
+    resume = checkpoint.latest_complete_step(job.checkpoint.dir, topology.n_stages)
+    if resume is not None:
+        state = checkpoint.load_stage(job.checkpoint.dir, stage, resume)
+        if state["identity"] != identity:
+            raise JobFailed(EXIT_CHECKPOINT, f"checkpoint step {resume} is of {state['identity']}")
+        module.load_state_dict(state["model"])
+        if optimizer is not None:
+            optimizer.load_state_dict(state["optimizer"])
+        step = resume
+        progress.write("resume", from_step=resume)
+    dist.barrier()  # nobody writes a checkpoint before every rank has chosen where to resume
+
+    eval_every = job.progress.eval_every or stream.steps_per_epoch
+    window_start, window_samples = time.perf_counter(), 0
+    window = [0.0] * 5
+    last_stage_ranks = set(topology.stage_ranks(topology.n_stages - 1))
+    while step < total:
+        x, y = stream.minibatch(step)
+        xs, ys = x.chunk(t.microbatches), y.chunk(t.microbatches)
+        mine = [b for b in range(t.microbatches) if topology.rank_for(stage, b) == rank]
+        stats = executor.run_step(schedule, {b: xs[b] for b in mine} if stage == 0 else None,
+                                  {b: ys[b] for b in mine} if rank in last_stage_ranks else None)
+        step += 1
+        window = [a + b for a, b in zip(window, [stats.busy_s, stats.idle_s, stats.loss_sum,
+                                                 stats.n_losses, stats.bytes_sent], strict=True)]
+        window_samples += t.batch_size
+        if step % job.progress.log_every == 0 or step == total:
+            table = _gather_stats(window)
+            loss = float(table[:, 2].sum() / table[:, 3].sum())
+            if not math.isfinite(loss):
+                raise JobFailed(EXIT_DIVERGED, f"loss {loss} at step {step}")
+            elapsed = time.perf_counter() - window_start
+            per_stage = [{"stage": s, "busy_s": round(float(table[topology.stage_ranks(s), 0].sum()), 4),
+                          "idle_s": round(float(table[topology.stage_ranks(s), 1].sum()), 4)}
+                         for s in range(topology.n_stages)]
+            progress.write("step", step=step, epoch=step / stream.steps_per_epoch, loss=loss,
+                           samples_per_s=window_samples / elapsed, stages=per_stage)
+            window, window_samples, window_start = [0.0] * 5, 0, time.perf_counter()
+        if step % eval_every == 0 or step == total:
+            evaluate(executor, stream, topology, micro, progress, step, last_stage_ranks)
+        if (job.checkpoint.every and step % job.checkpoint.every == 0) or step == total:
+            if replica == 0:
+                checkpoint.save_stage(job.checkpoint.dir, stage, step, {
+                    "identity": identity, "step": step, "model": module.state_dict(),
+                    "optimizer": optimizer.state_dict() if optimizer else None}, keep=job.checkpoint.keep)
+            dist.barrier()
+            progress.write("checkpoint", step=step)
+    progress.write("done", step=step)
+    return EXIT_OK
+
+
+def evaluate(executor: StageExecutor, stream: DigitsStream, topology, micro: int, progress: ProgressLog,
+             step: int, last_stage_ranks: set[int]) -> None:
+    test_x, test_y = stream.split.test_x, stream.split.test_y
+    chunk = max(micro, 64)
+    xs, ys = test_x.split(chunk), test_y.split(chunk)
+    loss_sum, correct, count = executor.evaluate(xs, ys, len(xs))
+    totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64)
+    dist.all_reduce(totals)
+    loss, accuracy = float(totals[0] / totals[2]), float(totals[1] / totals[2])
+    progress.write("eval", step=step, loss=loss, accuracy=accuracy)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Pipeline-parallel training job (run under torchrun).")
+    parser.add_argument("--job", required=True, help="job TOML file")
+    args = parser.parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        job = load_job(args.job)
+    except JobError as exc:
+        print(f"[train] invalid job: {exc}", file=sys.stderr)
+        return EXIT_BAD_JOB
+    progress = ProgressLog(job.progress.file, rank == 0)
+    torch.set_num_threads(job.train.threads)
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:  # plain `python -m`: a one-process job
+            os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
+        dist.init_process_group("gloo", timeout=timedelta(seconds=job.train.comm_timeout_s))
+    try:
+        return train(job)
+    except (JobFailed, JobError) as exc:
+        code = exc.code if isinstance(exc, JobFailed) else EXIT_BAD_JOB
+        progress.write("error", code=code, message=str(exc))
+        print(f"[train] rank {rank}: {exc}", file=sys.stderr)
+        return code
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
