@@ -1,0 +1,33 @@
+"""Run a benchmark's worker under torchrun (2 processes, gloo) and read rank 0's figures back."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch(script: Path, args: list[str], nproc: int = 2, timeout_s: float = 300.0) -> dict:
+    with tempfile.TemporaryDirectory() as out:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "BENCH_OUT": out}
+        torchrun = Path(sys.executable).with_name("torchrun")
+        command = [str(torchrun), "--nnodes", "1", "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+                   "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", str(script), "--worker", *args]
+        subprocess.run(command, env=env, check=True, timeout=timeout_s, cwd=ROOT)
+        return json.loads((Path(out) / "rank0.json").read_text())
+
+
+def write_rank_result(result: dict, rank: int) -> None:
+    (Path(os.environ["BENCH_OUT"]) / f"rank{rank}.json").write_text(json.dumps(result))

@@ -1,0 +1,100 @@
+"""Heterogeneous ranks: one rank 2x slower; iteration time with the uniform split vs balanced.
+
+Two ranks under torchrun (gloo). Rank 1 is made a half-speed node by injection: after its
+forward/backward it stays busy (sleeps) as long again, measured in its thread CPU time so that
+other jobs on the shared box do not compound the slowdown; ranks report that cost to the
+balancer. Baseline (same run): each rank takes half the global batch. Ours: ``Balancer`` (fixed +
+per-sample cost fit, EWMA, hysteresis, damped re-split) with the sample-weighted all-reduce.
+Figure: median wall time per iteration after warm-up (slowest rank), best of two interleaved runs
+per system. Ratio ``vs_uniform`` = uniform time / balanced time (higher is better).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+
+from bench._torchrun import launch, write_rank_result  # noqa: E402
+from bench.common import Results  # noqa: E402
+from cloud.training.sync.balancer import Balancer, weighted_allreduce  # noqa: E402
+
+WIDTH, GLOBAL_BATCH = 512, 256
+
+
+def train(balanced: bool, steps: int, warmup: int) -> tuple[float, list[int]]:
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH), nn.ReLU(),
+                          nn.Linear(WIDTH, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    balancer = Balancer(GLOBAL_BATCH, every=2, alpha=0.3, hysteresis=0.1 if balanced else float("inf"))
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(GLOBAL_BATCH, 64, generator=generator)
+    y = torch.randint(0, 10, (GLOBAL_BATCH,), generator=generator)
+    loss_fn = nn.CrossEntropyLoss()
+    times = []
+    for _ in range(steps):
+        dist.barrier()
+        started, started_cpu = time.perf_counter(), time.thread_time()
+        part = balancer.my_slice()
+        optimizer.zero_grad()
+        loss_fn(model(x[part]), y[part]).backward()
+        busy = time.thread_time() - started_cpu  # CPU time: other jobs on the box do not inflate it
+        if rank == 1:
+            time.sleep(busy)  # injected: half-speed node
+        balancer.record(part.stop - part.start, busy * (2.0 if rank == 1 else 1.0))
+        weighted_allreduce(model.parameters(), balancer.weight)
+        optimizer.step()
+        balancer.end_iteration()
+        times.append(time.perf_counter() - started)
+    slowest = torch.tensor(statistics.median(times[warmup:]))
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return float(slowest), list(balancer.sizes)
+
+
+def worker(quick: bool) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    steps, warmup = (24, 12) if quick else (80, 30)
+    uniform, balanced = [], []
+    for _ in range(2):  # interleaved, so a change in the box's background load hits both
+        uniform.append(train(False, steps, warmup))
+        balanced.append(train(True, steps, warmup))
+    uniform_s, uniform_sizes = min(uniform)
+    balanced_s, balanced_sizes = min(balanced)
+    if dist.get_rank() == 0:
+        write_rank_result({"uniform_s": uniform_s, "balanced_s": balanced_s, "uniform_sizes": uniform_sizes,
+                           "balanced_sizes": balanced_sizes, "steps": steps, "warmup": warmup}, 0)
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--worker", action="store_true")
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.quick)
+        return
+    figures = launch(Path(__file__).resolve(), ["--quick"] if args.quick else [])
+    results = Results("hetero", args.quick)
+    case = f"mlp {WIDTH}, global batch {GLOBAL_BATCH}, rank1 at 1/2 speed"
+    results.add(case, "uniform_split", "iteration_ms", figures["uniform_s"] * 1e3)
+    results.add(case, "balanced", "iteration_ms", figures["balanced_s"] * 1e3)
+    results.add(case, "balanced", "final_rank0_batch", figures["balanced_sizes"][0])
+    results.add(case, "balanced", "final_rank1_batch", figures["balanced_sizes"][1])
+    results.ratio("vs_uniform", figures["uniform_s"], figures["balanced_s"])
+    results.write()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""The comm thread: the one place that launches one process group's gradient all-reduces.
+
+Collectives must be issued in the same order on every rank, so all of them go through one FIFO
+thread per group (a *lane*) that launches them in the order the trainer handed them over. A lane
+can also stand in for a slow link (``LinkDelay``), as an injected fault or an emulated link, never
+in a normal run: ``per_message_s + per_byte_s * bytes`` occupies a wire shared by every lane of the
+process (so a second lane adds no bandwidth), and ``per_layer_s`` stalls this lane before it
+launches that layer's message (head-of-line: later messages of the lane queue behind it).
+
+Invariant: messages are launched in hand-over order, one at a time; ``submit`` blocks (with a
+timeout) when ``max_pending`` messages are waiting, and counts how often it had to.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class LinkDelay:
+    """Time a message spends on an emulated link before the real all-reduce starts."""
+
+    per_message_s: float = 0.0
+    per_byte_s: float = 0.0
+    per_layer_s: Mapping[str, float] = field(default_factory=dict)  # injected delay on one layer's sync
+
+    def wire_s(self, nbytes: int) -> float:
+        return self.per_message_s + self.per_byte_s * nbytes
+
+    def stall_s(self, layers: tuple[str, ...]) -> float:
+        return sum(self.per_layer_s.get(name, 0.0) for name in layers)
+
+
+class SharedWire:
+    """The emulated link's serial resource: one message occupies it at a time, across lanes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def occupy(self, seconds: float) -> None:
+        with self._lock:
+            time.sleep(seconds)
+
+
+class PendingSync:
+    """One message in flight: the tensor being summed across ranks and when it got done."""
+
+    def __init__(self, tensor: torch.Tensor, layers: tuple[str, ...]) -> None:
+        self.tensor = tensor
+        self.layers = layers
+        self.handed_at = time.monotonic()
+        self.picked_at: float | None = None
+        self.done_at: float | None = None
+        self._launched = threading.Event()
+        self._work: dist.Work | None = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[PendingSync], None]] = []
+        self._lock = threading.Lock()
+
+    def wait(self, timeout_s: float) -> torch.Tensor:
+        if not self._launched.wait(timeout_s):
+            raise TimeoutError(f"sync of {self.layers} not launched within {timeout_s} s")
+        if self._error is not None:
+            raise RuntimeError(f"sync of {self.layers} failed to launch") from self._error
+        assert self._work is not None
+        self._work.wait(timeout=timedelta(seconds=timeout_s))
+        return self.tensor
+
+    @property
+    def sync_s(self) -> float | None:
+        """Time on the link: from the comm thread picking it up to the all-reduce being done."""
+        if self.done_at is None or self.picked_at is None:
+            return None
+        return self.done_at - self.picked_at
+
+    def on_done(self, callback: Callable[[PendingSync], None]) -> None:
+        with self._lock:
+            if self.done_at is None:
+                self._callbacks.append(callback)
+                return
+        callback(self)
+
+    def _mark_done(self) -> None:
+        with self._lock:
+            self.done_at = time.monotonic()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(self)
+
+
+_STOP = object()
+
+
+class CommThread:
+    def __init__(self, group: dist.ProcessGroup | None = None, link: LinkDelay | None = None,
+                 wire: SharedWire | None = None, max_pending: int = 1024,
+                 submit_timeout_s: float = 60.0) -> None:
+        self.group = group
+        self.link = link or LinkDelay()
+        self.wire = wire or SharedWire()
+        self.submit_timeout_s = submit_timeout_s
+        self.full_waits = 0  # submits that found the queue full and had to block
+        self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
+        self._thread = threading.Thread(target=self._run, name="sync-comm", daemon=True)
+        self._thread.start()
+
+    def submit(self, tensor: torch.Tensor, layers: tuple[str, ...], op: str = "all_reduce") -> PendingSync:
+        pending = PendingSync(tensor, layers)
+        try:
+            self._queue.put_nowait((pending, op))
+        except queue.Full:
+            self.full_waits += 1
+            self._queue.put((pending, op), timeout=self.submit_timeout_s)
+        return pending
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self._queue.put(_STOP, timeout=timeout_s)
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            pending, op = item
+            pending.picked_at = time.monotonic()
+            try:
+                link = self.link  # read once: tests swap it between windows
+                stall = link.stall_s(pending.layers)
+                if stall > 0:
+                    time.sleep(stall)
+                wire = link.wire_s(pending.tensor.numel() * pending.tensor.element_size())
+                if wire > 0:
+                    self.wire.occupy(wire)
+                if op == "all_reduce":
+                    work = dist.all_reduce(pending.tensor, group=self.group, async_op=True)
+                else:
+                    raise ValueError(f"unknown collective {op!r}")
+                pending._work = work
+                work.get_future().add_done_callback(lambda _fut, p=pending: p._mark_done())
+            except BaseException as error:  # handed to the waiter; the thread keeps serving
+                pending._error = error
+            pending._launched.set()

@@ -1,0 +1,289 @@
+"""Barrier policies as data, and the engine that picks the next one from a measured window.
+
+A ``SyncPolicy`` says how gradient synchronisations are launched: which layers share a bucket
+(one all-reduce message, ``merge``); which buckets are *held* behind the barrier (the end of
+backward) instead of being sent as soon as their gradients are ready, then sent in forward order;
+and which are sent *first*, on a priority lane (a second process group with its own FIFO) so a
+layer the next forward pass needs early never queues behind a slow message (P3, ByteScheduler).
+
+The engine is pure: ``propose(table, policy)`` reads one window's per-layer blockage table and
+returns the policy to try next with its reason; ``judge(before, after)`` keeps or reverts it.
+``PolicyEngine`` strings the two together as a small state machine with no clock and no torch.
+
+Invariant: every policy names each layer exactly once (``validate``), so whatever the engine
+chooses, every gradient is still all-reduced once per iteration: the math stays synchronous SGD.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field, replace
+
+# ---------------------------------------------------------------- policy values
+
+
+@dataclass(frozen=True)
+class SyncPolicy:
+    buckets: tuple[tuple[str, ...], ...]  # launch units, in gradient-ready order (output layer first)
+    held: frozenset[str] = frozenset()  # layers whose bucket waits for the barrier
+    first: frozenset[str] = frozenset()  # layers whose bucket goes on the priority lane
+
+    @classmethod
+    def per_layer(cls, forward_order: tuple[str, ...]) -> SyncPolicy:
+        """The default: one bucket per layer, each sent as soon as its gradient is ready."""
+        return cls(tuple((name,) for name in reversed(forward_order)))
+
+    def validate(self, layers: tuple[str, ...]) -> None:
+        named = [name for bucket in self.buckets for name in bucket]
+        if sorted(named) != sorted(layers) or len(set(named)) != len(named):
+            raise ValueError(f"policy {self.text()!r} must name each of {layers} exactly once")
+        for label, names in (("held", self.held), ("first", self.first)):
+            if not names <= set(named):
+                raise ValueError(f"{label} layers {sorted(names - set(named))} are not in the policy")
+
+    def bucket_held(self, bucket: tuple[str, ...]) -> bool:
+        return any(name in self.held for name in bucket)
+
+    def bucket_first(self, bucket: tuple[str, ...]) -> bool:
+        return any(name in self.first for name in bucket)
+
+    def main_lane_order(self, forward_index: dict[str, int]) -> list[tuple[str, ...]]:
+        """Buckets of the ordinary lane in launch order: ready-order ones, then held in forward order."""
+        lane = [b for b in self.buckets if not self.bucket_first(b)]
+        now = [b for b in lane if not self.bucket_held(b)]
+        later = sorted((b for b in lane if self.bucket_held(b)),
+                       key=lambda b: min(forward_index[n] for n in b))
+        return now + later
+
+    def bucket_of(self, layer: str) -> tuple[str, ...]:
+        for bucket in self.buckets:
+            if layer in bucket:
+                return bucket
+        raise KeyError(layer)
+
+    def text(self) -> str:
+        """``fc3|fc2+fc1|fc0 first=fc0 held=fc3``: buckets in ready order (``+`` merges), then sets."""
+        parts = ["|".join("+".join(bucket) for bucket in self.buckets)]
+        sets = (("first", self.first), ("held", self.held))
+        parts += [f"{label}={','.join(sorted(names))}" for label, names in sets if names]
+        return " ".join(parts)
+
+    @classmethod
+    def parse(cls, text: str) -> SyncPolicy:
+        body, *options = text.split()
+        sets = {"first": frozenset(), "held": frozenset()}
+        for option in options:
+            label, _, names = option.partition("=")
+            if label not in sets:
+                raise ValueError(f"unknown policy option {label!r} in {text!r}")
+            sets[label] = frozenset(name for name in names.split(",") if name)
+        buckets = tuple(tuple(part.split("+")) for part in body.split("|") if part)
+        return cls(buckets, sets["held"], sets["first"])
+
+    def __str__(self) -> str:
+        return self.text()
+
+
+# ---------------------------------------------------------------- the measured window
+
+
+@dataclass(frozen=True)
+class LayerWindow:
+    name: str
+    forward_index: int  # position in the forward pass (0 = needed first)
+    nbytes: int  # gradient bytes of the layer
+    blocked_s: float  # mean per iteration: compute held up waiting for this layer's sync
+    sync_s: float  # mean time of the message carrying this layer, from hand-off to done
+
+
+@dataclass(frozen=True)
+class WindowTable:
+    window: int
+    iterations: int
+    iteration_s: float  # mean wall time per iteration
+    policy: str
+    layers: tuple[LayerWindow, ...]
+
+    @property
+    def blocked_s(self) -> float:
+        return sum(layer.blocked_s for layer in self.layers)
+
+    def as_dict(self) -> dict:
+        return {
+            "window": self.window, "iterations": self.iterations, "policy": self.policy,
+            "iteration_ms": round(self.iteration_s * 1e3, 3), "blocked_ms": round(self.blocked_s * 1e3, 3),
+            "layers": [{"layer": layer.name, "forward_index": layer.forward_index, "bytes": layer.nbytes,
+                        "blocked_ms": round(layer.blocked_s * 1e3, 3),
+                        "sync_ms": round(layer.sync_s * 1e3, 3)}
+                       for layer in self.layers],
+        }
+
+
+# ---------------------------------------------------------------- the engine
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    block_threshold_s: float = 0.002  # a layer blocked less than this per iteration is fine
+    heavy_factor: float = 3.0  # a sync is heavy when it takes this many times the median sync...
+    heavy_min_s: float = 0.004  # ...and at least this long
+    merge_bytes: int = 256 * 1024  # adjacent buckets both below this may be merged
+    keep_rel_tol: float = 0.10  # keep a trial unless blocked time grew by more than this fraction...
+    keep_abs_tol_s: float = 0.001  # ...plus this absolute slack (noise on a shared box)
+    tabu_windows: int = 4  # a reverted policy is not proposed again for this many windows
+
+
+@dataclass(frozen=True)
+class Proposal:
+    policy: SyncPolicy
+    reason: str
+
+
+def _heavy_cut(table: WindowTable, cfg: EngineConfig) -> float:
+    median = statistics.median(layer.sync_s for layer in table.layers)
+    return max(cfg.heavy_min_s, cfg.heavy_factor * median)
+
+
+def propose(table: WindowTable, current: SyncPolicy, cfg: EngineConfig = EngineConfig(),
+            tabu: frozenset[str] = frozenset()) -> Proposal:
+    """The policy to try for the next window, from this window's table. Pure.
+
+    Rules, first match wins: (1) release held layers whose sync is no longer heavy; (2) release the
+    priority lane when no heavy sync is left on the main lane; (3) if a layer is blocked behind a
+    heavy sync that the next forward needs later, send it first (priority lane), or, if that was
+    tried and reverted, hold the heavy syncs behind the barrier; (4) if still blocked, merge the two
+    smallest adjacent ordinary buckets (fewer messages); otherwise keep the current policy.
+    Policies in ``tabu`` (text form) are never proposed.
+    """
+    by_name = {layer.name: layer for layer in table.layers}
+    heavy = _heavy_cut(table, cfg)
+
+    forward_index = {layer.name: layer.forward_index for layer in table.layers}
+    released = frozenset(name for name in current.held if by_name[name].sync_s < heavy)
+    if released:
+        candidate = replace(current, held=current.held - released)
+        if candidate.text() not in tabu:
+            names = ",".join(sorted(released))
+            return Proposal(candidate, f"release {names}: sync below {heavy * 1e3:.1f} ms")
+
+    main_lane = [name for bucket in current.main_lane_order(forward_index) for name in bucket]
+    if current.first and not any(by_name[name].sync_s >= heavy for name in main_lane):
+        candidate = replace(current, first=frozenset())
+        if candidate.text() not in tabu:
+            return Proposal(candidate, f"release first={','.join(sorted(current.first))}: no heavy sync left "
+                                       f"on the main lane (all below {heavy * 1e3:.1f} ms)")
+
+    worst = max(table.layers, key=lambda layer: layer.blocked_s)
+    if worst.blocked_s < cfg.block_threshold_s:
+        return Proposal(current, "no layer blocked")
+
+    worst_bucket = current.bucket_of(worst.name)
+    if not current.bucket_first(worst_bucket):
+        ahead = main_lane[:main_lane.index(worst_bucket[0])]
+        culprits = sorted(name for name in ahead if by_name[name].forward_index > worst.forward_index
+                          and by_name[name].sync_s >= heavy)
+        if culprits:
+            # every ordinary-lane layer queued behind a culprit that the next forward needs before it
+            cut = min(main_lane.index(name) for name in culprits)
+            latest = max(by_name[name].forward_index for name in culprits)
+            urgent = frozenset(name for name in main_lane[cut + 1:]
+                               if by_name[name].forward_index < latest and name not in culprits)
+            candidate = replace(current, first=current.first | urgent | {worst.name})
+            if candidate.text() not in tabu:
+                sent = ",".join(sorted(candidate.first - current.first))
+                return Proposal(candidate, f"send {sent} first ({worst.name} blocked "
+                                           f"{worst.blocked_s * 1e3:.1f} ms behind heavy sync of "
+                                           f"{','.join(culprits)})")
+            candidate = replace(current, held=current.held | frozenset(culprits))
+            if candidate.text() not in tabu:
+                return Proposal(candidate, f"hold {','.join(culprits)} (heavy sync) behind the barrier so "
+                                           f"{worst.name} (blocked {worst.blocked_s * 1e3:.1f} ms) "
+                                           "goes before them")
+
+    merged = _merge_smallest(current, by_name, cfg, tabu)
+    if merged is not None:
+        return merged
+    return Proposal(current, f"{worst.name} blocked {worst.blocked_s * 1e3:.1f} ms; no untried remedy")
+
+
+def _merge_smallest(current: SyncPolicy, by_name: dict[str, LayerWindow], cfg: EngineConfig,
+                    tabu: frozenset[str]) -> Proposal | None:
+    def size(bucket: tuple[str, ...]) -> int:
+        return sum(by_name[name].nbytes for name in bucket)
+
+    pairs = []
+    for i in range(len(current.buckets) - 1):
+        first, second = current.buckets[i], current.buckets[i + 1]
+        if any(current.bucket_held(b) or current.bucket_first(b) for b in (first, second)):
+            continue
+        if size(first) < cfg.merge_bytes and size(second) < cfg.merge_bytes:
+            pairs.append((size(first) + size(second), i))
+    for _, i in sorted(pairs):
+        pair = current.buckets[i] + current.buckets[i + 1]
+        buckets = current.buckets[:i] + (pair,) + current.buckets[i + 2:]
+        candidate = replace(current, buckets=buckets)
+        if candidate.text() not in tabu:
+            return Proposal(candidate, f"merge {'+'.join(buckets[i])} into one message")
+    return None
+
+
+@dataclass(frozen=True)
+class Decision:
+    keep: bool
+    before_blocked_s: float
+    after_blocked_s: float
+    reason: str
+
+
+def judge(before: WindowTable, after: WindowTable, cfg: EngineConfig = EngineConfig()) -> Decision:
+    """Keep the trial unless compute was held up clearly longer than under the policy before it."""
+    limit = before.blocked_s * (1 + cfg.keep_rel_tol) + cfg.keep_abs_tol_s
+    keep = after.blocked_s <= limit
+    verdict = "keep" if keep else "revert"
+    return Decision(keep, before.blocked_s, after.blocked_s,
+                    f"{verdict}: blocked {before.blocked_s * 1e3:.2f} -> {after.blocked_s * 1e3:.2f} ms/iter "
+                    f"(limit {limit * 1e3:.2f})")
+
+
+@dataclass
+class PolicyEngine:
+    """Measure window N, decide window N+1: try a proposal for one window, then keep or revert it.
+
+    Deterministic: the same tables give the same decisions, so every rank that feeds it the same
+    (all-gathered) tables applies the same policy at the same iteration.
+    """
+
+    policy: SyncPolicy
+    cfg: EngineConfig = EngineConfig()
+    adaptive: bool = True
+    decisions: list[dict] = field(default_factory=list)
+    _trial_from: tuple[SyncPolicy, WindowTable] | None = None
+    _tabu: dict[str, int] = field(default_factory=dict)  # policy text -> window it may be retried after
+
+    def end_window(self, table: WindowTable) -> SyncPolicy:
+        if not self.adaptive:
+            return self.policy
+        self._tabu = {text: until for text, until in self._tabu.items() if until > table.window}
+        if self._trial_from is not None:
+            previous, baseline = self._trial_from
+            self._trial_from = None
+            decision = judge(baseline, table, self.cfg)
+            if not decision.keep:
+                self._tabu[self.policy.text()] = table.window + self.cfg.tabu_windows
+                self.policy = previous
+                self._log(table.window, "revert", decision.reason, decision)
+                return self.policy  # measure the restored policy again before the next trial
+            self._log(table.window, "keep", decision.reason, decision)
+        proposal = propose(table, self.policy, self.cfg, frozenset(self._tabu))
+        if proposal.policy != self.policy:
+            self._trial_from = (self.policy, table)
+            self.policy = proposal.policy
+            self._log(table.window, "try", proposal.reason, None)
+        return self.policy
+
+    def _log(self, window: int, action: str, reason: str, decision: Decision | None) -> None:
+        entry = {"window": window, "action": action, "policy": self.policy.text(), "reason": reason}
+        if decision is not None:
+            entry["before_blocked_ms"] = round(decision.before_blocked_s * 1e3, 3)
+            entry["after_blocked_ms"] = round(decision.after_blocked_s * 1e3, 3)
+        self.decisions.append(entry)

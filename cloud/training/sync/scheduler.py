@@ -1,0 +1,231 @@
+"""Barrier-scheduled gradient synchronisation: per-layer all-reduce from backward hooks, blockage
+measured per layer, and a policy re-decided every window.
+
+How an iteration runs. A post-accumulate-grad hook on every parameter notices when a bucket's
+gradients are all ready and hands the bucket (flattened, scaled by the sample weight) to the comm
+thread, unless the policy holds it behind the barrier. When backward ends, held and incomplete
+buckets are handed over in forward order. The optimizer step is lazy and per layer: a forward
+pre-hook on each layer waits for that layer's sync, writes the summed gradient back, steps that
+layer's optimizer and clears its gradients. The time spent in that wait is the layer's blockage.
+Every ``window`` iterations the ranks all-gather their tables (blockage: max over ranks; sync time:
+min, since a rank that launched early also counts the time it waited for its peers) and feed the
+same ``PolicyEngine``, so every rank switches to the same policy at the same iteration.
+
+Invariant: each parameter's gradient is summed across the group exactly once per iteration and
+stepped before the layer's next forward, so the trajectory is synchronous SGD whatever the policy
+(equal to DDP's to float rounding; tests/sync checks 1e-6).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from cloud.training.sync.link import CommThread, LinkDelay, PendingSync, SharedWire
+from cloud.training.sync.policy import EngineConfig, LayerWindow, PolicyEngine, SyncPolicy, WindowTable
+
+OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+
+
+class SyncScheduler:
+    def __init__(self, model: nn.Module, make_optimizer: OptimizerFactory, *,
+                 group: dist.ProcessGroup | None = None, window: int = 8, adaptive: bool = True,
+                 policy: SyncPolicy | str | None = None, engine: EngineConfig = EngineConfig(),
+                 link: LinkDelay | None = None, progress_path: str | Path | None = None,
+                 priority_group: dist.ProcessGroup | None = None, timeout_s: float = 120.0) -> None:
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.window = window
+        self.timeout_s = timeout_s
+        self.progress_path = Path(progress_path) if progress_path else None
+        self.sample_weight = 1.0 / self.world  # plain averaging; the balancer sets local/global
+
+        # Layers are the modules that own parameters, numbered in registration order, which is the
+        # order a Sequential's forward uses them; the policy's "forward order" relies on that.
+        self.layers: dict[str, list[nn.Parameter]] = {
+            name: list(module.parameters(recurse=False))
+            for name, module in model.named_modules()
+            if next(module.parameters(recurse=False), None) is not None}
+        self.forward_order = tuple(self.layers)
+        self._forward_index = {name: i for i, name in enumerate(self.forward_order)}
+        self._layer_of = {id(p): name for name, params in self.layers.items() for p in params}
+        self.optimizers = {name: make_optimizer(params) for name, params in self.layers.items()}
+
+        initial = SyncPolicy.parse(policy) if isinstance(policy, str) else policy
+        initial = initial or SyncPolicy.per_layer(self.forward_order)
+        initial.validate(self.forward_order)
+        self.engine = PolicyEngine(initial, engine, adaptive)
+
+        with torch.no_grad():  # same start on every rank, as DDP does
+            for param in model.parameters():
+                dist.broadcast(param, src=dist.get_global_rank(group, 0) if group else 0, group=group)
+        if priority_group is None:  # a collective over the default group: every process must construct
+            ranks = dist.get_process_group_ranks(group) if group is not None else None
+            priority_group = dist.new_group(ranks=ranks, backend="gloo")
+        wire = SharedWire()
+        self.comm = CommThread(group, link, wire)
+        self.priority_comm = CommThread(priority_group, link, wire)
+
+        self._pending: dict[str, PendingSync] = {}
+        self._in_backward = False
+        self._ready: dict[tuple[str, ...], int] = {}
+        self._launched: set[tuple[str, ...]] = set()
+        self.iteration = 0
+        self.window_index = 0
+        self.tables: list[WindowTable] = []
+        self._reset_window()
+        self._handles = [module.register_forward_pre_hook(self._make_pre_hook(name))
+                         for name, module in model.named_modules() if name in self.layers]
+        self._handles += [p.register_post_accumulate_grad_hook(self._on_grad_ready)
+                          for p in model.parameters()]
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def policy(self) -> SyncPolicy:
+        return self.engine.policy
+
+    @property
+    def link(self) -> LinkDelay:
+        return self.comm.link
+
+    @link.setter
+    def link(self, link: LinkDelay) -> None:
+        """Swap the emulated link (fault injection); takes effect for messages not yet launched."""
+        self.comm.link = self.priority_comm.link = link
+
+    def set_sample_weight(self, weight: float) -> None:
+        """Scale applied to local gradients before the sum (local samples / global batch)."""
+        self.sample_weight = weight
+
+    def finish(self) -> None:
+        """Wait for every sync in flight and apply the pending steps (call before reading weights)."""
+        for name in self.forward_order:
+            self._consume(name, record=False)
+
+    def close(self) -> None:
+        self.finish()
+        for handle in self._handles:
+            handle.remove()
+        self.comm.close()
+        self.priority_comm.close()
+
+    def status(self) -> dict:
+        """JSON-able view for the job status: current policy, last table, decisions so far."""
+        return {"policy": self.policy.text(), "iteration": self.iteration, "window": self.window_index,
+                "last_window": self.tables[-1].as_dict() if self.tables else None,
+                "decisions": list(self.engine.decisions),
+                "comm_full_waits": self.comm.full_waits + self.priority_comm.full_waits}
+
+    # ------------------------------------------------------------------ backward side
+
+    def _on_grad_ready(self, param: torch.Tensor) -> None:
+        if not self._in_backward:
+            self._in_backward = True
+            self._ready, self._launched = {}, set()
+            torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+        policy = self.policy
+        bucket = policy.bucket_of(self._layer_of[id(param)])
+        self._ready[bucket] = self._ready.get(bucket, 0) + 1
+        if self._ready[bucket] == sum(len(self.layers[n]) for n in bucket) and not policy.bucket_held(bucket):
+            self._launch(bucket)
+
+    def _on_backward_end(self) -> None:
+        self._in_backward = False
+        rest = [b for b in self.policy.buckets if b not in self._launched]
+        for bucket in sorted(rest, key=lambda b: min(self._forward_index[n] for n in b)):
+            self._launch(bucket)  # the barrier: held buckets go out now, first-needed first
+        self.iteration += 1
+        now = time.monotonic()
+        self._iteration_s += now - self._iteration_started
+        self._iteration_started = now
+        if self.iteration % self.window == 0:
+            self._end_window()
+
+    def _launch(self, bucket: tuple[str, ...]) -> None:
+        for name in bucket:
+            self._consume(name, record=False)  # a layer the last forward skipped: step it before reuse
+        params = [p for name in bucket for p in self.layers[name]]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([grad.reshape(-1) for grad in grads])
+        flat.mul_(self.sample_weight)
+        lane = self.priority_comm if self.policy.bucket_first(bucket) else self.comm
+        pending = lane.submit(flat, bucket)
+        self._launched.add(bucket)
+        for name in bucket:
+            self._pending[name] = pending
+
+    # ------------------------------------------------------------------ forward side
+
+    def _make_pre_hook(self, name: str) -> Callable:
+        def pre_hook(_module: nn.Module, _args: object) -> None:
+            self._consume(name, record=True)
+        return pre_hook
+
+    def _consume(self, name: str, *, record: bool) -> None:
+        pending = self._pending.get(name)
+        if pending is None:
+            return
+        started = time.monotonic()
+        flat = pending.wait(self.timeout_s)
+        if record:
+            self._blocked[name] += time.monotonic() - started
+        offset = 0
+        with torch.no_grad():
+            for layer in pending.layers:
+                for param in self.layers[layer]:
+                    count = param.numel()
+                    param.grad = flat[offset:offset + count].view_as(param).clone()
+                    offset += count
+                self.optimizers[layer].step()
+                self.optimizers[layer].zero_grad(set_to_none=True)
+                del self._pending[layer]
+                if pending.sync_s is not None:
+                    self._sync_sum[layer] += pending.sync_s
+                    self._sync_count[layer] += 1
+
+    # ------------------------------------------------------------------ window
+
+    def _reset_window(self) -> None:
+        self._blocked = dict.fromkeys(self.forward_order, 0.0)
+        self._sync_sum = dict.fromkeys(self.forward_order, 0.0)
+        self._sync_count = dict.fromkeys(self.forward_order, 0)
+        self._iteration_s = 0.0
+        self._iteration_started = time.monotonic()
+
+    def _end_window(self) -> None:
+        for pending in set(self._pending.values()):  # the lanes must be idle before we gather
+            pending.wait(self.timeout_s)
+        n = len(self.forward_order)
+        order = self.forward_order
+        local = torch.tensor([self._blocked[name] / self.window for name in order]
+                             + [self._sync_sum[name] / max(1, self._sync_count[name]) for name in order]
+                             + [self._iteration_s / self.window], dtype=torch.float64)
+        gathered = [torch.zeros_like(local) for _ in range(self.world)]
+        dist.all_gather(gathered, local, group=self.group)
+        stacked = torch.stack(gathered)
+        blocked = stacked[:, :n].max(dim=0).values
+        synced = stacked[:, n:2 * n].min(dim=0).values
+        iteration_s = float(stacked[:, -1].max())
+        table = WindowTable(self.window_index, self.window, iteration_s, self.policy.text(), tuple(
+            LayerWindow(name, i, sum(p.numel() * p.element_size() for p in self.layers[name]),
+                        float(blocked[i]), float(synced[i])) for i, name in enumerate(self.forward_order)))
+        self.tables.append(table)
+        decisions_before = len(self.engine.decisions)
+        self.engine.end_window(table)
+        self._write_progress(table, self.engine.decisions[decisions_before:])
+        self.window_index += 1
+        self._reset_window()
+
+    def _write_progress(self, table: WindowTable, decisions: Iterable[dict]) -> None:
+        if self.progress_path is None or dist.get_rank(self.group) != 0:
+            return
+        with self.progress_path.open("a") as out:
+            out.write(json.dumps({"kind": "sync_window", **table.as_dict(),
+                                  "decisions": list(decisions), "next_policy": self.policy.text()}) + "\n")

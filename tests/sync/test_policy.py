@@ -1,0 +1,87 @@
+"""The policy engine, pure: no torch.distributed."""
+
+from __future__ import annotations
+
+from cloud.training.sync.policy import (
+    EngineConfig,
+    LayerWindow,
+    PolicyEngine,
+    SyncPolicy,
+    WindowTable,
+    judge,
+    propose,
+)
+
+ORDER = ("0", "2", "4", "6")
+KB = 1024
+
+
+def table(window: int, blocked: dict[str, float], sync: dict[str, float], policy: str = "") -> WindowTable:
+    layers = tuple(LayerWindow(name, i, 64 * KB, blocked.get(name, 0.0), sync.get(name, 0.001))
+                   for i, name in enumerate(ORDER))
+    return WindowTable(window, 4, 0.05, policy, layers)
+
+
+def test_text_round_trip_and_validation() -> None:
+    policy = SyncPolicy((("6",), ("4", "2"), ("0",)), held=frozenset({"6"}), first=frozenset({"0"}))
+    assert policy.text() == "6|4+2|0 first=0 held=6"
+    assert SyncPolicy.parse(policy.text()) == policy
+    policy.validate(ORDER)
+    assert SyncPolicy.per_layer(ORDER).text() == "6|4|2|0"
+    try:
+        SyncPolicy.parse("6|4|0").validate(ORDER)
+    except ValueError as error:
+        assert "exactly once" in str(error)
+    else:
+        raise AssertionError("a policy missing a layer must not validate")
+
+
+def test_blocked_layer_behind_heavy_sync_is_sent_first() -> None:
+    default = SyncPolicy.per_layer(ORDER)
+    proposal = propose(table(0, {"0": 0.08}, {"6": 0.1}), default)
+    assert proposal.policy.first == {"0", "2", "4"}
+    assert "behind heavy sync of 6" in proposal.reason
+
+
+def test_nothing_blocked_keeps_policy_and_heavy_gone_releases() -> None:
+    default = SyncPolicy.per_layer(ORDER)
+    assert propose(table(0, {}, {}), default).policy == default
+    sent_first = SyncPolicy(default.buckets, first=frozenset({"0"}))
+    assert propose(table(0, {}, {}), sent_first).policy == default
+
+
+def test_tabu_falls_back_to_hold_then_merge() -> None:
+    default = SyncPolicy.per_layer(ORDER)
+    blocked = table(0, {"0": 0.08}, {"6": 0.1})
+    first_try = propose(blocked, default).policy
+    hold = propose(blocked, default, tabu=frozenset({first_try.text()})).policy
+    assert hold.held == {"6"} and not hold.first
+    merged = propose(blocked, default, EngineConfig(merge_bytes=1 << 20),
+                     tabu=frozenset({first_try.text(), hold.text()})).policy
+    assert len(merged.buckets) == len(ORDER) - 1
+
+
+def test_judge_keeps_improvement_and_reverts_regression() -> None:
+    before = table(0, {"0": 0.05}, {})
+    assert judge(before, table(1, {"0": 0.01}, {})).keep
+    assert not judge(before, table(1, {"0": 0.09}, {})).keep
+
+
+def test_engine_try_keep_then_release_when_delay_goes() -> None:
+    engine = PolicyEngine(SyncPolicy.per_layer(ORDER))
+    engine.end_window(table(0, {"0": 0.08}, {"6": 0.1}))
+    assert engine.policy.first and engine.decisions[-1]["action"] == "try"
+    engine.end_window(table(1, {"6": 0.02}, {"6": 0.1}))
+    assert engine.decisions[-1]["action"] == "keep" and engine.policy.first
+    engine.end_window(table(2, {}, {}))  # delay gone: the sync is no longer heavy
+    assert engine.decisions[-1]["action"] == "try" and "release" in engine.decisions[-1]["reason"]
+    engine.end_window(table(3, {}, {}))
+    assert engine.policy == SyncPolicy.per_layer(ORDER)
+
+
+def test_engine_reverts_a_trial_that_made_things_worse() -> None:
+    engine = PolicyEngine(SyncPolicy.per_layer(ORDER))
+    engine.end_window(table(0, {"0": 0.08}, {"6": 0.1}))
+    engine.end_window(table(1, {"0": 0.2}, {"6": 0.1}))
+    assert engine.decisions[-1]["action"] == "revert"
+    assert engine.policy == SyncPolicy.per_layer(ORDER)
