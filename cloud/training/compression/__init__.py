@@ -1,0 +1,24 @@
+"""Activation compression for training: saved-for-backward tensors stored in block floating point
+(``models.numerics``) through autograd's saved-tensor hooks, Gist layer-pair encodings chosen by a
+``torch.fx`` pass, and an adaptive controller that moves each layer's format along a ladder.
+
+Invariant: compression never changes the forward pass; it only changes what backward reads, and
+the lossless encodings (Gist binarize and sparse) change nothing at all.
+"""
+
+from cloud.training.compression.controller import (
+    DEFAULT_LADDER,
+    AdaptiveController,
+    ControllerSettings,
+    Decision,
+)
+from cloud.training.compression.gist import GistPair, GistPlan, ReluMaxPoolBinarized, gist_transform
+from cloud.training.compression.hooks import OUTSIDE_LAYERS, ActivationCompressor, LayerBytes
+from cloud.training.compression.policy import LayerPolicy
+from cloud.training.compression.trainer import TrainResult, count_saved_bytes, train_compressed
+
+__all__ = [
+    "DEFAULT_LADDER", "OUTSIDE_LAYERS", "ActivationCompressor", "AdaptiveController", "ControllerSettings",
+    "Decision", "GistPair", "GistPlan", "LayerBytes", "LayerPolicy", "ReluMaxPoolBinarized", "TrainResult",
+    "count_saved_bytes", "gist_transform", "train_compressed",
+]

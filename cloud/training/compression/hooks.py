@@ -1,0 +1,188 @@
+"""Activations saved for backward, stored compressed: ``torch.autograd.graph.saved_tensors_hooks``.
+
+While ``ActivationCompressor.active()`` is entered, every tensor autograd saves goes through the
+pack hook, which knows the layer (leaf module) whose forward is running and encodes the tensor
+with that layer's format: BFP (lossy), Gist sparse form (lossless, for layers the Gist pass marked
+and when it is smaller), or as-is. The unpack hook decodes it in backward.
+
+- Parameters and views of them (same storage) are returned untouched and not counted: they are
+  not activations and are alive anyway.
+- Non-float tensors (max-pool indices, Gist masks) are kept as they are and counted.
+- A tensor saved by two ops (a ReLU's output is saved by the ReLU and by the next conv) is encoded
+  once and shared; the cache holds only weak references, so it never keeps memory alive.
+
+Invariant: ``counters[layer].stored`` is the sum of the real bytes held for backward by that
+layer's saved tensors (each distinct tensor counted once), and ``live_bytes`` returns to zero once
+the autograd graph that holds them is freed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import weakref
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from cloud.training.compression.policy import LayerPolicy
+from cloud.training.compression.sparse import SparsePacked, decode_sparse, encode_sparse, nonzero_bits
+from models.numerics import BfpCodec, BfpFormat, Packed, error_stats, packed_nbytes
+
+OUTSIDE_LAYERS = "<outside>"  # saved by ops that run outside any leaf module (e.g. the loss)
+_CACHE_PRUNE_AT = 1024
+
+
+@dataclass
+class LayerBytes:
+    original: int = 0
+    stored: int = 0
+    tensors: int = 0
+
+
+class _Stored:
+    """What the pack hook hands autograd: an encoded (or raw) saved tensor."""
+
+    __slots__ = ("kind", "payload", "nbytes", "__weakref__")
+
+    def __init__(self, kind: str, payload: torch.Tensor | Packed | SparsePacked, nbytes: int) -> None:
+        self.kind, self.payload, self.nbytes = kind, payload, nbytes
+
+
+def _tensor_nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+class ActivationCompressor:
+    """Owns the hooks for one model. Not thread-safe: one forward/backward at a time per instance."""
+
+    def __init__(self, model: nn.Module, policy: LayerPolicy, *, ssdc_layers: Collection[str] = (),
+                 generator: torch.Generator | None = None, min_numel: int = 64) -> None:
+        self.model = model
+        self.policy = policy
+        self.ssdc_layers = frozenset(ssdc_layers)
+        self.generator = generator
+        self.min_numel = min_numel  # tiny tensors (scalars, biases' grads' shapes) cost more to encode
+        self.measure_errors = False
+        self.layer_errors: dict[str, float] = {}
+        self.counters: dict[str, LayerBytes] = {}
+        self.kinds: dict[str, int] = {"raw": 0, "bfp": 0, "sparse": 0}
+        self.live_bytes = 0
+        self.peak_live_bytes = 0
+        self._stack: list[str] = []
+        self._cache: dict[tuple, tuple[weakref.ref, weakref.ref]] = {}
+        self._codecs: dict[BfpFormat, BfpCodec] = {}
+        self._param_storages: set[int] = set()
+
+    def reset_counters(self) -> None:
+        self.counters.clear()
+        self.kinds = dict.fromkeys(self.kinds, 0)
+        self.layer_errors.clear()
+        self.peak_live_bytes = self.live_bytes
+
+    def total(self) -> LayerBytes:
+        total = LayerBytes()
+        for entry in self.counters.values():
+            total.original += entry.original
+            total.stored += entry.stored
+            total.tensors += entry.tensors
+        return total
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[ActivationCompressor]:
+        self._param_storages = {p.untyped_storage().data_ptr() for p in self.model.parameters()}
+        handles = []
+        for name, module in self.model.named_modules():
+            if name and not any(True for _ in module.children()):
+                handles.append(module.register_forward_pre_hook(self._enter_layer(name)))
+                handles.append(module.register_forward_hook(self._leave_layer, always_call=True))
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+            self._stack.clear()
+            self._cache.clear()
+
+    # Hooks -------------------------------------------------------------------------------------
+
+    def _enter_layer(self, name: str):
+        def hook(module: nn.Module, args: tuple) -> None:
+            self._stack.append(name)
+        return hook
+
+    def _leave_layer(self, module: nn.Module, args: tuple, output: object) -> None:
+        if self._stack:
+            self._stack.pop()
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor | _Stored:
+        if tensor.untyped_storage().data_ptr() in self._param_storages:
+            return tensor
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+               tensor.stride(), tensor.dtype, tensor._version)
+        cached = self._cache.get(key)
+        if cached is not None:
+            source, stored = cached[0](), cached[1]()
+            # A live source with the same storage, view and version has the same bytes.
+            if source is not None and stored is not None:
+                return stored
+        layer = self._stack[-1] if self._stack else OUTSIDE_LAYERS
+        stored = self._encode(tensor, layer)
+        if len(self._cache) >= _CACHE_PRUNE_AT:
+            self._cache = {k: v for k, v in self._cache.items() if v[0]() is not None and v[1]() is not None}
+        self._cache[key] = (weakref.ref(tensor), weakref.ref(stored))
+        entry = self.counters.setdefault(layer, LayerBytes())
+        entry.original += _tensor_nbytes(tensor)
+        entry.stored += stored.nbytes
+        entry.tensors += 1
+        self.kinds[stored.kind] += 1
+        self.live_bytes += stored.nbytes
+        self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
+        weakref.finalize(stored, self._release, stored.nbytes)
+        return stored
+
+    def _release(self, nbytes: int) -> None:
+        self.live_bytes -= nbytes
+
+    def _unpack(self, stored: torch.Tensor | _Stored) -> torch.Tensor:
+        if isinstance(stored, torch.Tensor):
+            return stored
+        if stored.kind == "raw":
+            return stored.payload
+        if stored.kind == "sparse":
+            return decode_sparse(stored.payload)
+        return self._codec(stored.payload.fmt).decode(stored.payload)
+
+    # Encoding choice ---------------------------------------------------------------------------
+
+    def _encode(self, tensor: torch.Tensor, layer: str) -> _Stored:
+        if not tensor.is_floating_point() or tensor.numel() < self.min_numel:
+            return _Stored("raw", tensor, _tensor_nbytes(tensor))
+        # Ops outside any layer (the loss) are compressed only when the policy names them: the
+        # loss's saved log-probabilities are tiny and very sensitive.
+        fmt = self.policy.format_for(layer) if layer != OUTSIDE_LAYERS or self.policy.names(layer) else None
+        if layer in self.ssdc_layers:
+            occupied = nonzero_bits(tensor)
+            n, itemsize = tensor.numel(), tensor.element_size()
+            sparse_bytes = math.ceil(n / 8) + int(occupied.sum()) * itemsize
+            dense_bytes = _tensor_nbytes(tensor) if fmt is None else packed_nbytes(
+                n, fmt, int(fmt.outlier_fraction * n), itemsize)
+            if sparse_bytes < dense_bytes:  # Gist: sparse only when sparsity is high enough to pay
+                packed = encode_sparse(tensor, occupied)
+                return _Stored("sparse", packed, packed.nbytes)
+        if fmt is None:
+            return _Stored("raw", tensor, _tensor_nbytes(tensor))
+        packed = self._codec(fmt).encode(tensor)
+        if self.measure_errors:
+            error = error_stats(tensor, self._codec(fmt).decode(packed)).relative_error
+            self.layer_errors[layer] = max(error, self.layer_errors.get(layer, 0.0))
+        return _Stored("bfp", packed, packed.nbytes)
+
+    def _codec(self, fmt: BfpFormat) -> BfpCodec:
+        codec = self._codecs.get(fmt)
+        if codec is None:
+            codec = self._codecs[fmt] = BfpCodec(fmt, self.generator)
+        return codec

@@ -1,0 +1,55 @@
+"""Lossless sparse storage of a mostly-zero tensor (Gist's Sparse Storage, Dense Compute).
+
+Stored: a 1-bit-per-element occupancy mask (bit-packed) plus the non-zero values in order.
+"Zero" means the all-zero bit pattern, so -0.0 and NaN are kept as values and decoding is
+bit-exact.
+
+Invariant: ``decode_sparse(encode_sparse(t))`` equals ``t`` bit for bit, and
+``nbytes == ceil(n/8) + nnz * itemsize``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from models.numerics import pack_bits, unpack_bits
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@dataclass(frozen=True, eq=False)
+class SparsePacked:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    mask: torch.Tensor    # uint8, ceil(n/8) bytes
+    values: torch.Tensor  # dtype, nnz
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.mask.numel() + self.values.numel() * self.values.element_size())
+
+
+def nonzero_bits(tensor: torch.Tensor) -> torch.Tensor:
+    flat = tensor.detach().reshape(-1)
+    return flat.view(_SAME_SIZE_INT[flat.element_size()]) != 0
+
+
+def sparse_nbytes(numel: int, nnz: int, itemsize: int) -> int:
+    return math.ceil(numel / 8) + nnz * itemsize
+
+
+def encode_sparse(tensor: torch.Tensor, occupied: torch.Tensor | None = None) -> SparsePacked:
+    flat = tensor.detach().reshape(-1)
+    occupied = nonzero_bits(flat) if occupied is None else occupied
+    return SparsePacked(tuple(tensor.shape), tensor.dtype, pack_bits(occupied, 1), flat[occupied].clone())
+
+
+def decode_sparse(packed: SparsePacked) -> torch.Tensor:
+    n = math.prod(packed.shape)
+    occupied = unpack_bits(packed.mask, 1, n).bool()
+    out = torch.zeros(n, dtype=packed.dtype, device=packed.values.device)
+    out[occupied] = packed.values
+    return out.view(packed.shape)

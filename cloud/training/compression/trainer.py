@@ -1,0 +1,107 @@
+"""A single-process trainer with compressed activations: the reference that the pipeline
+runtime's compressed stages are compared against, and what the tests and bench run.
+
+Mirrors ``models.digits.train_single_process`` (SGD with momentum 0.9, same batch order for a
+seed) so that fp32 and compressed runs differ only in what is stored for backward.
+
+Invariant: with ``compressor=None`` this is the plain fp32 trainer; with a controller, every
+``window``-th step also runs a full-precision probe of the same batch before the compressed step
+and feeds the controller, whose new policy takes effect from the next step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from cloud.training.compression.controller import AdaptiveController
+from cloud.training.compression.hooks import ActivationCompressor
+from models.digits import DigitsSplit
+
+
+@dataclass
+class TrainResult:
+    epoch_losses: list[float] = field(default_factory=list)
+    steps: int = 0
+    seconds: float = 0.0
+    probe_grad_errors: list[float] = field(default_factory=list)
+
+    @property
+    def step_seconds(self) -> float:
+        return self.seconds / max(1, self.steps)
+
+
+def relative_grad_error(reference: list[torch.Tensor], params: list[nn.Parameter]) -> float:
+    num = sum(float(((p.grad - r) ** 2).sum()) for p, r in zip(params, reference, strict=True))
+    den = sum(float((r ** 2).sum()) for r in reference)
+    return (num / den) ** 0.5 if den > 0 else 0.0
+
+
+def train_compressed(model: nn.Module, split: DigitsSplit, *, compressor: ActivationCompressor | None = None,
+                     controller: AdaptiveController | None = None, epochs: int = 10, batch_size: int = 32,
+                     lr: float = 0.05, seed: int = 0, optimizer_name: str = "sgd") -> TrainResult:
+    """``optimizer_name``: "sgd" (momentum 0.9, as the digits reference) or "adam" (the scene one)."""
+    if controller is not None and compressor is None:
+        raise ValueError("an adaptive controller needs a compressor to apply its policy")
+    generator = torch.Generator().manual_seed(seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if optimizer_name == "adam":
+        optimizer = torch.optim.Adam(params, lr=lr)
+    elif optimizer_name == "sgd":
+        optimizer = torch.optim.SGD(params, lr=lr, momentum=0.9)
+    else:
+        raise ValueError(f"unknown optimizer {optimizer_name!r} (sgd, adam)")
+    loss_fn = nn.CrossEntropyLoss()
+    if controller is not None:
+        compressor.policy = controller.policy
+    result, step = TrainResult(), 0
+    started = time.perf_counter()
+    for _ in range(epochs):
+        order = torch.randperm(len(split.train_y), generator=generator)
+        total, batches = 0.0, 0
+        for start in range(0, len(order), batch_size):
+            index = order[start:start + batch_size]
+            x, y = split.train_x[index], split.train_y[index]
+            probing = controller is not None and controller.probe_due(step)
+            reference = None
+            if probing:
+                optimizer.zero_grad()
+                loss_fn(model(x), y).backward()
+                reference = [p.grad.detach().clone() for p in params]
+                compressor.measure_errors = True
+                compressor.layer_errors.clear()
+            optimizer.zero_grad()
+            if compressor is None:
+                loss = loss_fn(model(x), y)
+            else:
+                with compressor.active():
+                    loss = loss_fn(model(x), y)
+            loss.backward()
+            if controller is not None:
+                controller.record_loss(loss.item())
+            if probing:
+                compressor.measure_errors = False
+                grad_error = relative_grad_error(reference, params)
+                result.probe_grad_errors.append(grad_error)
+                controller.decide(step, grad_error, compressor.layer_errors)
+                compressor.policy = controller.policy
+            optimizer.step()
+            total, batches, step = total + loss.item(), batches + 1, step + 1
+        result.epoch_losses.append(total / batches)
+    result.seconds = time.perf_counter() - started
+    result.steps = step
+    return result
+
+
+def count_saved_bytes(model: nn.Module, compressor: ActivationCompressor, x: torch.Tensor,
+                      y: torch.Tensor) -> ActivationCompressor:
+    """One forward+backward under the compressor with fresh counters; returns it for reading."""
+    compressor.reset_counters()
+    with compressor.active():
+        loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return compressor
