@@ -1,6 +1,13 @@
-"""gatewayctl: talk to a gateway over MQTT. For now one command: ``status`` (the retained status topic).
+"""gatewayctl: operate a gateway over MQTT (docs/mqtt-api.md, "Control plane").
 
-Invariant: read-only, and every wait has a timeout; no status within it -> exit 1 with a message.
+    gatewayctl --broker URL --gateway ID [--username U --password-file F --ca-file F] COMMAND [--json]
+
+Commands: status, services, config get|set|patch, start, stop, devices [add|remove], camera-source,
+model pin|unpin, placement [pin|unpin], log-level, logs. Human tables by default, ``--json`` for scripts.
+
+Invariant: every wait has a timeout; exit 0 on success, 1 when the gateway is offline or does not
+answer in time, 2 for usage or connection problems (including the broker's refusal), 3 when the
+gateway refused the request (its error, naming the field, is printed).
 """
 
 from __future__ import annotations
@@ -8,61 +15,193 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import secrets
 import sys
+from pathlib import Path
+from typing import Any
 
-from gateway.mqtt import MqttAdapter, MqttError, MqttSettings
-from protocol.topics import check_id, status_topic
+from gateway.control.client import ControlClient, CtlError
+from protocol.control import SERVICE_NAMES, ControlResponse
+from protocol.topics import check_id
 
-EXIT_OK, EXIT_NO_STATUS, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_NO_STATUS, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 
 
-async def read_status(broker: str, gateway_id: str, timeout_s: float) -> dict | None:
-    settings = MqttSettings(url=broker, client_id=f"gatewayctl-{secrets.token_hex(4)}",
-                            persistent_session=False, manual_ack=False, inbound_bound=16,
-                            connect_timeout_s=timeout_s, backoff_max_s=1.0)
-    adapter = MqttAdapter(settings)
-    adapter.subscribe(status_topic(gateway_id), qos=1)
-    await adapter.start()
-    try:
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while (left := deadline - asyncio.get_running_loop().time()) > 0:
-            message = await adapter.receive(timeout_s=left)
-            if message is not None and message.topic == status_topic(gateway_id):
-                return json.loads(message.payload)
+def _json_arg(text: str) -> dict[str, Any]:
+    """A JSON object given inline or as ``@file``."""
+    raw = Path(text[1:]).read_text() if text.startswith("@") else text
+    value = json.loads(raw)
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+    parser = argparse.ArgumentParser(prog="gatewayctl", description="operate an edgefed gateway over MQTT",
+                                     parents=[common])
+    parser.add_argument("--broker", required=True, help="mqtt://HOST:PORT or mqtts://HOST:PORT")
+    parser.add_argument("--gateway", required=True, help="gateway id")
+    parser.add_argument("--username")
+    parser.add_argument("--password-file", type=Path, help="file holding the password alone")
+    parser.add_argument("--ca-file", type=Path, help="CA to verify the broker (mqtts)")
+    parser.add_argument("--cert-file", type=Path, help="client certificate (mqtts, optional)")
+    parser.add_argument("--key-file", type=Path, help="client key (mqtts, optional)")
+    parser.add_argument("--protocol", choices=("5", "3.1.1"), default="5")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("status", parents=[common], help="the gateway's presence and control summary")
+    sub.add_parser("services", parents=[common], help="every service: state, revision, applied?")
+    config = sub.add_parser("config", parents=[common], help="a service's desired config")
+    config_sub = config.add_subparsers(dest="action", required=True)
+    config_sub.add_parser("get", parents=[common]).add_argument("service", choices=SERVICE_NAMES)
+    for action in ("set", "patch"):
+        p = config_sub.add_parser(action, parents=[common])
+        p.add_argument("service", choices=SERVICE_NAMES)
+        p.add_argument("value", type=_json_arg, help="JSON object, or @file")
+        p.add_argument("--revision", type=int, help="refuse unless the config is at this revision")
+    for name in ("start", "stop"):
+        startable = ("sensor", "camera", "training")
+        sub.add_parser(name, parents=[common]).add_argument("service", choices=startable)
+    devices = sub.add_parser("devices", parents=[common], help="devices.allow: list, add, remove")
+    devices.add_argument("action", nargs="?", choices=("add", "remove"))
+    devices.add_argument("device", nargs="?", help="device id or glob")
+    camera = sub.add_parser("camera-source", parents=[common], help="set the camera source")
+    camera.add_argument("source")
+    camera.add_argument("--fps", type=float)
+    model = sub.add_parser("model", parents=[common], help="pin or unpin a model version")
+    model.add_argument("action", choices=("pin", "unpin"))
+    model.add_argument("name")
+    model.add_argument("version", nargs="?")
+    placement = sub.add_parser("placement", parents=[common], help="placement pins: list, pin, unpin")
+    placement.add_argument("action", nargs="?", choices=("pin", "unpin"))
+    placement.add_argument("service", nargs="?")
+    placement.add_argument("task", nargs="?")
+    placement.add_argument("where", nargs="?", choices=("edge", "cloud"))
+    sub.add_parser("log-level", parents=[common]).add_argument("level",
+                                                               choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    logs = sub.add_parser("logs", parents=[common], help="recent warnings and errors")
+    logs.add_argument("--limit", type=int, default=50)
+    return parser
+
+
+def plan_request(args: argparse.Namespace) -> tuple[str, dict[str, Any]] | None:
+    """The (op, body) a command sends; None for ``status`` (which only reads the retained status)."""
+    c = args.command
+    revision = {"revision": args.revision} if getattr(args, "revision", None) is not None else {}
+    if c == "status":
         return None
-    finally:
-        await adapter.stop(timeout_s=2.0)
+    if c == "services":
+        return "services.list", {}
+    if c == "config":
+        if args.action == "get":
+            return "config.get", {"service": args.service}
+        key = "config" if args.action == "set" else "patch"
+        return f"config.{args.action}", {"service": args.service, key: args.value, **revision}
+    if c in ("start", "stop"):
+        return f"service.{c}", {"service": args.service}
+    if c == "devices":
+        if args.action is None:
+            return "config.get", {"service": "sensor"}
+        if not args.device:
+            raise CtlError(f"devices {args.action}: name a device", EXIT_USAGE)
+        return f"device.{args.action}", {"device": args.device}
+    if c == "camera-source":
+        return "camera.source", {"source": args.source, **({"sample_fps": args.fps} if args.fps else {})}
+    if c == "model":
+        if args.action == "pin" and not args.version:
+            raise CtlError("model pin: name a version", EXIT_USAGE)
+        return "model.pin", {"model": args.name, "version": args.version if args.action == "pin" else None}
+    if c == "placement":
+        if args.action is None:
+            return "config.get", {"service": "placement"}
+        if not (args.service and args.task) or (args.action == "pin" and not args.where):
+            usage = "SERVICE TASK edge|cloud" if args.action == "pin" else "SERVICE TASK"
+            raise CtlError(f"placement {args.action}: {usage}", EXIT_USAGE)
+        return "placement.pin", {"service": args.service, "task": args.task,
+                                 "where": args.where if args.action == "pin" else None}
+    if c == "log-level":
+        return "log.level", {"level": args.level}
+    if c == "logs":
+        return "log.errors", {"limit": args.limit}
+    raise CtlError(f"unknown command {c}", EXIT_USAGE)
+
+
+def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    cells = [[str(row.get(c, "")) for c in columns] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def human(args: argparse.Namespace, response: ControlResponse) -> str:
+    data = response.data or {}
+    if args.command == "services":
+        return table(data["services"], ["service", "state", "applied", "revision", "handler", "detail"])
+    if args.command == "logs":
+        rows = [{**line, "ts": f"{line['ts']:.3f}"} for line in data["lines"]]
+        return table(rows, ["ts", "level", "logger", "message"]) if rows else "no recent warnings or errors"
+    if args.command == "devices" and args.action is None:
+        return "\n".join(data["config"]["allow"])
+    if args.command == "placement" and args.action is None:
+        pins = data["config"]["pins"]
+        rows = [{"task": k, "pinned": v} for k, v in sorted(pins.items())]
+        return (table(rows, ["task", "pinned"]) if rows else "no pins (the planner decides)") + \
+            f"\n(state {data['state']}: {data['detail']})"
+    if args.command == "config" and args.action == "get":
+        head = f"{data['service']} (revision {data['revision']}, {data['state']}, applied: {data['applied']})"
+        return head + "\n" + json.dumps(data["config"], indent=2, sort_keys=True)
+    if not data.get("changed"):
+        return f"no change (revision {response.revision})"
+    out = [f"revision {response.revision}"]
+    for view in data["services"].values():
+        out.append(f"  {view['service']}: {view['state']}, applied: {view['applied']}"
+                   + (f" ({view['detail']})" if view["detail"] else ""))
+    return "\n".join(out)
+
+
+async def run(args: argparse.Namespace) -> int:
+    as_json = getattr(args, "json", False)
+    password = args.password_file.read_text().strip() if args.password_file else None
+    planned = plan_request(args)
+    async with ControlClient(args.broker, args.gateway, username=args.username, password=password,
+                             ca_file=args.ca_file, cert_file=args.cert_file, key_file=args.key_file,
+                             protocol_version=args.protocol, timeout_s=args.timeout) as client:
+        if planned is None:
+            status = await client.read_status(wait_s=args.timeout)
+            if status is None:
+                raise CtlError(f"gateway {args.gateway} offline or no status (nothing on "
+                               f"edgefed/{args.gateway}/status within {args.timeout:g}s)")
+            print(json.dumps(status) if as_json else
+                  f"gateway {status.get('gateway', args.gateway)}: {status.get('state', '?')} "
+                  f"(since {status.get('ts', '?')})")
+            return EXIT_OK
+        response = await client.request(*planned)
+    if as_json:
+        print(response.model_dump_json(exclude_none=True))
+    elif response.status == "ok":
+        print(human(args, response))
+    if response.status == "error":
+        assert response.error is not None
+        where = f" {response.error.field}:" if response.error.field else ""
+        print(f"gatewayctl: refused ({response.error.reason}):{where} {response.error.detail}",
+              file=sys.stderr)
+        return EXIT_REFUSED
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gatewayctl", description="edgefed gateway control")
-    parser.add_argument("--broker", required=True, help="mqtt://HOST:PORT or mqtts://HOST:PORT")
-    parser.add_argument("--gateway", required=True, help="gateway id")
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the status")
-    sub = parser.add_subparsers(dest="command", required=True)
-    status = sub.add_parser("status", help="show the gateway's retained status")
-    status.add_argument("--json", action="store_true", help="print the raw JSON")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         check_id("gateway", args.gateway)
-        result = asyncio.run(read_status(args.broker, args.gateway, args.timeout))
-    except (ValueError, MqttError) as exc:
+        return asyncio.run(run(args))
+    except CtlError as exc:
+        print(f"gatewayctl: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except (ValueError, OSError) as exc:
         print(f"gatewayctl: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except json.JSONDecodeError:
-        print(f"gatewayctl: gateway {args.gateway} published a status that is not JSON", file=sys.stderr)
-        return EXIT_NO_STATUS
-    if result is None:
-        print(f"gatewayctl: gateway {args.gateway} offline or no status (nothing on "
-              f"{status_topic(args.gateway)} within {args.timeout:g}s)", file=sys.stderr)
-        return EXIT_NO_STATUS
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(f"gateway {result.get('gateway', args.gateway)}: {result.get('state', '?')} "
-              f"(since {result.get('ts', '?')})")
-    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """gatewayd: the edge daemon's lifecycle. One runner starts the subsystems in order, stops them in reverse.
 
-Start: lock the data dir, open the log, status HTTP, uplink, MQTT + sensor ingest.
-Stop (SIGTERM/SIGINT, or a fatal log error): stop intake, flush the log and ack what is durable,
-stop the uplink, publish "offline" and disconnect, stop HTTP, close the log, unlock.
+Start: lock the data dir, open the log, load the control plane's desired config and apply it,
+status HTTP, uplink, MQTT + sensor ingest, the control plane's MQTT connection; then READY=1.
+Stop (SIGTERM/SIGINT, or a fatal log error): STOPPING=1, stop the control plane, stop intake, flush
+the log and ack what is durable, stop the uplink, publish "offline" and disconnect, stop HTTP,
+close the log, unlock. SIGHUP: reload the config file (refused whole if invalid; the old one stays).
 
 Invariant: at most one daemon uses a data dir (flock), and a stop never acknowledges a message
 whose record is not durable; it finishes within STOP_DEADLINE_S (exit 0) or says what hung (exit 1).
@@ -24,15 +26,25 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gateway.control.handlers import GatewayHandler, HandlerSet, SensorHandler
+from gateway.control.plane import ControlPlane
+from gateway.control.recent import RecentErrors
+from gateway.control.sdnotify import SystemdNotifier
+from gateway.control.store import ControlStore
+from gateway.control.wiring import base_from_file, task_catalog
 from gateway.ingest.sensors import SensorIngest
 from gateway.metrics import StatsCollector, make_registry
 from gateway.mqtt import MqttAdapter, Will, settings_from_config
+from gateway.placement.plan import Plan
+from gateway.placement.runtime import PlacementRuntime, make_monitor
 from gateway.status import StatusServer
-from gateway.storage.simple import SimpleLog
+from gateway.storage.epoch_log import EpochLog
+from gateway.storage.interface import RecordLog
 from gateway.uplink.sender import Uplink
 from protocol.config import GatewayConfig, load_gateway_config
+from protocol.control import ControlError
 from protocol.errors import ProtocolError
-from protocol.topics import status_topic
+from protocol.topics import placement_topic, status_topic
 
 log = logging.getLogger("gateway.daemon")
 
@@ -76,17 +88,24 @@ class DataDirLock:
             self._fd = None
 
 
+def open_record_log(config: GatewayConfig) -> RecordLog:
+    """The one place the daemon's durable log is built."""
+    return EpochLog(config.data_dir / "log", segment_bytes=config.log.segment_bytes,
+                    max_bytes=config.log.max_bytes, full_policy=config.log.full_policy)
+
+
+RESTART_ONLY = ("gateway_id", "data_dir", "mqtt", "http", "log", "uplink")  # a reload cannot change these
+
+
 class GatewayRunner:
-    def __init__(self, config: GatewayConfig) -> None:
-        if config.log.full_policy != "reject":
-            raise StartupError(f"log.full_policy: {config.log.full_policy!r} is not supported yet "
-                               "(only 'reject')")
+    def __init__(self, config: GatewayConfig, config_path: Path | None = None,
+                 recent: RecentErrors | None = None) -> None:
         self.config = config
         gw = config.gateway_id
         self.started_at = time.monotonic()
         self._lock = DataDirLock(config.data_dir)
-        self.log = SimpleLog(config.data_dir / "log", segment_bytes=config.log.segment_bytes,
-                             max_bytes=config.log.max_bytes)
+        self.config_path = config_path
+        self.log = open_record_log(config)
         self._offline = Will(status_topic(gw), presence_payload(gw, "offline", time.time()))
         try:
             settings = settings_from_config(config.mqtt, gw, will=self._offline)
@@ -94,11 +113,33 @@ class GatewayRunner:
             raise StartupError(f"mqtt.password_file: cannot read: {exc.strerror}") from None
         online = Will(status_topic(gw), presence_payload(gw, "online", time.time()))
         self.mqtt = MqttAdapter(settings, on_connect_publish=[online])
-        self.uplink = Uplink(self.log, gw, config.uplink)
+        control_settings = settings_from_config(config.mqtt, gw, will=None, role="control")
+        # The link monitor hears the uplink's real uploads and the prober's probes; the uplink retries
+        # as soon as it says the link is back (docs/placement.md).
+        self.link_monitor = make_monitor(config.placement)
+        self.uplink = Uplink(self.log, gw, config.uplink, monitor=self.link_monitor,
+                             link_down=lambda: self.link_monitor.snapshot().state == "down")
+        self.link_monitor.add_listener(lambda up: self.uplink.link_up() if up else None)
+        self.placement = (PlacementRuntime(config.placement, config.uplink.cloud_url, self.link_monitor,
+                                           on_plan=self._on_plan) if config.placement.enabled else None)
         self.fatal: asyncio.Future[BaseException] | None = None
         self.ingest = SensorIngest(self.mqtt, self.log, gw, config.devices.allow,
                                    config.log.flush_interval_ms, on_durable=self.uplink.wake,
                                    on_fatal=self._on_fatal)
+        self.recent = recent or RecentErrors()
+        self.handlers = HandlerSet()
+        self.handlers.connect("sensor", SensorHandler(lambda allow: self.ingest.set_allow(allow),
+                                                      self.mqtt.hold))
+        self.handlers.connect("gateway", GatewayHandler())
+        try:
+            base = base_from_file(config)
+        except ControlError as exc:
+            raise StartupError(f"invalid config: {exc.detail}") from None
+        store = ControlStore(config.data_dir / "control")
+        self.control = ControlPlane(gw, MqttAdapter(control_settings), store, base, self.handlers,
+                                    task_catalog(), self.recent, self.status)
+        self.reloads = {"ok": 0, "failed": 0}
+        self.last_reload: dict[str, Any] | None = None
         collector = StatsCollector(gw)
         collector.add("mqtt", self.mqtt.stats, gauges={"connected", "inbound_queued", "reading_paused"})
         collector.add("log", self.log.stats, gauges={"durable_lsn", "trimmed_lsn", "next_lsn", "bytes",
@@ -110,7 +151,12 @@ class GatewayRunner:
                       gauges={"backlog"})
         collector.add_labeled_counter("uplink_failures", "failed uploads, by kind", "kind",
                                       lambda: self.uplink.failures)
+        collector.add("control", self.control.stats, gauges={"revision"})
+        collector.add_labeled_counter("control_refused", "control requests refused, by reason", "reason",
+                                      lambda: self.control.refused)
+        collector.add("reload", lambda: dict(self.reloads))
         self.registry = make_registry(collector)
+        self.link_monitor.register_metrics(self.registry)
         self.http = StatusServer(config.http.listen, self.status, self.registry)
         self._started: list[str] = []
 
@@ -130,6 +176,7 @@ class GatewayRunner:
         self._started.append("log")
         log.info("log %s opened: log_id %s, durable lsn %d, trimmed lsn %d", self.log.directory,
                  self.log.log_id, self.log.durable_lsn, self.log.trimmed_lsn)
+        await self.control.open()  # the desired config applies before any intake starts
         try:
             await self.http.start()
         except OSError as exc:
@@ -139,8 +186,13 @@ class GatewayRunner:
         self._started.append("uplink")
         await self.mqtt.start()
         self._started.append("mqtt")
+        if self.placement is not None:
+            await self.placement.start()
+            self._started.append("placement")
         await self.ingest.start()
         self._started.append("ingest")
+        await self.control.start()
+        self._started.append("control")
         log.info("gatewayd started: broker %s, cloud %s, http %s", self.config.mqtt.broker,
                  self.config.uplink.cloud_url, self.config.http.listen)
 
@@ -149,10 +201,12 @@ class GatewayRunner:
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline_s
         steps = {
+            "control": lambda: self.control.stop(timeout_s=max(0.1, min(2.0, (end - loop.time()) / 4))),
             "ingest": lambda: self.ingest.stop(timeout_s=max(0.1, (end - loop.time()) * 0.6)),
             "mqtt": lambda: self.mqtt.stop(final=self._offline_now(),
                                            timeout_s=max(0.1, (end - loop.time()) / 3)),
             "uplink": self.uplink.stop,
+            "placement": lambda: self.placement.stop() if self.placement else asyncio.sleep(0),
             "http": self.http.stop,
             "log": self.log.close,
         }
@@ -174,6 +228,57 @@ class GatewayRunner:
         self._started.clear()
         return clean
 
+    async def reload(self) -> bool:
+        """SIGHUP: read the config file again; an invalid one is refused whole and the old config stays."""
+        path = self.config_path
+        if path is None:
+            log.warning("reload: no config file to reload")
+            return False
+        try:
+            new = load_gateway_config(path)
+            changed = await self.control.reload_base(base_from_file(new))
+        except ProtocolError as exc:  # ControlError included: the file is refused whole
+            detail = exc.detail
+            self.reloads["failed"] += 1
+            self.last_reload = {"ok": False, "ts": round(time.time(), 3), "error": detail}
+            log.error("reload: %s refused, keeping the previous config: %s", path, detail)
+            return False
+        later = [name for name in RESTART_ONLY if getattr(new, name) != getattr(self.config, name)]
+        unpinned = {"pins": {}}
+        if new.placement.model_copy(update=unpinned) != self.config.placement.model_copy(update=unpinned):
+            later.append("placement (other than pins)")
+        if later:
+            log.warning("reload: %s changed in %s; that takes effect at the next restart",
+                        ", ".join(later), path)
+        self.config = self.config.model_copy(update={"devices": new.devices, "log_level": new.log_level,
+                                                     "placement": new.placement})
+        self.reloads["ok"] += 1
+        self.last_reload = {"ok": True, "ts": round(time.time(), 3), "changed": changed,
+                            "restart_needed_for": later}
+        log.info("reload: %s applied (services changed: %s)", path, ", ".join(changed) or "none")
+        return True
+
+    async def _on_plan(self, plan: Plan) -> None:
+        """Each new placement plan: log it with its reasons, publish it retained (when connected)."""
+        log.info("placement %s", plan.to_text())
+        if self.placement is None or not self.mqtt.connected:
+            return  # /status has it; the next plan is published once connected
+        payload = json.dumps(self.placement.status()).encode()
+        try:
+            await self.mqtt.publish(placement_topic(self.config.gateway_id), payload, qos=1, retain=True,
+                                    wait=False)
+        except Exception as exc:  # not connected after all: the plan is still in /status
+            log.warning("placement: could not publish plan v%d: %s", plan.version, exc)
+
+    def pin_placement(self, task_key: str, side: str | None) -> dict[str, str]:
+        """Pin ``service/task`` to "edge" or "cloud" (None: unpin) for the control plane; re-plans now.
+        Raises gateway.placement.PinError (nothing changed) for a bad pin or when placement is off."""
+        from gateway.placement import PinError
+
+        if self.placement is None:
+            raise PinError("placement is disabled (placement.enabled = false)")
+        return self.placement.pin(task_key, side)  # type: ignore[arg-type]
+
     def status(self) -> dict[str, Any]:
         return {
             "gateway_id": self.config.gateway_id,
@@ -184,12 +289,18 @@ class GatewayRunner:
                        "rejected_by_reason": dict(self.ingest.rejected)},
             "uplink": {"state": self.uplink.state, "backlog": self.uplink.backlog,
                        "last_error": self.uplink.last_error, "last_success_ts": self.uplink.last_success_ts,
-                       **self.uplink.counters, "failures": dict(self.uplink.failures)},
+                       **self.uplink.counters, "failures": dict(self.uplink.failures),
+                       "drain": self.uplink.drain_status()},
+            "placement": self.placement.status() if self.placement is not None else None,
+            "control": self.control.status(),
+            "reload": {**self.reloads, "last": self.last_reload},
         }
 
 
-async def run_daemon(config: GatewayConfig) -> int:
-    runner = GatewayRunner(config)
+async def run_daemon(config: GatewayConfig, config_path: Path | None = None,
+                     recent: RecentErrors | None = None) -> int:
+    notifier = SystemdNotifier()
+    runner = GatewayRunner(config, config_path, recent)
     try:
         await runner.start()
     except StartupError:
@@ -197,25 +308,46 @@ async def run_daemon(config: GatewayConfig) -> int:
         raise
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    reload_wanted = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, reload_wanted.set)
     assert runner.fatal is not None
+    notifier.ready(f"gateway {config.gateway_id} running")
+    notifier.start_watchdog(healthy=lambda: not runner.fatal.done())  # type: ignore[union-attr]
     stop_wait = asyncio.create_task(stop.wait())
-    await asyncio.wait([stop_wait, runner.fatal], return_when=asyncio.FIRST_COMPLETED)
-    stop_wait.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await stop_wait
+    reload_wait = asyncio.create_task(reload_wanted.wait())
+    try:
+        while not stop.is_set() and not runner.fatal.done():
+            await asyncio.wait([stop_wait, reload_wait, runner.fatal], return_when=asyncio.FIRST_COMPLETED)
+            if reload_wanted.is_set() and not stop.is_set():
+                reload_wanted.clear()
+                notifier.reloading()
+                await runner.reload()
+                notifier.ready(f"gateway {config.gateway_id} running (reloaded)")
+                reload_wait = asyncio.create_task(reload_wanted.wait())
+    finally:
+        for task in (stop_wait, reload_wait):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
     failed = runner.fatal.done()
     log.info("stopping (%s)", "fatal log error" if failed else "signal")
+    notifier.stopping("fatal log error" if failed else "stopping on signal")
+    await notifier.stop_watchdog()
     clean = await runner.stop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.remove_signal_handler(signum)
     return EXIT_FAILURE if failed or not clean else EXIT_OK
 
 
-def setup_logging(gateway_id: str, level: str) -> None:
+def setup_logging(gateway_id: str, level: str) -> RecentErrors:
+    """stderr lines that name the gateway, and the ring of recent warnings/errors (``gatewayctl logs``)."""
     logging.basicConfig(stream=sys.stderr, level=level,
                         format=f"%(asctime)s %(levelname)s gw={gateway_id} %(name)s: %(message)s")
+    recent = RecentErrors()
+    logging.getLogger().addHandler(recent)
+    return recent
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,9 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     except ProtocolError as exc:
         print(f"gatewayd: invalid config {args.config}: {exc.detail}", file=sys.stderr)
         return EXIT_CONFIG
-    setup_logging(config.gateway_id, config.log_level)
+    recent = setup_logging(config.gateway_id, config.log_level)
     try:
-        return asyncio.run(run_daemon(config))
+        return asyncio.run(run_daemon(config, args.config, recent))
     except StartupError as exc:
         print(f"gatewayd: {exc}", file=sys.stderr)
         return EXIT_CONFIG

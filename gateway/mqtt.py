@@ -27,111 +27,29 @@ import socket
 import ssl
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from gateway.mqtt_types import (  # noqa: F401  (re-exported: the adapter's public names live here)
+    InboundMessage,
+    MqttConnectError,
+    MqttCounters,
+    MqttError,
+    MqttNotConnected,
+    MqttSettings,
+    MqttTimeout,
+    Will,
+    settings_from_config,
+)
+
 log = logging.getLogger(__name__)
 
 SESSION_EXPIRY_S = 7 * 24 * 3600  # the broker keeps the session (and queued QoS 1) for a week offline
 MISC_INTERVAL_S = 1.0
-
-
-class MqttError(Exception):
-    """Base of the adapter's errors."""
-
-
-class MqttConnectError(MqttError):
-    """The broker could not be reached or refused the connection."""
-
-
-class MqttNotConnected(MqttError):
-    """An operation needs a connection and there is none right now."""
-
-
-class MqttTimeout(MqttError):
-    """The broker did not answer in time."""
-
-
-@dataclass(frozen=True)
-class Will:
-    topic: str
-    payload: bytes
-    qos: int = 1
-    retain: bool = True
-
-
-@dataclass(frozen=True)
-class MqttSettings:
-    """Everything the adapter needs; built from protocol.config.MqttConfig by ``settings_from_config``."""
-
-    url: str
-    client_id: str
-    persistent_session: bool = True
-    protocol_version: str = "5"  # or "3.1.1" for brokers without v5 (the demo's amqtt)
-    username: str | None = None
-    password: str | None = None
-    ca_file: Path | None = None
-    cert_file: Path | None = None
-    key_file: Path | None = None
-    keepalive_s: int = 30
-    inbound_bound: int = 10_000
-    manual_ack: bool = True
-    will: Will | None = None
-    connect_timeout_s: float = 10.0
-    backoff_initial_s: float = 0.2
-    backoff_max_s: float = 10.0
-
-    @property
-    def host_port_tls(self) -> tuple[str, int, bool]:
-        parts = urlsplit(self.url)
-        tls = parts.scheme == "mqtts"
-        if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
-            raise ValueError(f"broker url {self.url!r} must be mqtt://HOST:PORT or mqtts://HOST:PORT")
-        return parts.hostname, parts.port or (8883 if tls else 1883), tls
-
-
-def settings_from_config(config: Any, gateway_id: str, will: Will | None) -> MqttSettings:
-    """Settings for a gateway daemon: persistent session under a stable client id, manual acks."""
-    password = None
-    if config.password_file is not None:
-        password = Path(config.password_file).read_text().strip()
-    return MqttSettings(
-        url=config.broker, client_id=config.client_id or f"edgefed-{gateway_id}",
-        username=config.username, password=password, ca_file=config.ca_file,
-        cert_file=config.cert_file, key_file=config.key_file, keepalive_s=config.keepalive_s,
-        inbound_bound=config.inbound_queue, will=will,
-        protocol_version=getattr(config, "protocol_version", "5"),
-    )
-
-
-@dataclass(frozen=True)
-class InboundMessage:
-    topic: str
-    payload: bytes
-    qos: int
-    mid: int
-    retain: bool
-    connection: int  # which connection delivered it; acks go only to the current one
-
-
-@dataclass
-class MqttCounters:
-    messages_in: int = 0
-    acks_sent: int = 0
-    acks_skipped_stale: int = 0
-    paused: int = 0
-    overfull: int = 0
-    connects: int = 0
-    reconnects: int = 0
-    connect_failures: int = 0
-    subscribe_failures: int = 0
-    published: int = 0
 
 
 @dataclass
@@ -169,6 +87,9 @@ class MqttAdapter:
         self._task: asyncio.Task[None] | None = None
         self._misc_task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._held = False
+        self._unheld = asyncio.Event()
+        self.last_connect_error: str | None = None  # why the last connect failed (e.g. "not authorized")
         self._client = self._make_client()
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -190,6 +111,7 @@ class MqttAdapter:
         if s.will is not None:
             client.will_set(s.will.topic, s.will.payload, qos=s.will.qos, retain=s.will.retain)
         client.connect_timeout = s.connect_timeout_s
+        client.max_inflight_messages_set(1000)  # paho's default of 20 throttles bursts of QoS 1 replies
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
@@ -202,7 +124,9 @@ class MqttAdapter:
         return client
 
     def subscribe(self, topic: str, qos: int = 1) -> None:
-        """Add a subscription, made now if connected and again on every reconnect."""
+        """Add a subscription, made now if connected and again on every reconnect (idempotent)."""
+        if _Subscription(topic, qos) in self._subscriptions:
+            return
         self._subscriptions.append(_Subscription(topic, qos))
         if self._state.connected:
             self._client.subscribe(topic, qos=qos)
@@ -259,6 +183,7 @@ class MqttAdapter:
                 await self._connect_once()
             except MqttError as exc:
                 self.counters.connect_failures += 1
+                self.last_connect_error = str(exc)
                 delay = min(backoff, self.settings.backoff_max_s) * (0.5 + self._rng.random())
                 log.warning("mqtt: cannot connect to %s (%s); retrying in %.1fs",
                             self.settings.url, exc, delay)
@@ -266,6 +191,7 @@ class MqttAdapter:
                 await asyncio.sleep(delay)
                 continue
             backoff = self.settings.backoff_initial_s
+            self.last_connect_error = None
             if not first:
                 self.counters.reconnects += 1
             first = False
@@ -332,8 +258,12 @@ class MqttAdapter:
 
     def _on_message(self, client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
         self.counters.messages_in += 1
+        props = getattr(message, "properties", None)
+        response_topic = getattr(props, "ResponseTopic", None) if props is not None else None
+        correlation = getattr(props, "CorrelationData", None) if props is not None else None
         self._inbound.append(InboundMessage(message.topic, bytes(message.payload), message.qos, message.mid,
-                                            bool(message.retain), self._state.number))
+                                            bool(message.retain), self._state.number, response_topic,
+                                            bytes(correlation) if correlation is not None else None))
         if len(self._inbound) > self.settings.inbound_bound:
             self.counters.overfull += 1
         if len(self._inbound) >= self.settings.inbound_bound and not self._reading_paused:
@@ -342,10 +272,12 @@ class MqttAdapter:
         self._inbound_ready.set()
 
     def _on_publish(self, client: paho.Client, userdata: Any, mid: int, reason: Any, props: Any) -> None:
+        if reason.is_failure:
+            self.counters.publish_refused += 1  # e.g. the broker's ACL said no (MQTT v5 PUBACK reason)
         waiter = self._publish_waiters.get(mid)
         if waiter is not None and not waiter.done():
             if reason.is_failure:
-                waiter.set_exception(MqttError(f"publish refused: {reason}"))
+                waiter.set_exception(MqttError(f"publish refused by the broker: {reason}"))
             else:
                 waiter.set_result(None)
 
@@ -430,7 +362,15 @@ class MqttAdapter:
     # --- the public data path --------------------------------------------------------------------
 
     async def receive(self, timeout_s: float) -> InboundMessage | None:
-        """The next inbound message in arrival order, or None after ``timeout_s`` seconds."""
+        """The next inbound message in arrival order, or None after ``timeout_s`` seconds.
+
+        While the intake is held (``hold(True)``) nothing is handed out: messages wait in the queue,
+        then (queue full) at the broker.
+        """
+        if self._held:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._unheld.wait(), timeout_s)
+            return None
         if not self._inbound:
             self._inbound_ready.clear()
             with contextlib.suppress(TimeoutError):
@@ -442,6 +382,18 @@ class MqttAdapter:
                 and len(self._inbound) <= self.settings.inbound_bound // 2):
             self._set_reading(True)
         return message
+
+    def hold(self, held: bool) -> None:
+        """Hold (True) or release (False) the intake: a stopped service takes nothing, loses nothing."""
+        self._held = held
+        if held:
+            self._unheld.clear()
+        else:
+            self._unheld.set()
+
+    @property
+    def held(self) -> bool:
+        return self._held
 
     @property
     def inbound_len(self) -> int:
@@ -459,15 +411,30 @@ class MqttAdapter:
         return True
 
     async def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False,
-                      timeout_s: float = 5.0) -> None:
-        """Publish; for QoS 1 wait (up to ``timeout_s``) for the broker's PUBACK."""
+                      timeout_s: float = 5.0, *, response_topic: str | None = None,
+                      correlation_data: bytes | None = None, expiry_s: int | None = None,
+                      wait: bool = True) -> None:
+        """Publish; for QoS 1 wait (up to ``timeout_s``) for the broker's PUBACK unless ``wait=False``.
+
+        ``response_topic``/``correlation_data``/``expiry_s`` become MQTT v5 properties (ignored on 3.1.1).
+        """
         if not self._state.connected:
             raise MqttNotConnected(f"not connected to {self.settings.url}")
-        info = self._client.publish(topic, payload, qos=qos, retain=retain)
+        props = None
+        if self.settings.protocol_version == "5" and (response_topic or correlation_data is not None
+                                                      or expiry_s is not None):
+            props = Properties(PacketTypes.PUBLISH)
+            if response_topic:
+                props.ResponseTopic = response_topic
+            if correlation_data is not None:
+                props.CorrelationData = correlation_data
+            if expiry_s is not None:
+                props.MessageExpiryInterval = expiry_s
+        info = self._client.publish(topic, payload, qos=qos, retain=retain, properties=props)
         if info.rc != paho.MQTT_ERR_SUCCESS:
             raise MqttNotConnected(f"publish failed: {paho.error_string(info.rc)}")
         self.counters.published += 1
-        if qos == 0:
+        if qos == 0 or not wait:
             return
         waiter = asyncio.get_running_loop().create_future()
         self._publish_waiters[info.mid] = waiter

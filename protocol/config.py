@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from protocol.errors import ProtocolError
 from protocol.telemetry import describe_validation_error
@@ -52,6 +52,13 @@ class LogConfig(_Section):
     max_bytes: int = Field(default=1024 * 1024 * 1024, ge=64 * 1024)
     full_policy: Literal["reject", "drop_oldest"] = "reject"
 
+    @model_validator(mode="after")
+    def _budget_holds_two_segments(self) -> LogConfig:
+        if self.max_bytes < 2 * self.segment_bytes:
+            raise ValueError(f"max_bytes ({self.max_bytes}) must be at least twice segment_bytes "
+                             f"({self.segment_bytes})")
+        return self
+
 
 class UplinkConfig(_Section):
     cloud_url: str = "http://127.0.0.1:8700"
@@ -62,6 +69,54 @@ class UplinkConfig(_Section):
     timeout_s: float = Field(default=10.0, gt=0)
     backoff_initial_s: float = Field(default=0.2, gt=0)
     backoff_max_s: float = Field(default=30.0, gt=0)
+    # Store-and-forward after an outage (docs/placement.md, "Uplink"): once more than
+    # backlog_threshold_records wait, batches alternate between the live tail and the backlog, and the
+    # backlog drains by class (alerts, then summaries, then raw), each oldest- or newest-first.
+    backlog_threshold_records: int = Field(default=2000, ge=1)
+    drain_alerts: Literal["oldest", "newest"] = "newest"
+    drain_summaries: Literal["oldest", "newest"] = "newest"
+    drain_raw: Literal["oldest", "newest"] = "oldest"
+    bandwidth_cap_Bps: float | None = Field(default=None, gt=0, description="uplink cap; None = no cap")
+    bandwidth_burst_bytes: int | None = Field(default=None, ge=1024)
+    # Resumable blob upload (gateway/uplink/blobs.py): blobs referenced by log records live in blob_dir
+    # until the cloud committed them; None = this uplink uploads no blobs (their records go up alone).
+    blob_dir: Path | None = None
+    blob_chunk_bytes: int = Field(default=256 * 1024, ge=4096, le=8 * 1024 * 1024)
+
+
+class PlacementConfig(_Section):
+    """Link monitor, prober and placement planner (gateway/placement, docs/placement.md)."""
+
+    enabled: bool = True
+    probe_path: str = "/healthz"  # GET on uplink.cloud_url: the RTT probe
+    goodput_path: str | None = "/v1/probe"  # POST payload_bytes there every goodput_every-th probe
+    probe_interval_s: float = Field(default=5.0, gt=0)
+    probe_timeout_s: float = Field(default=2.0, gt=0)
+    goodput_every: int = Field(default=4, ge=1)
+    payload_bytes: int = Field(default=32 * 1024, ge=1024, le=4 * 1024 * 1024)
+    replan_interval_s: float = Field(default=1.0, gt=0)
+    # LinkMonitor
+    alpha: float = Field(default=0.3, gt=0, le=1)
+    window_s: float = Field(default=30.0, gt=0)
+    down_after_failures: int = Field(default=2, ge=1)
+    flap_transitions: int = Field(default=4, ge=2)
+    prior_goodput_Bps: float = Field(default=125_000.0, gt=0)
+    # Budgets
+    uplink_budget_Bps: float = Field(default=250_000.0, gt=0)
+    edge_cores: float = Field(default=1.0, gt=0)
+    edge_cpu_share: float = Field(default=0.8, gt=0, le=1)
+    max_link_utilisation: float = Field(default=0.8, gt=0, le=1)
+    flap_penalty_s: float = Field(default=5.0, ge=0)
+    byte_weight: float = Field(default=1.0, ge=0)
+    flapping: Literal["edge", "model"] = "edge"
+    # Hysteresis
+    rtt_ratio: float = Field(default=1.5, gt=1)
+    rtt_floor_s: float = Field(default=0.02, ge=0)
+    goodput_ratio: float = Field(default=1.5, gt=1)
+    up_fraction_delta: float = Field(default=0.2, gt=0, le=1)
+    pins: dict[str, Literal["edge", "cloud"]] = Field(default_factory=dict,
+                                                      description='"service/task" -> side')
+    decisions_in_status: int = Field(default=20, ge=1, le=256)
 
 
 class HttpConfig(_Section):
@@ -77,6 +132,7 @@ class GatewayConfig(_Section):
     log: LogConfig = Field(default_factory=LogConfig)
     uplink: UplinkConfig = Field(default_factory=UplinkConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
 
 
 def parse_gateway_config(data: dict, base_dir: Path | None = None) -> GatewayConfig:

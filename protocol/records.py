@@ -5,6 +5,7 @@ body without parsing them again. ``kind`` says what ``body`` holds:
 
     telemetry   a validated `Telemetry` message, as the device sent it
     event       something the gateway derived (an anomaly, a detection), see later issues
+    update      a federated model update (protocol.federated.UpdateEnvelope)
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from protocol.errors import ProtocolError
 from protocol.telemetry import describe_validation_error
 from protocol.topics import ID_PATTERN
 
-RecordKind = Literal["telemetry", "event"]
+RecordKind = Literal["telemetry", "event", "update"]
 
 
 class Record(BaseModel):

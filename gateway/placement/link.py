@@ -7,10 +7,12 @@ Invariants:
   after one success; it is *flapping* while the window holds ``flap_transitions`` or more
   up/down transitions, whatever its instantaneous state.
 - Every sample store is bounded (``window_samples``); nothing here does I/O (see ``probe.py``).
+- Listeners (``add_listener``) are called synchronously on each up/down transition, in order.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 import time
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway.placement.model import LinkState, LinkView
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ class LinkMonitor:
         flap_transitions: int = 4,
         prior_goodput_Bps: float = 125_000.0,
         min_goodput_bytes: int = 4096,
+        large_upload_bytes: int = 32 * 1024,
         registry: CollectorRegistry | None = None,
     ) -> None:
         if not 0 < alpha <= 1:
@@ -68,6 +73,10 @@ class LinkMonitor:
         self._rtt_ewma: float | None = None
         self._goodput_ewma = prior_goodput_Bps
         self._goodput_measured = False
+        # Samples from uploads of at least large_upload_bytes: on a fast link a small upload is mostly
+        # round trip, so only these measure goodput as well as the prober's payload (which it then skips).
+        self._large_upload_bytes = large_upload_bytes
+        self.large_goodput_samples = 0
         self._rtts: deque[tuple[float, float]] = deque(maxlen=window_samples)
         self._goodputs: deque[tuple[float, float]] = deque(maxlen=window_samples)
         self._transitions: deque[tuple[float, bool]] = deque(maxlen=window_samples)  # (at, now_up)
@@ -76,6 +85,27 @@ class LinkMonitor:
         self._last_success: float | None = None
         self._started = clock()
         self._metrics = _Metrics(registry) if registry is not None else None
+        self._listeners: list[Callable[[bool], None]] = []
+        self.listener_errors = 0
+
+    def register_metrics(self, registry: CollectorRegistry) -> None:
+        """Export the gauges on ``registry`` (once; for owners whose registry is made later)."""
+        if self._metrics is not None:
+            raise RuntimeError("LinkMonitor metrics are already registered")
+        self._metrics = _Metrics(registry)
+        self._publish()
+
+    def add_listener(self, callback: Callable[[bool], None]) -> None:
+        """Call ``callback(now_up)`` on every up/down transition (e.g. the uplink retries on up)."""
+        self._listeners.append(callback)
+
+    def _notify(self, now_up: bool) -> None:
+        for callback in self._listeners:
+            try:
+                callback(now_up)
+            except Exception:  # a listener's bug must not break the estimates
+                self.listener_errors += 1
+                log.exception("link listener failed")
 
     # -- observations ------------------------------------------------------------------------
     def observe_probe(self, rtt_s: float | None) -> None:
@@ -97,18 +127,26 @@ class LinkMonitor:
         if nbytes >= self._min_goodput_bytes and seconds > 0:
             # An acknowledged upload costs one round trip besides the transfer: take it out, but never
             # more than half the time, so a stale RTT cannot invent an absurd goodput.
-            transfer = max(seconds - (self._rtt_ewma or 0.0), seconds / 2)
-            sample = nbytes / transfer
-            # Goodput spans orders of magnitude (MB/s to kB/s): average in log space, so that one
-            # sample of a collapsed link moves the estimate by orders of magnitude, not by alpha.
-            self._goodput_ewma = (
-                sample
-                if not self._goodput_measured
-                else math.exp(self._ewma(math.log(self._goodput_ewma), math.log(sample)))
-            )
-            self._goodput_measured = True
-            self._goodputs.append((now, sample))
+            transfer = seconds - (self._rtt_ewma or 0.0)
+            censored = transfer < seconds / 2
+            sample = nbytes / max(transfer, seconds / 2)
+            # A censored sample (the round trip was most of the time: a small upload on a fast link)
+            # only says goodput >= sample: it may raise the estimate, never lower it.
+            if not (censored and self._goodput_measured and sample <= self._goodput_ewma):
+                self._take_goodput(now, sample)
+                self.large_goodput_samples += nbytes >= self._large_upload_bytes
         self._success(now, "upload")
+
+    def _take_goodput(self, now: float, sample: float) -> None:
+        # Goodput spans orders of magnitude (MB/s to kB/s): average in log space, so that one
+        # sample of a collapsed link moves the estimate by orders of magnitude, not by alpha.
+        self._goodput_ewma = (
+            sample
+            if not self._goodput_measured
+            else math.exp(self._ewma(math.log(self._goodput_ewma), math.log(sample)))
+        )
+        self._goodput_measured = True
+        self._goodputs.append((now, sample))
 
     def _ewma(self, old: float, new: float) -> float:
         return (1 - self._alpha) * old + self._alpha * new
@@ -119,6 +157,7 @@ class LinkMonitor:
         if not self._up:
             self._up = True
             self._transitions.append((now, True))
+            self._notify(True)
         if self._metrics:
             self._metrics.observations.labels(kind, "ok").inc()
         self._publish()
@@ -129,6 +168,7 @@ class LinkMonitor:
         if self._up and self._failures >= self._down_after:
             self._up = False
             self._transitions.append((now, False))
+            self._notify(False)
         if self._metrics:
             self._metrics.observations.labels(kind, "failed").inc()
         self._publish()

@@ -3,7 +3,9 @@
 Invariants: one owner starts and stops it; every request has a timeout; a failure of any kind
 (timeout, reset, refused, HTTP 5xx) is reported to the monitor as a failed probe, never raised.
 Optionally every ``goodput_every``-th probe also POSTs ``payload_bytes`` to ``goodput_url`` and
-reports it as an upload, so goodput is measured even when there is nothing to send.
+reports it as an upload, so goodput is measured even when there is nothing to send; it is skipped
+when real uploads at least as large gave the monitor a goodput sample since the last payload probe
+(they measured the link already, and a probe's bytes cost as much as real ones on a metered link).
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ class LinkProber:
         self._session: aiohttp.ClientSession | None = None
         self.probes = 0
         self.failures = 0
+        self.payload_probes = 0
+        self.payload_probes_skipped = 0
+        self._samples_seen = 0  # monitor.large_goodput_samples after our last payload probe (or skip)
 
     async def start(self) -> None:
         if self._task is not None:
@@ -99,6 +104,22 @@ class LinkProber:
         self._monitor.observe_upload(len(self._payload), self._clock() - start, ok)
         return ok
 
+    def payload_probe_needed(self) -> bool:
+        """False when real uploads measured goodput since the last payload probe (then none is sent)."""
+        needed = self._monitor.large_goodput_samples == self._samples_seen
+        self._samples_seen = self._monitor.large_goodput_samples
+        return needed
+
+    async def maybe_upload(self) -> bool | None:
+        """A payload probe if ``payload_probe_needed``; None when skipped."""
+        if not self.payload_probe_needed():
+            self.payload_probes_skipped += 1
+            return None
+        self.payload_probes += 1
+        ok = await self.upload_once()
+        self._samples_seen = self._monitor.large_goodput_samples
+        return ok
+
     async def _run(self) -> None:
         n = 0
         while True:
@@ -106,5 +127,5 @@ class LinkProber:
             rtt = await self.probe_once()
             n += 1
             if self._goodput_url is not None and rtt is not None and n % self._goodput_every == 0:
-                await self.upload_once()
+                await self.maybe_upload()
             await asyncio.sleep(max(0.0, self._interval - (self._clock() - started)))

@@ -1,6 +1,12 @@
 """The per-service task graphs (sensor, camera, training) as validated data, and edge-cost profiling."""
 
-from gateway.services.catalog import camera_service, default_services, sensor_service, training_service
+from gateway.services.catalog import (
+    camera_service,
+    default_services,
+    sensor_service,
+    training_service,
+    vibration_service,
+)
 from gateway.services.graph import Service, ServiceError, Side, Task, format_services, parse_services
 
 __all__ = [
@@ -14,4 +20,5 @@ __all__ = [
     "parse_services",
     "sensor_service",
     "training_service",
+    "vibration_service",
 ]

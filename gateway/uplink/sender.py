@@ -1,10 +1,23 @@
 """Store-and-forward to the cloud: one task reads the log, POSTs batches, trims what the cloud stored.
 
-Invariant: the log is trimmed only up to the ``last_lsn`` of a batch the cloud answered 200 with a
-matching ``BatchAck``; a batch is retried (same records, same Idempotency-Key) until it is, so
-nothing is ever dropped on the way up. Failures back off exponentially with jitter; a 401/403
-backs off to the maximum at once (an operator must fix the token) and a 400 is logged with the
-cloud's own words. The task wakes at once when new records become durable.
+Invariant: a record leaves the log only when the cloud acknowledged it: the log is trimmed only up
+to the end of the contiguous run of acknowledged LSNs (``drain.AckedRanges``), and a batch is
+retried until the cloud answers 200 with a matching ``BatchAck``, so nothing is ever dropped on
+the way up. Batches may carry non-contiguous LSNs (in increasing order); the cloud keeps LSN
+intervals, so a batch re-sent after a restart stores nothing twice.
+
+Draining (docs/placement.md, "Uplink"): while at most ``backlog_threshold_records`` wait, batches
+are the log's records in order. Beyond that, what waits becomes the *backlog*: it is classified
+(``drain.classify``, in slices, so live data keeps moving while a million records are scanned) and
+drained alerts first, then summaries, then raw data, each class oldest- or newest-first; rounds
+alternate between the backlog and the live tail (records that arrived after), so live data is
+never held up by more than one backlog batch.
+
+Failures back off exponentially with jitter; a retry happens at once when the link monitor sees
+the link come back (``link_up``); while the monitor says the link is down, the uplink waits for
+that, with the maximum backoff as a fallback timer. A 401/403 backs off to the maximum at once
+(an operator must fix the token) and a 400 is logged with the cloud's own words. An optional
+token bucket caps the uplink's bandwidth. Every upload is reported to the link monitor.
 """
 
 from __future__ import annotations
@@ -15,22 +28,33 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import aiohttp
 from pydantic import ValidationError
 
 from gateway.ratelimit import RateLimitedLog
 from gateway.storage.interface import RecordLog
+from gateway.uplink.blobs import BlobSpool, BlobUploader, blob_refs
+from gateway.uplink.drain import CLASSES, AckedRanges, BacklogIndex, TokenBucket, classify, runs_of
 from protocol.batch import BatchAck, encode_batch, idempotency_key
 from protocol.config import UplinkConfig
 
 log = logging.getLogger(__name__)
 
 IDLE_WAKE_S = 5.0  # look at the log at least this often even without a wake-up
+SCAN_SLICE_RECORDS = 50_000  # backlog records classified per round (then a live batch may go)
+SPAN_PER_RECORD = 20  # a backlog batch spans at most this many log LSNs per record it carries
 FAILURE_KINDS = ("connection", "timeout", "server_error", "auth", "rejected_by_cloud",
                  "unexpected_status", "bad_ack")
+LINK_FAILURES = ("connection", "timeout")  # the others got an answer: the link itself worked
+
+
+class UploadObserver(Protocol):
+    def observe_upload(self, nbytes: int, seconds: float, ok: bool) -> None: ...
 
 
 def next_backoff(previous_s: float, initial_s: float, max_s: float) -> float:
@@ -52,6 +76,12 @@ class Outcome:
     ack: BatchAck | None = None
 
 
+@dataclass(frozen=True)
+class Batch:
+    source: str  # "live" or a drain class
+    entries: list[tuple[int, bytes]]
+
+
 def read_token(token: str | None, token_file: Path | None) -> str | None:
     if token is not None:
         return token
@@ -62,33 +92,66 @@ def read_token(token: str | None, token_file: Path | None) -> str | None:
 
 class Uplink:
     def __init__(self, record_log: RecordLog, gateway_id: str, config: UplinkConfig,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, *, monitor: UploadObserver | None = None,
+                 link_down: Callable[[], bool] | None = None,
+                 clock: Callable[[], float] = time.perf_counter, blob_spool: BlobSpool | None = None) -> None:
         self._log = record_log
         self.gateway_id = gateway_id
         self._config = config
         self._url = f"{config.cloud_url.rstrip('/')}/v1/gateways/{gateway_id}/batches"
         self._token = read_token(config.token, config.token_file)
         self._rng = rng or random.Random()
+        self._monitor = monitor
+        self._link_down = link_down
+        self._clock = clock
+        self._bucket = TokenBucket(config.bandwidth_cap_Bps, config.bandwidth_burst_bytes)
+        if blob_spool is None and config.blob_dir is not None:
+            blob_spool = BlobSpool(config.blob_dir)
+        # Blobs share the batches' token bucket (one cap for the link) and feed the same monitor.
+        self.blobs = (BlobUploader(blob_spool, config.cloud_url, gateway_id, self._token,
+                                   chunk_bytes=config.blob_chunk_bytes, bucket=self._bucket, monitor=monitor,
+                                   clock=clock) if blob_spool is not None else None)
+        self._order = {"alert": config.drain_alerts, "summary": config.drain_summaries,
+                       "raw": config.drain_raw}
         self._wake = asyncio.Event()
+        self._link_up = asyncio.Event()
         self._warn = RateLimitedLog(log)
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._acked = AckedRanges()
+        self._index = BacklogIndex()
+        self._live_next = 1  # first LSN of the live tail not yet acknowledged
+        self._scan_next = 1  # next backlog LSN to classify (the scan is done when > index.upto)
+        self._turn = "backlog"
+        self._synced = False
         self.state = "idle"
         self.last_error = ""
         self.last_success_ts = 0.0
-        self.counters = {"batches_sent": 0, "records_uploaded": 0, "bytes_uploaded": 0, "attempts": 0}
+        self.counters = {"batches_sent": 0, "records_uploaded": 0, "bytes_uploaded": 0, "attempts": 0,
+                         "live_batches": 0, "backlog_batches": 0, "backlog_scanned": 0,
+                         "link_up_wakeups": 0, "throttled_s": 0, "blob_refs_without_spool": 0}
+        self.uploaded_by_class: dict[str, int] = dict.fromkeys(CLASSES, 0)
         self.failures: dict[str, int] = dict.fromkeys(FAILURE_KINDS, 0)
 
     def wake(self) -> None:
         """New durable records: send them now rather than at the next idle check."""
         self._wake.set()
 
-    async def start(self) -> None:
+    def link_up(self) -> None:
+        """The link monitor saw the link come back: retry now rather than when the backoff ends."""
+        self._link_up.set()
+        self._wake.set()
+
+    async def start(self, *, run: bool = True) -> None:
+        """Open the HTTP session and start the sending task (``run=False``: tests drive it by
+        ``send_one_batch``)."""
         if self._token is None:
             log.warning("uplink: no uplink.token or uplink.token_file; the cloud will refuse uploads")
         timeout = aiohttp.ClientTimeout(total=self._config.timeout_s)
         self._session = aiohttp.ClientSession(timeout=timeout)
-        self._task = asyncio.create_task(self._run(), name="uplink")
+        self._sync_with_log()
+        if run:
+            self._task = asyncio.create_task(self._run(), name="uplink")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -103,19 +166,42 @@ class Uplink:
 
     @property
     def backlog(self) -> int:
-        return self._log.durable_lsn - self._log.trimmed_lsn
+        """Records in the log the cloud has not acknowledged."""
+        return max(0, self._log.durable_lsn - self._log.trimmed_lsn - self._acked.count)
 
+    def acknowledged(self, lsn: int) -> bool:
+        """Whether the cloud has acknowledged ``lsn`` (trimmed, or in an acknowledged range)."""
+        return lsn <= self._log.trimmed_lsn or self._acked.contains(lsn)
+
+    def drain_status(self) -> dict[str, object]:
+        return {"backlog_upto": self._index.upto, "backlog_pending": self._index.pending(),
+                "backlog_by_class": {c: self._index.pending(c) for c in CLASSES},
+                "scan_done": self._scan_next > self._index.upto, "live_next": self._live_next,
+                "acked_untrimmed": self._acked.count, "uploaded_by_class": dict(self.uploaded_by_class)}
+
+    def _sync_with_log(self) -> None:
+        """Start from the log's trim point; everything untrimmed is sent again (idempotent)."""
+        if self._synced:
+            return
+        self._acked = AckedRanges(self._log.trimmed_lsn)
+        self._live_next = self._scan_next = self._log.trimmed_lsn + 1
+        self._synced = True
+
+    # -- the loop ------------------------------------------------------------------------------
     async def _run(self) -> None:
         cfg = self._config
         delay = 0.0
         while True:
-            if self.backlog <= 0:
+            batch = await self._next_batch()
+            if batch is None:
                 self.state = "idle"
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), IDLE_WAKE_S)
                 continue
-            outcome = await self.send_one_batch()
+            if not batch.entries:  # a scan slice ran: go round again
+                continue
+            outcome = await self._send(batch)
             if outcome.kind == "ok":
                 delay = 0.0
                 self.state = "sending"
@@ -131,35 +217,154 @@ class Uplink:
                 delay = next_backoff(delay, cfg.backoff_initial_s, cfg.backoff_max_s)
                 self._warn.warning(outcome.kind, "uplink: batch failed (%s: %s); retrying in %.1fs",
                                    outcome.kind, outcome.detail, delay)
-            await asyncio.sleep(jittered(delay, self._rng))
+            await self._backoff(delay, link_failure=outcome.kind in LINK_FAILURES)
 
-    async def send_one_batch(self) -> Outcome:
-        """Read one batch from the oldest untrimmed record, POST it, trim on success."""
+    async def _backoff(self, delay_s: float, link_failure: bool) -> None:
+        """Sleep the jittered delay, or until the link monitor sees the link come back."""
+        if link_failure and self._link_down is not None and self._link_down():
+            delay_s = self._config.backoff_max_s  # no retry storm while the link is known down
+        self._link_up.clear()
+        try:
+            await asyncio.wait_for(self._link_up.wait(), jittered(delay_s, self._rng))
+            self.counters["link_up_wakeups"] += 1
+        except TimeoutError:
+            pass
+
+    # -- choosing what to send -----------------------------------------------------------------
+    async def _next_batch(self) -> Batch | None:
+        """The next batch (live tail and backlog alternate), an empty batch after a scan slice, or None."""
+        self._sync_with_log()
+        durable = self._log.durable_lsn
+        if durable - self._live_next + 1 > self._config.backlog_threshold_records:
+            if self._scan_next > self._index.upto:  # scan done: what lies before live_next was acked
+                self._scan_next = self._live_next
+            self._index.upto = durable  # what waits becomes backlog; the live tail starts after it
+            self._live_next = durable + 1
+        live = self._live_next <= durable
+        scanning = self._scan_next <= self._index.upto
+        backlog = not scanning and self._index.pending() > 0
+        turn, self._turn = self._turn, ("live" if self._turn == "backlog" else "backlog")
+        if scanning and (turn == "backlog" or not live):
+            await self._scan_slice()
+            return Batch("scan", [])
+        if live and (turn == "live" or not backlog):
+            return await self._live_batch()
+        if backlog:
+            return await self._backlog_batch()
+        return None
+
+    async def _scan_slice(self) -> None:
+        upto = min(self._index.upto, self._scan_next + SCAN_SLICE_RECORDS - 1)
+        scanned = 0
+        async for lsn, data in self._log.read(self._scan_next):
+            if lsn > upto:
+                break
+            if lsn > self._index.scanned and not self._acked.contains(lsn):
+                self._index.add(lsn, classify(data))
+            scanned += 1
+        self.counters["backlog_scanned"] += scanned
+        self._scan_next = upto + 1
+
+    def _limits_reached(self, entries: list, size: int, data: bytes) -> bool:
         cfg = self._config
+        return bool(entries) and (len(entries) >= cfg.batch_max_records
+                                  or size + len(data) + 32 > cfg.batch_max_bytes)
+
+    async def _live_batch(self) -> Batch:
         entries: list[tuple[int, bytes]] = []
         size = 0
-        async for lsn, data in self._log.read(self._log.trimmed_lsn + 1):
-            if entries and (len(entries) >= cfg.batch_max_records
-                            or size + len(data) + 32 > cfg.batch_max_bytes):
+        async for lsn, data in self._log.read(self._live_next):
+            if self._limits_reached(entries, size, data):
                 break
             entries.append((lsn, data))
             size += len(data) + 32
-        if not entries:
+        return Batch("live", entries)
+
+    async def _backlog_batch(self) -> Batch:
+        cls = self._index.next_class()
+        assert cls is not None
+        cfg = self._config
+        wanted = self._index.pick(cls, self._order[cls], cfg.batch_max_records,
+                                  cfg.batch_max_records * SPAN_PER_RECORD)
+        want = set(wanted)
+        entries: list[tuple[int, bytes]] = []
+        size = 0
+        async for lsn, data in self._log.read(wanted[0]):
+            if lsn > wanted[-1] or self._limits_reached(entries, size, data):
+                break
+            if lsn in want:
+                entries.append((lsn, data))
+                size += len(data) + 32
+        return Batch(cls, entries)
+
+    # -- sending -------------------------------------------------------------------------------
+    async def send_one_batch(self) -> Outcome:
+        """Choose and send one batch (as the loop would); "ok" with nothing to send is "ok"."""
+        batch = await self._next_batch()
+        while batch is not None and not batch.entries and batch.source == "scan":
+            batch = await self._next_batch()
+        if batch is None or not batch.entries:
             return Outcome("ok")
+        return await self._send(batch)
+
+    async def _send(self, batch: Batch) -> Outcome:
+        entries = batch.entries
         first, last = entries[0][0], entries[-1][0]
+        blob_failure = await self._upload_blobs(entries)
+        if blob_failure is not None:
+            return blob_failure
         body = encode_batch(self.gateway_id, self._log.log_id, entries)
+        wait = self._bucket.delay_for(len(body))
+        if wait > 0:
+            self.counters["throttled_s"] += wait
+            await asyncio.sleep(wait)
+        started = self._clock()
         outcome = await self._post(body, idempotency_key(self.gateway_id, self._log.log_id, first, last))
-        if outcome.kind == "ok":
-            assert outcome.ack is not None
-            if outcome.ack.first_lsn != first or outcome.ack.last_lsn != last:
-                return Outcome("bad_ack", f"sent {first}-{last}, cloud acked "
-                                          f"{outcome.ack.first_lsn}-{outcome.ack.last_lsn}")
-            await self._log.trim(last)
-            self.counters["batches_sent"] += 1
-            self.counters["records_uploaded"] += len(entries)
-            self.counters["bytes_uploaded"] += len(body)
-            self.last_success_ts = time.time()
+        if self._monitor is not None:
+            self._monitor.observe_upload(len(body), self._clock() - started,
+                                         outcome.kind not in LINK_FAILURES)
+        if outcome.kind != "ok":
+            return outcome
+        assert outcome.ack is not None
+        if outcome.ack.first_lsn != first or outcome.ack.last_lsn != last:
+            return Outcome("bad_ack", f"sent {first}-{last}, cloud acked "
+                                      f"{outcome.ack.first_lsn}-{outcome.ack.last_lsn}")
+        lsns = [lsn for lsn, _ in entries]
+        if batch.source == "live":
+            self._live_next = last + 1
+            for _, data in entries:
+                self.uploaded_by_class[classify(data)] += 1
+            self.counters["live_batches"] += 1
+        else:
+            self._index.remove(batch.source, lsns)
+            self.uploaded_by_class[batch.source] += len(lsns)
+            self.counters["backlog_batches"] += 1
+        self._acked.add_runs(runs_of(lsns))
+        await self._trim()
+        self.counters["batches_sent"] += 1
+        self.counters["records_uploaded"] += len(entries)
+        self.counters["bytes_uploaded"] += len(body)
+        self.last_success_ts = time.time()
         return outcome
+
+    async def _upload_blobs(self, entries: list[tuple[int, bytes]]) -> Outcome | None:
+        """Upload the blobs the batch's records reference, before the records (blobs.py docstring)."""
+        assert self._session is not None, "start() first"
+        for _, data in entries:
+            for ref in blob_refs(data):
+                if self.blobs is None:
+                    self.counters["blob_refs_without_spool"] += 1
+                    continue
+                outcome = await self.blobs.upload(self._session, ref)
+                if outcome.kind != "ok":
+                    return Outcome(outcome.kind, outcome.detail)
+        return None
+
+    async def _trim(self) -> None:
+        point = self._acked.trim_point()
+        if point > self._log.trimmed_lsn:
+            self._acked.trimmed_to(point)  # before the await: ``backlog`` never counts a run twice
+            await self._log.trim(point)
 
     async def _post(self, body: bytes, key: str) -> Outcome:
         assert self._session is not None, "start() first"

@@ -1,0 +1,105 @@
+"""How a desired service config reaches the subsystem that runs the service: one handler per service.
+
+A handler's ``apply(settings)`` makes the subsystem follow ``settings`` and says, honestly, what
+happened: ``Applied(state, applied, detail)``. The runner connects the handlers it has; a service
+without one gets ``UnconnectedHandler``, which applies nothing and says so (state ``pending``): the
+desired config is stored, versioned and published, and takes effect once a handler is connected.
+
+Invariant: ``apply`` never raises into the control plane (``HandlerSet.apply`` turns an exception
+into state ``failed`` with the error), and a handler is only ever given a validated settings model.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from pydantic import BaseModel
+
+from protocol.control import SERVICE_NAMES, GatewaySettings, SensorSettings
+
+log = logging.getLogger(__name__)
+
+State = Literal["running", "stopped", "pending", "failed"]
+
+
+@dataclass(frozen=True)
+class Applied:
+    state: State
+    applied: bool
+    detail: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        return {"state": self.state, "applied": self.applied, "detail": self.detail}
+
+
+class ServiceHandler(Protocol):
+    async def apply(self, settings: BaseModel) -> Applied: ...
+
+
+class UnconnectedHandler:
+    """For a service whose subsystem is not wired to the control plane in this gatewayd (yet)."""
+
+    def __init__(self, service: str) -> None:
+        self.service = service
+
+    async def apply(self, settings: BaseModel) -> Applied:
+        return Applied("pending", False, f"stored as desired; no {self.service} handler is connected in "
+                                         "this gatewayd, so it is not applied yet")
+
+
+class FunctionHandler:
+    """A handler from a coroutine function (how the lead connects camera, models, placement later)."""
+
+    def __init__(self, fn: Callable[[BaseModel], Awaitable[Applied]]) -> None:
+        self._fn = fn
+
+    async def apply(self, settings: BaseModel) -> Applied:
+        return await self._fn(settings)
+
+
+class SensorHandler:
+    """sensor: ``allow`` goes to ingest; ``enabled=false`` holds the intake (the broker keeps messages)."""
+
+    def __init__(self, set_allow: Callable[[Sequence[str]], None], hold: Callable[[bool], None]) -> None:
+        self._set_allow = set_allow
+        self._hold = hold
+
+    async def apply(self, settings: BaseModel) -> Applied:
+        assert isinstance(settings, SensorSettings)
+        self._set_allow(list(settings.allow))
+        self._hold(not settings.enabled)
+        if settings.enabled:
+            return Applied("running", True, f"accepting devices matching {list(settings.allow)}")
+        return Applied("stopped", True, "intake held: telemetry waits at the broker (persistent session)")
+
+
+class GatewayHandler:
+    """gateway: the log level of the whole daemon (the root logger)."""
+
+    async def apply(self, settings: BaseModel) -> Applied:
+        assert isinstance(settings, GatewaySettings)
+        logging.getLogger().setLevel(settings.log_level)
+        return Applied("running", True, f"log level {settings.log_level}")
+
+
+class HandlerSet:
+    def __init__(self) -> None:
+        self._handlers: dict[str, ServiceHandler] = {s: UnconnectedHandler(s) for s in SERVICE_NAMES}
+
+    def connect(self, service: str, handler: ServiceHandler) -> None:
+        if service not in self._handlers:
+            raise KeyError(f"unknown service {service!r}; known: {', '.join(SERVICE_NAMES)}")
+        self._handlers[service] = handler
+
+    def is_connected(self, service: str) -> bool:
+        return not isinstance(self._handlers[service], UnconnectedHandler)
+
+    async def apply(self, service: str, settings: BaseModel) -> Applied:
+        try:
+            return await self._handlers[service].apply(settings)
+        except Exception as exc:  # a handler bug must not take the control plane down
+            log.exception("control: applying %s failed", service)
+            return Applied("failed", False, f"{type(exc).__name__}: {exc}")

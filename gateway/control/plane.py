@@ -1,0 +1,284 @@
+"""ControlPlane: answers requests on ``edgefed/<gw>/control/request/<op>`` and publishes the desired
+config and state of every service, retained, under ``edgefed/<gw>/services/<service>/``.
+
+It owns its own MQTT connection (client id ``<id>-control``, clean session) and one task, which
+takes requests one at a time: a request is parsed, checked against the current revision, applied
+to a copy of the config (pure, gateway/control/ops.py), persisted (atomic file write), and only
+then made current and handed to the service handlers. Every request is answered: on its MQTT v5
+Response Topic with its Correlation Data, else on the ``response_topic``/``correlation_id`` of its
+payload (the MQTT 3.1.1 fallback), else on ``edgefed/<gw>/control/response/<op>`` (Zigbee2MQTT's
+convention). On each (re)connect the retained service topics are published again (a birth).
+
+Invariant: a refused request changes nothing (config, revision, file) and is answered with an
+error naming the field; an accepted change is on disk before it is current, answered, or applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gateway.control.handlers import Applied, HandlerSet
+from gateway.control.ops import (
+    TaskCatalog,
+    apply_change,
+    changed_services,
+    check_placement_pins,
+    digest,
+    effective,
+    overrides_after,
+)
+from gateway.control.recent import RecentErrors
+from gateway.control.store import ControlStore
+from gateway.mqtt import InboundMessage, MqttAdapter, MqttError
+from gateway.ratelimit import RateLimitedLog
+from protocol.control import (
+    READ_ONLY_OPS,
+    SERVICE_NAMES,
+    ConfigGetRequest,
+    ConfigSetRequest,
+    ControlError,
+    ControlResponse,
+    DesiredConfig,
+    ErrorBody,
+    LogErrorsRequest,
+    StoredControl,
+    parse_request,
+    peek_reply_fields,
+)
+from protocol.topics import (
+    control_op_of,
+    control_request_subscription,
+    control_response_prefix,
+    is_control_response_topic,
+    is_valid_id,
+    service_topic,
+)
+
+log = logging.getLogger(__name__)
+
+RESPONSE_EXPIRY_S = 60  # a response nobody collected within a minute is of no use to anyone
+
+
+class ControlPlane:
+    def __init__(self, gateway_id: str, adapter: MqttAdapter, store: ControlStore, base: DesiredConfig,
+                 handlers: HandlerSet, catalog: TaskCatalog, recent: RecentErrors,
+                 status: Callable[[], dict[str, Any]], clock: Callable[[], float] = time.time) -> None:
+        self.gateway_id = gateway_id
+        self.adapter = adapter
+        self._store = store
+        self.base = base
+        self.handlers = handlers
+        self._catalog = catalog
+        self._recent = recent
+        self._status = status
+        self._clock = clock
+        self.config = base
+        self.revision = 0
+        self._overrides: dict[str, dict[str, Any]] = {}
+        self._digest = digest(base)
+        self._service_revision: dict[str, int] = dict.fromkeys(SERVICE_NAMES, 0)
+        self._applied: dict[str, Applied] = {}
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._births_for = 0  # the adapter's connect count the retained topics were last published for
+        self._warn = RateLimitedLog(log)
+        self.counters = {"requests": 0, "ok": 0, "changes": 0, "births": 0, "internal_errors": 0,
+                         "publish_failures": 0}
+        self.refused: dict[str, int] = {}
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Load the stored overrides over the base and apply every service once (before MQTT starts)."""
+        stored = await asyncio.to_thread(self._store.load)
+        if stored is not None:
+            try:
+                self.config = effective(self.base, stored.overrides)
+                check_placement_pins(self._catalog, self.config)
+                self.revision, self._overrides = stored.revision, {k: dict(v) for k, v in
+                                                                   stored.overrides.items()}
+            except ControlError as exc:
+                log.error("control: the stored config (revision %d) is no longer valid over the config "
+                          "file (%s); using the config file alone", stored.revision, exc.detail)
+                self.revision = stored.revision  # revisions never go back: a stale writer stays stale
+        self._digest = digest(self.config)
+        self._service_revision = dict.fromkeys(SERVICE_NAMES, self.revision)
+        for service in SERVICE_NAMES:
+            self._applied[service] = await self.handlers.apply(service, getattr(self.config, service))
+        log.info("control: config revision %d (%d services overridden over MQTT)", self.revision,
+                 len(self._overrides))
+
+    async def start(self) -> None:
+        self.adapter.subscribe(control_request_subscription(self.gateway_id), qos=1)
+        await self.adapter.start()
+        self._task = asyncio.create_task(self._loop(), name="control-plane")
+
+    async def stop(self, timeout_s: float = 3.0) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.adapter.stop(timeout_s=timeout_s)
+
+    async def _loop(self) -> None:
+        while True:
+            if self.adapter.connected and self.adapter.counters.connects != self._births_for:
+                self._births_for = self.adapter.counters.connects
+                await self._publish_birth()
+            message = await self.adapter.receive(timeout_s=0.5)
+            if message is None:
+                continue
+            try:
+                await self.handle(message)
+            except Exception:  # nothing a client sends may stop the control plane
+                self.counters["internal_errors"] += 1
+                log.exception("control: internal error on %s", message.topic)
+
+    # --- requests --------------------------------------------------------------------------------
+
+    async def handle(self, message: InboundMessage) -> None:
+        self.counters["requests"] += 1
+        op = control_op_of(self.gateway_id, message.topic) or ""
+        peek_topic, correlation_id = peek_reply_fields(message.payload)
+        target = message.response_topic or peek_topic
+        default = control_response_prefix(self.gateway_id) + (op if is_valid_id(op) else "_unknown")
+        try:
+            if target is not None and not is_control_response_topic(self.gateway_id, target):
+                target = None
+                raise ControlError("bad_response_topic", f"must be {control_response_prefix(self.gateway_id)}"
+                                   "<id> (one level); answered here instead",
+                                   field="response_topic")
+            if message.retain:
+                raise ControlError("retained", "a request must not be retained (it would run again on "
+                                   "every reconnect)", field="retain")
+            request = parse_request(op, message.payload)
+            correlation_id = request.correlation_id
+            data = await self._execute(op, request)
+            response = self._response(op, "ok", correlation_id, data=data)
+            self.counters["ok"] += 1
+        except ControlError as exc:
+            self.refused[exc.reason] = self.refused.get(exc.reason, 0) + 1
+            self._warn.warning(exc.reason, "control: refused %s (%s): %s", op[:64] or "<no op>", exc.reason,
+                               exc.detail[:300])
+            response = self._response(op, "error", correlation_id,
+                                      error=ErrorBody(reason=exc.reason, field=exc.field, detail=exc.why))
+        await self._publish(target or default, response.model_dump_json(exclude_none=True).encode(),
+                            retain=False, correlation_data=message.correlation_data)
+
+    def _response(self, op: str, status: str, correlation_id: str | None, data: dict | None = None,
+                  error: ErrorBody | None = None) -> ControlResponse:
+        return ControlResponse(op=op[:64], status=status, correlation_id=correlation_id,  # type: ignore[arg-type]
+                               revision=self.revision, digest=self._digest, data=data, error=error)
+
+    async def _execute(self, op: str, request: Any) -> dict[str, Any]:
+        if op in READ_ONLY_OPS:
+            return self._read(op, request)
+        async with self._lock:
+            if request.revision is not None and request.revision != self.revision:
+                raise ControlError("stale_revision", f"the change is based on revision {request.revision} "
+                                   f"but the config is at revision {self.revision}; get it again",
+                                   field="revision")
+            new = apply_change(self.config, request, self._catalog)
+            check_placement_pins(self._catalog, new)
+            changed = changed_services(self.config, new)
+            if changed:
+                whole = request.service if isinstance(request, ConfigSetRequest) else None
+                overrides = overrides_after(self._overrides, self.config, new, whole)
+                await self._commit(new, overrides, changed, op)
+        return {"changed": bool(changed), "services": {s: self._service_view(s) for s in changed}}
+
+    def _read(self, op: str, request: Any) -> dict[str, Any]:
+        if isinstance(request, ConfigGetRequest):
+            return self._service_view(request.service)
+        if isinstance(request, LogErrorsRequest):
+            return {"lines": self._recent.recent(request.limit), "dropped": self._recent.dropped}
+        if op == "status.get":
+            return self._status()
+        return {"services": [self._service_view(s) for s in SERVICE_NAMES]}
+
+    async def _commit(self, new: DesiredConfig, overrides: dict[str, dict[str, Any]], changed: list[str],
+                      why: str) -> None:
+        """Persist, then make current, then apply: the order that makes a crash at any point harmless."""
+        stored = StoredControl(revision=self.revision + 1, overrides=overrides, updated_ts=self._clock())
+        try:
+            await asyncio.to_thread(self._store.save, stored)
+        except OSError as exc:
+            raise ControlError("storage", f"cannot persist the change: {exc.strerror or exc}") from None
+        self.config, self.revision, self._overrides = new, stored.revision, overrides
+        self._digest = digest(new)
+        self.counters["changes"] += 1
+        for service in changed:
+            self._service_revision[service] = self.revision
+            self._applied[service] = await self.handlers.apply(service, getattr(new, service))
+            await self._publish_service(service)
+            event = {"v": 1, "service": service, "revision": self.revision, "op": why,
+                     "ts": round(self._clock(), 3), **self._applied[service].as_dict()}
+            await self._publish(service_topic(self.gateway_id, service, "events"), json.dumps(event).encode(),
+                                retain=False)
+        log.info("control: revision %d (%s): %s", self.revision, why, ", ".join(
+            f"{s} {self._applied[s].state}" for s in changed))
+
+    async def reload_base(self, base: DesiredConfig) -> list[str]:
+        """A new config file (SIGHUP); the overrides stay on top. ControlError if the result is invalid."""
+        async with self._lock:
+            new = effective(base, self._overrides)
+            check_placement_pins(self._catalog, new)
+            changed = changed_services(self.config, new)
+            self.base = base
+            if changed:
+                await self._commit(new, self._overrides, changed, "reload")
+            return changed
+
+    # --- views and publishing --------------------------------------------------------------------
+
+    def _service_view(self, service: str) -> dict[str, Any]:
+        applied = self._applied.get(service, Applied("pending", False, "not applied yet"))
+        return {"service": service, "revision": self._service_revision[service],
+                "config": getattr(self.config, service).model_dump(mode="json"),
+                "overridden": sorted(self._overrides.get(service, {})),
+                "handler": "connected" if self.handlers.is_connected(service) else "none",
+                **applied.as_dict()}
+
+    async def _publish_service(self, service: str) -> None:
+        view = self._service_view(service)
+        config = {"v": 1, "service": service, "revision": view["revision"], "config": view["config"],
+                  "overridden": view["overridden"]}
+        state = {"v": 1, "service": service, "revision": view["revision"], "state": view["state"],
+                 "applied": view["applied"], "detail": view["detail"]}
+        for leaf, body in (("config", config), ("state", state)):
+            await self._publish(service_topic(self.gateway_id, service, leaf), json.dumps(body).encode(),
+                                retain=True)
+
+    async def _publish_birth(self) -> None:
+        self.counters["births"] += 1
+        for service in SERVICE_NAMES:
+            await self._publish_service(service)
+
+    async def _publish(self, topic: str, payload: bytes, retain: bool,
+                       correlation_data: bytes | None = None) -> None:
+        try:
+            await self.adapter.publish(topic, payload, qos=1, retain=retain, wait=False,
+                                       correlation_data=correlation_data,
+                                       expiry_s=None if retain else RESPONSE_EXPIRY_S)
+        except MqttError as exc:
+            self.counters["publish_failures"] += 1
+            self._warn.warning("publish", "control: cannot publish on %s: %s", topic, exc)
+
+    def stats(self) -> dict[str, int]:
+        return {**self.counters, "refused": sum(self.refused.values()), "revision": self.revision}
+
+    def status(self) -> dict[str, Any]:
+        return {"revision": self.revision, "digest": self._digest, **self.stats(),
+                "connected": int(self.adapter.connected),
+                "refused_by_reason": dict(self.refused),
+                "services": {s: self._service_view(s)["state"] for s in SERVICE_NAMES}}
+
+    def overrides(self) -> Mapping[str, Mapping[str, Any]]:
+        return self._overrides

@@ -1,0 +1,36 @@
+"""What the runner needs to build the control plane from a GatewayConfig: the base desired config
+(the file's values) and the task catalog placement pins are checked against.
+
+Invariant: ``base_from_file`` returns a valid DesiredConfig or raises ControlError naming the file's
+field (``devices.allow``, ``placement.pins``), so a SIGHUP with such a file is refused whole.
+"""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+from gateway.control.ops import TaskCatalog
+from gateway.services.catalog import default_services
+from protocol.config import GatewayConfig
+from protocol.control import ControlError, DesiredConfig, control_error_from
+
+
+def base_from_file(config: GatewayConfig) -> DesiredConfig:
+    """The config file's say: ``[devices] allow``, ``log_level``, ``[placement] pins``; the rest default."""
+    data = {"sensor": {"allow": list(config.devices.allow)}, "gateway": {"log_level": config.log_level},
+            "placement": {"pins": dict(config.placement.pins)}}
+    try:
+        return DesiredConfig.model_validate(data)
+    except ValidationError as exc:
+        error = control_error_from(exc)
+        renamed = {"sensor.allow": "devices.allow", "gateway.log_level": "log_level"}
+        field = error.field or ""
+        for ours, theirs in renamed.items():
+            field = field.replace(ours, theirs, 1)
+        raise ControlError("invalid", error.why, field=field) from None
+
+
+def task_catalog() -> TaskCatalog:
+    """service -> task -> the side its graph requires (declared pins, sources, privacy; None: free)."""
+    return {service.name: {task.name: service.required_pins().get(task.name) for task in service.tasks}
+            for service in default_services()}

@@ -1,0 +1,101 @@
+"""PlacementRuntime: the daemon's placement subsystem, built from ``PlacementConfig``.
+
+Owns the LinkProber and the PlacementController (the LinkMonitor is made by ``make_monitor`` so
+the uplink can feed it before this starts). Start order: prober, then controller (whose first
+plan is made in its ``start``); stop in reverse. Invariant: ``status()`` always reflects the
+planner's current plan and its last decisions; ``pin`` validates the whole pin set first, so a bad
+pin raises ``PinError`` and changes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from gateway.placement.controller import OnPlan, PlacementController
+from gateway.placement.link import LinkMonitor
+from gateway.placement.model import Budgets
+from gateway.placement.planner import Hysteresis, PlacementPlanner
+from gateway.placement.probe import LinkProber
+from gateway.services import Service, default_services
+from gateway.services.graph import Side
+from protocol.config import PlacementConfig
+
+log = logging.getLogger(__name__)
+
+
+def make_monitor(config: PlacementConfig) -> LinkMonitor:
+    return LinkMonitor(alpha=config.alpha, window_s=config.window_s,
+                       down_after_failures=config.down_after_failures,
+                       flap_transitions=config.flap_transitions, prior_goodput_Bps=config.prior_goodput_Bps)
+
+
+def budgets_from(config: PlacementConfig) -> Budgets:
+    return Budgets(uplink_Bps=config.uplink_budget_Bps, edge_cores=config.edge_cores,
+                   edge_cpu_share=config.edge_cpu_share, max_link_utilisation=config.max_link_utilisation,
+                   flap_penalty_s=config.flap_penalty_s, byte_weight=config.byte_weight,
+                   flapping=config.flapping)
+
+
+def hysteresis_from(config: PlacementConfig) -> Hysteresis:
+    return Hysteresis(rtt_ratio=config.rtt_ratio, rtt_floor_s=config.rtt_floor_s,
+                      goodput_ratio=config.goodput_ratio, up_fraction_delta=config.up_fraction_delta)
+
+
+class PlacementRuntime:
+    def __init__(self, config: PlacementConfig, cloud_url: str, monitor: LinkMonitor,
+                 on_plan: OnPlan | None = None, services: tuple[Service, ...] | None = None) -> None:
+        self.config = config
+        self.monitor = monitor
+        self.planner = PlacementPlanner(services or default_services(), budgets_from(config),
+                                        hysteresis=hysteresis_from(config), pins=dict(config.pins))
+        base = cloud_url.rstrip("/")
+        self.prober = LinkProber(
+            monitor, base + config.probe_path, interval_s=config.probe_interval_s,
+            timeout_s=config.probe_timeout_s,
+            goodput_url=None if config.goodput_path is None else base + config.goodput_path,
+            payload_bytes=config.payload_bytes, goodput_every=config.goodput_every,
+            upload_timeout_s=max(config.probe_timeout_s, 10.0))
+        self.controller = PlacementController(self.planner, monitor, on_plan,
+                                              interval_s=config.replan_interval_s)
+        self._started: list[str] = []
+
+    async def start(self) -> None:
+        await self.prober.start()
+        self._started.append("prober")
+        await self.controller.start()
+        self._started.append("controller")
+
+    async def stop(self) -> None:
+        for name in reversed(self._started):
+            await (self.controller.stop() if name == "controller" else self.prober.stop())
+        self._started.clear()
+
+    def pin(self, task_key: str, side: Side | None) -> dict[str, Side]:
+        """Pin ``service/task`` to a side (None: unpin); re-plans at once. Returns the pins now."""
+        pins = self.planner.pins
+        if side is None:
+            pins.pop(task_key, None)
+        else:
+            pins[task_key] = side
+        self.planner.set_pins(pins)  # PinError: nothing changed
+        self.controller.poke()
+        log.info("placement pin %s -> %s", task_key, side or "unpinned")
+        return pins
+
+    def status(self) -> dict[str, Any]:
+        plan = self.planner.current
+        decisions = list(self.planner.decisions)[-self.config.decisions_in_status:]
+        link = dataclasses.asdict(self.monitor.snapshot())
+        return {
+            "plan": None if plan is None else plan.to_dict(),
+            "decisions": [d.to_dict() for d in decisions],
+            "decisions_total": (self.planner.current.version if plan is not None else 0),
+            "decisions_dropped": self.planner.decisions_dropped,
+            "pins": self.planner.pins,
+            "link": link,
+            "probes": self.prober.probes,
+            "probe_failures": self.prober.failures,
+            "callback_errors": self.controller.callback_errors,
+        }

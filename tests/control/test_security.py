@@ -1,0 +1,108 @@
+"""The broker's side of security, with the repo's mosquitto.conf, password recipe and ACL: only the
+operator role writes config; gateways and devices cannot; anonymous clients cannot connect at all."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import paho.mqtt.client as paho
+import pytest
+from ctltest_util import USERS, SecureBroker, ctl, ctl_json, gateway_config, start_secure_broker
+from gwtest_util import Gatewayd
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+
+@pytest.fixture
+def secure_broker(tmp_path: Path) -> Iterator[SecureBroker]:
+    sb = start_secure_broker(tmp_path)
+    yield sb
+    sb.broker.stop()
+
+
+ALLOWED = ("Success", "No matching subscribers")  # MQTT v5 PUBACK reasons that mean "accepted"
+
+
+def connect(sb: SecureBroker, user: str | None, password: str | None = None) -> tuple[paho.Client, str]:
+    """A v5 client over TLS; returns it (looping) and the CONNACK reason as text."""
+    client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
+    if user is not None:
+        client.username_pw_set(user, password if password is not None else USERS[user])
+    client.tls_set(ca_certs=str(sb.ca))
+    done = threading.Event()
+    reason: list[str] = []
+
+    def on_connect(c, u, flags, rc, props):
+        reason.append(str(rc))
+        done.set()
+
+    client.on_connect = on_connect
+    client.on_disconnect = lambda *a: done.set()
+    client.connect("127.0.0.1", sb.port)
+    client.loop_start()
+    assert done.wait(10), "no CONNACK"
+    return client, reason[0] if reason else "disconnected"
+
+
+def publish_reason(client: paho.Client, topic: str, payload: bytes) -> str:
+    """Publish QoS 1 and return the broker's PUBACK reason (MQTT v5 tells us when the ACL said no)."""
+    done = threading.Event()
+    reasons: list[str] = []
+    client.on_publish = lambda c, u, mid, rc, props: (reasons.append(str(rc)), done.set())
+    props = Properties(PacketTypes.PUBLISH)
+    props.ResponseTopic = "edgefed/gw1/control/response/intruder"
+    client.publish(topic, payload, qos=1, properties=props)
+    assert done.wait(10), "no PUBACK"
+    return reasons[0]
+
+
+def test_anonymous_and_wrong_password_cannot_connect(secure_broker):
+    client, reason = connect(secure_broker, None)
+    client.loop_stop()
+    assert reason.lower() in ("not authorized", "bad user name or password"), reason
+    client, reason = connect(secure_broker, "operator", "wrong")
+    client.loop_stop()
+    assert reason.lower() in ("not authorized", "bad user name or password"), reason
+    code, _, err = ctl("--broker", secure_broker.url, "--gateway", "gw1", "--ca-file", str(secure_broker.ca),
+                       "--timeout", "3", "services")
+    assert code == 2 and "cannot connect" in err and "authori" in err.lower(), err
+
+
+def test_device_and_gateway_credentials_cannot_write_config(secure_broker, tmp_path):
+    sb = secure_broker
+    config, http_port = gateway_config(tmp_path, sb)
+    gw = Gatewayd(config, http_port).wait_ready()
+    try:
+        before = ctl_json(sb, "config", "get", "sensor")
+        request = json.dumps({"service": "sensor", "config": {"enabled": False, "allow": ["evil"]}}).encode()
+        for user in ("sensor-1", "gw1", "gw2"):
+            client, reason = connect(sb, user)
+            try:
+                assert reason == "Success", (user, reason)
+                assert publish_reason(client, "edgefed/gw1/control/request/config.set", request) == \
+                    "Not authorized", user
+                allowed = publish_reason(client, "edgefed/gw1/services/sensor/events", b"{}") in ALLOWED
+                assert allowed == (user == "gw1"), user
+            finally:
+                client.disconnect()
+                client.loop_stop()
+        # gatewayctl with a device's credential: refused by the broker, and it says so
+        code, _, err = ctl(*sb.ctl_args("sensor-1"), "config", "set", "sensor", '{"enabled": false}')
+        assert code == 2 and "not authorized" in err.lower(), err
+        # a device may publish its own telemetry only
+        client, _ = connect(sb, "sensor-1")
+        try:
+            assert publish_reason(client, "edgefed/gw1/devices/sensor-1/telemetry", b"{}") in ALLOWED
+            assert publish_reason(client, "edgefed/gw1/devices/sensor-2/telemetry", b"{}") == "Not authorized"
+        finally:
+            client.disconnect()
+            client.loop_stop()
+        after = ctl_json(sb, "config", "get", "sensor")
+        assert after["revision"] == before["revision"] and after["digest"] == before["digest"]
+        assert gw.status()["control"]["requests"] == 2  # only the operator's two reads reached it
+    finally:
+        gw.kill()
