@@ -51,6 +51,22 @@ def digits_cnn(width: int = 16) -> nn.Sequential:
     )
 
 
+def digits_mlp(width: int = 64) -> nn.Sequential:
+    """A one-hidden-layer MLP over the 64 pixels: cheap enough to train on a gateway."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, width), nn.ReLU(), nn.Linear(width, N_CLASSES))
+
+
+DIGITS_MODELS = {"digits_cnn": digits_cnn, "digits_mlp": digits_mlp}
+
+
+def build_digits_model(kind: str, width: int) -> nn.Sequential:
+    """The digits architecture named ``kind``: the one builder the gateway and the cloud share."""
+    try:
+        return DIGITS_MODELS[kind](width)
+    except KeyError:
+        raise ValueError(f"unknown digits model {kind!r}; known: {sorted(DIGITS_MODELS)}") from None
+
+
 def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     model.eval()
     with torch.no_grad():

@@ -1,0 +1,126 @@
+"""Route group of federated training (``cloud.server.ROUTE_GROUPS``).
+
+    PUT /v1/federated/job                        FederatedJob JSON; operator. 201 started (a new
+                                                 global model, version 0), 200 already running
+    GET /v1/federated/job                        the running job (404 none); operator
+    GET /v1/federated/status                     rounds, participants, staleness, bytes; operator
+    GET /v1/federated/gateways/{gw}/model[?have=V]
+                                                 GlobalModel JSON with that gateway's token;
+                                                 304 when V is already the latest version
+
+The service (``service.py``) imports torch; this module does not, and starts the service only
+when a job exists (on disk at startup, or PUT), so a cloudd without federated training never
+imports torch. Invariant: the service is started and stopped by the app's cleanup context, after
+the store opened and before it closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from cloud.api.auth import gateway_refusal, operator_refusal
+from cloud.api.context import CONFIG, REGISTRY
+from cloud.api.errors import reject
+
+JOB_PATH = "/v1/federated/job"
+STATUS_PATH = "/v1/federated/status"
+MODEL_PATH = "/v1/federated/gateways/{gateway_id}/model"
+MAX_JOB_BYTES = 64 * 1024
+STATE_FILE = "federated/state.json"
+
+FEDERATED = web.AppKey("federated", dict)  # {"service": FederatedService | None}
+
+
+def setup(app: web.Application) -> None:
+    app[FEDERATED] = {"service": None, "starting": asyncio.Lock()}
+    app.cleanup_ctx.append(_lifetime)
+    app.router.add_put(JOB_PATH, put_job)
+    app.router.add_get(JOB_PATH, get_job)
+    app.router.add_get(STATUS_PATH, get_status)
+    app.router.add_get(MODEL_PATH, get_model)
+
+
+async def _start_service(app: web.Application) -> Any:
+    from cloud.federated.service import FederatedService  # torch: only once federated training is on
+    from cloud.registry import ModelRegistry
+
+    data_dir = app[CONFIG].data_dir
+    service = FederatedService(data_dir)
+    # The registry's routes (cloud/api/models.py) own one instance; share it (its lock orders seq).
+    service.registry = app.get(REGISTRY) or ModelRegistry(data_dir / "models")
+    await service.start()
+    app[FEDERATED]["service"] = service
+    return service
+
+
+async def _lifetime(app: web.Application) -> AsyncIterator[None]:
+    if (app[CONFIG].data_dir / STATE_FILE).exists():
+        await _start_service(app)
+    try:
+        yield
+    finally:
+        service = app[FEDERATED]["service"]
+        if service is not None:
+            app[FEDERATED]["service"] = None
+            await service.stop()
+
+
+def _no_job(request: web.Request) -> web.Response:
+    return reject(request, 404, "no_job", f"no federated job is running (PUT {JOB_PATH})")
+
+
+async def put_job(request: web.Request) -> web.Response:
+    from protocol.errors import ProtocolError
+    from protocol.federated import parse_job
+
+    if (refusal := operator_refusal(request)) is not None:
+        return refusal
+    body = await request.read()
+    if len(body) > MAX_JOB_BYTES:
+        return reject(request, 413, "too_large", f"job of {len(body)} bytes > {MAX_JOB_BYTES}")
+    try:
+        job = parse_job(body)
+    except ProtocolError as exc:
+        return reject(request, 400, exc.reason, exc.detail)
+    async with request.app[FEDERATED]["starting"]:  # two first PUTs must not start two services
+        service = request.app[FEDERATED]["service"] or await _start_service(request.app)
+    changed = await service.set_job(job)
+    return web.json_response({"started": changed, "version": service.status.get("version")},
+                             status=201 if changed else 200)
+
+
+async def get_job(request: web.Request) -> web.Response:
+    if (refusal := operator_refusal(request)) is not None:
+        return refusal
+    service = request.app[FEDERATED]["service"]
+    if service is None or service.status.get("job") is None:
+        return _no_job(request)
+    return web.json_response(service.status["job"])
+
+
+async def get_status(request: web.Request) -> web.Response:
+    if (refusal := operator_refusal(request)) is not None:
+        return refusal
+    service = request.app[FEDERATED]["service"]
+    if service is None:
+        return web.json_response({"v": 1, "job": None})
+    return web.Response(text=json.dumps(service.status), content_type="application/json")
+
+
+async def get_model(request: web.Request) -> web.Response:
+    gateway = request.match_info["gateway_id"]
+    if (refusal := gateway_refusal(request, gateway)) is not None:
+        return refusal
+    service = request.app[FEDERATED]["service"]
+    document = service.model_document if service is not None else None
+    if document is None:
+        return _no_job(request)
+    version, body = document
+    if request.query.get("have") == str(version):
+        return web.Response(status=304, headers={"X-Model-Version": str(version)})
+    return web.Response(body=body, content_type="application/json", headers={"X-Model-Version": str(version)})

@@ -1,0 +1,84 @@
+"""Decoding a gateway's update into a flat delta, refusing anything malformed (errors as values).
+
+The section encodings are specified in protocol/federated.py (the gateway's encoder is
+gateway/federated/encoder.py). A refusal is a ``Refused(reason, detail)`` value the service counts
+by reason; nothing here raises for bad input.
+
+Invariant: ``decode_update`` returns a tensor only if every tensor entry names the layout's tensor
+in order with its shape, every section decodes to exactly that many finite values, and the
+payload passed ``protocol.federated.split_payload``'s size and digest checks.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from cloud.federated.model import Layout
+from models.numerics import WireFormatError, decode, from_bytes
+from protocol.errors import ProtocolError
+from protocol.federated import TensorEntry, UpdateEnvelope, split_payload
+
+
+@dataclass(frozen=True)
+class Refused:
+    reason: str  # stable token: invalid, too_large, digest_mismatch, wrong_model, bad_tensor, ...
+    detail: str
+
+
+def _section(entry: TensorEntry, data: bytes) -> torch.Tensor:
+    """One section to a flat float32 tensor of entry.numel values; ValueError if malformed."""
+    n = entry.numel
+    if entry.encoding == "fp32":
+        if len(data) != 4 * n:
+            raise ValueError(f"fp32 section of {len(data)} bytes for {n} values")
+        return torch.from_numpy(np.frombuffer(data, dtype="<f4").copy())
+    if entry.encoding == "bfp":
+        values = decode(from_bytes(data)).reshape(-1).float()
+        if values.numel() != n:
+            raise ValueError(f"bfp section holds {values.numel()} values, shape needs {n}")
+        return values
+    mask_bytes = (n + 7) // 8
+    if len(data) < 4 + mask_bytes:
+        raise ValueError(f"topk section of {len(data)} bytes is shorter than its count and mask")
+    (k,) = struct.unpack_from("<I", data, 0)
+    mask = np.unpackbits(np.frombuffer(data, dtype=np.uint8, count=mask_bytes, offset=4), bitorder="little")
+    if mask[n:].any():
+        raise ValueError("topk mask has bits set past the tensor's end")
+    index = torch.from_numpy(np.flatnonzero(mask[:n]))
+    if index.numel() != k:
+        raise ValueError(f"topk count {k} != {index.numel()} bits set in the mask")
+    values = decode(from_bytes(data[4 + mask_bytes:])).reshape(-1).float()
+    if values.numel() != k:
+        raise ValueError(f"topk section has {k} kept elements but {values.numel()} values")
+    out = torch.zeros(n, dtype=torch.float32)
+    out[index] = values
+    return out
+
+
+def decode_update(envelope: UpdateEnvelope, model: str, layout: Layout,
+                  max_bytes: int) -> torch.Tensor | Refused:
+    if envelope.model != model:
+        return Refused("wrong_model", f"update for model {envelope.model!r}, the job trains {model!r}")
+    try:  # size first (before anything is decoded), then digest and lengths
+        sections = split_payload(envelope.tensors, envelope.payload_b64, envelope.payload_sha256, max_bytes)
+    except ProtocolError as exc:
+        return Refused(exc.reason, exc.detail)
+    names = tuple(t.name for t in envelope.tensors)
+    shapes = tuple(tuple(t.shape) for t in envelope.tensors)
+    if names != layout.names or shapes != layout.shapes:
+        return Refused("bad_tensor", f"tensors {list(zip(names, shapes, strict=False))[:4]}... do not match "
+                                     "the global model's layout")
+    parts = []
+    for entry, data in zip(envelope.tensors, sections, strict=True):
+        try:
+            parts.append(_section(entry, data))
+        except (ValueError, WireFormatError, RuntimeError, struct.error) as exc:
+            return Refused("bad_tensor", f"{entry.name} ({entry.encoding}): {exc}")
+    flat = torch.cat(parts)
+    if not bool(torch.isfinite(flat).all()):
+        return Refused("not_finite", "the update holds NaN or infinite values")
+    return flat

@@ -1,0 +1,265 @@
+"""Ten in-process gateways (each its own EpochLogs, local trainer and real Uplink) against a real
+cloudd: non-IID digits, gateways dropping out and coming back (one with its link down while it
+keeps training, one restarted from its logs on disk), FedBuff aggregation. The global model reaches
+within 2 points of centralised training on the same data; no update is applied twice (a resent
+batch and a re-logged update change nothing); a malformed and an oversized update are refused and
+counted."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import random
+import time
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+import pytest
+import torch
+from conftest import Cloudd, start_cloudd
+
+from cloud.federated.model import build_model
+from gateway.federated.client import FederatedClient, load_weights
+from gateway.federated.encoder import CodecSpec
+from gateway.federated.samples import sample_record
+from gateway.federated.trainer import LocalTrainer
+from gateway.storage.epoch_log import EpochLog
+from gateway.uplink.sender import Uplink
+from models.digits import accuracy, load_digits_split, train_single_process
+from protocol.batch import encode_batch, idempotency_key
+from protocol.config import UplinkConfig
+from protocol.federated import FederatedJob, ModelArch, RoundConfig, TensorEntry, parse_global_model
+from protocol.records import Record, encode_record
+
+pytestmark = pytest.mark.timeout(240)
+
+N_GATEWAYS = 10
+GATEWAYS = tuple(f"gw{i}" for i in range(N_GATEWAYS))
+ARCH = ModelArch(kind="digits_mlp", width=64)
+MAX_UPDATE_BYTES = 256 * 1024
+DEADLINE_S = 150.0
+
+
+def non_iid(y: torch.Tensor, n: int, major: float = 0.8, seed: int = 0) -> list[torch.Tensor]:
+    """Gateway g holds most of classes g and g+1; the remaining 20% of each class is spread evenly."""
+    generator = torch.Generator().manual_seed(seed)
+    parts: list[list[int]] = [[] for _ in range(n)]
+    for c in range(10):
+        items = (y == c).nonzero().view(-1)
+        items = items[torch.randperm(len(items), generator=generator)].tolist()
+        k = int(len(items) * major)
+        for i, item in enumerate(items[:k]):
+            parts[(c - i % 2) % n].append(item)
+        for i, item in enumerate(items[k:]):
+            parts[i % n].append(item)
+    return [torch.tensor(p) for p in parts]
+
+
+def http(cloudd: Cloudd, method: str, path: str, body: bytes | None = None,
+         token: str | None = None, headers: dict | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(cloudd.url + path, data=body, method=method, headers=headers or {})
+    request.add_header("Authorization", f"Bearer {token or cloudd.operator_token}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def fed_status(cloudd: Cloudd) -> dict:
+    status, body = http(cloudd, "GET", "/v1/federated/status")
+    assert status == 200, body
+    return json.loads(body)
+
+
+class SimGateway:
+    """One gateway in this process: a private data log, an uplink log, the uplink and the client."""
+
+    def __init__(self, name: str, base: Path, cloudd: Cloudd) -> None:
+        self.name, self.base, self.cloudd = name, base, cloudd
+        self.data_log: EpochLog | None = None
+        self.uplink_log: EpochLog | None = None
+        self.uplink: Uplink | None = None
+        self.client: FederatedClient | None = None
+        self.trainer = LocalTrainer(threads=1, duty=1.0, seed=int(name[2:]))
+
+    async def open_logs(self) -> None:
+        sizes = {"segment_bytes": 1 << 20, "max_bytes": 16 << 20, "writer_threads": 1}
+        self.data_log = EpochLog(self.base / "data", **sizes)
+        self.uplink_log = EpochLog(self.base / "log", **sizes)
+        await self.data_log.open()
+        await self.uplink_log.open()
+
+    async def start_uplink(self) -> None:
+        config = UplinkConfig(cloud_url=self.cloudd.url, token=self.cloudd.token_for(self.name),
+                              backoff_initial_s=0.1, backoff_max_s=1.0)
+        self.uplink = Uplink(self.uplink_log, self.name, config, rng=random.Random(1))
+        await self.uplink.start()
+
+    async def stop_uplink(self) -> None:
+        if self.uplink is not None:
+            await self.uplink.stop()
+            self.uplink = None
+
+    async def start_client(self) -> None:
+        self.client = FederatedClient(
+            self.name, self.cloudd.url, self.cloudd.token_for(self.name), self.data_log, self.uplink_log,
+            trainer=self.trainer, codec=CodecSpec("bfp"), device="trainer",
+            wake_uplink=lambda: self.uplink.wake() if self.uplink is not None else None,
+            poll_interval_s=0.3, retrain_after_s=4.0, rng=random.Random(hash(self.name)))
+        await self.client.start()
+
+    async def stop_client(self) -> None:
+        if self.client is not None:
+            await self.client.stop()
+            self.client = None
+
+    async def stop_all(self) -> None:
+        await self.stop_client()
+        await self.stop_uplink()
+        for log in (self.data_log, self.uplink_log):
+            if log is not None:
+                await log.close()
+        self.data_log = self.uplink_log = None
+
+
+def global_accuracy(cloudd: Cloudd, split) -> tuple[int, float]:
+    status, body = http(cloudd, "GET", "/v1/federated/gateways/gw0/model", token=cloudd.token_for("gw0"))
+    assert status == 200, body
+    document = parse_global_model(body)
+    model = build_model(document.arch)
+    model.load_state_dict(load_weights(document))
+    return document.version, accuracy(model, split.test_x, split.test_y)
+
+
+async def post_batch(cloudd: Cloudd, gateway: str, log_id: str, entries: list[tuple[int, bytes]]) -> dict:
+    body = encode_batch(gateway, log_id, entries)
+    headers = {"Authorization": f"Bearer {cloudd.token_for(gateway)}", "Content-Type": "application/json",
+               "Idempotency-Key": idempotency_key(gateway, log_id, entries[0][0], entries[-1][0])}
+    url = f"{cloudd.url}/v1/gateways/{gateway}/batches"
+    async with aiohttp.ClientSession() as session, session.post(url, data=body, headers=headers) as response:
+        assert response.status == 200, await response.text()
+        return await response.json()
+
+
+async def wait_for(predicate, timeout: float, what: str, cloudd: Cloudd) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = fed_status(cloudd)
+        if predicate(status):
+            return status
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}: {json.dumps(fed_status(cloudd))[:2000]}")
+
+
+def update_record(update_id: str, payload: bytes, version: int, tensors: list[TensorEntry]) -> bytes:
+    body = {"v": 1, "update_id": update_id, "model": "digits", "base_version": version, "samples": 10,
+            "local_steps": 1, "codec": "fp32", "tensors": [t.model_dump() for t in tensors],
+            "payload_sha256": hashlib.sha256(payload).hexdigest(),
+            "payload_b64": base64.b64encode(payload).decode()}
+    return encode_record(Record(kind="update", device="trainer", received_ts=time.time(), body=body))
+
+
+async def test_ten_gateways_reach_centralised_accuracy(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    split = load_digits_split(0)
+    torch.manual_seed(0)
+    central = build_model(ARCH)
+    train_single_process(central, split)
+    central_acc = accuracy(central, split.test_x, split.test_y)
+
+    cloudd = start_cloudd(tmp_path / "cloud", gateways=GATEWAYS)
+    gateways = [SimGateway(name, tmp_path / name, cloudd) for name in GATEWAYS]
+    try:
+        job = FederatedJob(model="digits", arch=ARCH, aggregator="fedbuff", buffer_k=5, max_staleness=20,
+                           round=RoundConfig(lr=0.05, momentum=0.9, local_epochs=2, batch_size=16),
+                           max_update_bytes=MAX_UPDATE_BYTES, onnx_every=25, poll_interval_s=0.2)
+        status, body = http(cloudd, "PUT", "/v1/federated/job", job.model_dump_json().encode(),
+                             headers={"Content-Type": "application/json"})
+        assert status == 201, body
+        assert http(cloudd, "PUT", "/v1/federated/job", job.model_dump_json().encode())[0] == 200
+
+        for gateway, part in zip(gateways, non_iid(split.train_y, N_GATEWAYS), strict=True):
+            await gateway.open_logs()
+            for i in part.tolist():
+                sample = sample_record("camera", float(i), split.train_x[i], int(split.train_y[i]))
+                await gateway.data_log.append(sample)
+            await gateway.data_log.flush(wait=True)
+            await gateway.start_uplink()
+            await gateway.start_client()
+
+        # Dropouts: gw3 loses its link but keeps training (its updates wait in its log); gw7 goes away
+        # entirely (its process "dies": logs closed) and comes back from its files.
+        await wait_for(lambda s: s["version"] >= 5, 60, "version 5", cloudd)
+        await gateways[3].stop_uplink()
+        await gateways[7].stop_all()
+        await wait_for(lambda s: s["version"] >= 12, 60, "version 12 without gw3 and gw7", cloudd)
+        await gateways[3].start_uplink()
+        await gateways[7].open_logs()
+        await gateways[7].start_uplink()
+        await gateways[7].start_client()
+
+        deadline = time.monotonic() + DEADLINE_S
+        version, acc = global_accuracy(cloudd, split)
+        while time.monotonic() < deadline:
+            version, acc = global_accuracy(cloudd, split)
+            status = fed_status(cloudd)
+            back = {p["gateway"]: p for p in status["participants"]}
+            rejoined = all((back.get(g, {}).get("last_applied_version") or 0) > 12 for g in ("gw3", "gw7"))
+            if acc >= central_acc - 0.02 and rejoined:
+                break
+            await asyncio.sleep(1.0)
+        assert acc >= central_acc - 0.02, f"global {acc:.4f} (version {version}) vs central {central_acc:.4f}"
+        assert rejoined, f"gw3/gw7 did not contribute after coming back: {status['participants']}"
+
+        for gateway in gateways:
+            await gateway.stop_client()
+        await asyncio.sleep(1.0)  # let uplinks deliver what is in their logs
+        status = fed_status(cloudd)
+        assert status["staleness"]["max"] >= 1  # asynchronous: some updates were applied late
+        assert sum(h["updates"] for h in status["history"]) <= status["updates"]["applied"]
+        assert status["updates"]["applied"] == sum(p["applied"] for p in status["participants"])
+
+        # No update applied twice: resend a stored update batch as is (the store dedupes it), then
+        # under a fresh log_id (stored again: the aggregator's (gateway, update_id) check refuses it).
+        stored = [r for r in cloudd.records("gw1") if r.record["kind"] == "update"]
+        last = stored[-1]
+        data = json.dumps(last.record, separators=(",", ":")).encode()
+        before = fed_status(cloudd)
+        ack = await post_batch(cloudd, "gw1", last.log_id, [(last.lsn, data)])
+        assert ack["duplicates"] == 1 and ack["stored"] == 0
+        ack = await post_batch(cloudd, "gw1", "feedface" * 4, [(1, data)])
+        assert ack["stored"] == 1
+        after = await wait_for(lambda s: s["updates"]["duplicates"] > before["updates"]["duplicates"], 20,
+                               "the re-logged update counted as duplicate", cloudd)
+        assert after["updates"]["applied"] == before["updates"]["applied"]
+
+        # A malformed update (bad digest) and an oversized one are refused and counted.
+        model = build_model(ARCH)
+        tensors = [TensorEntry(name=k, shape=list(v.shape), encoding="fp32", nbytes=4 * v.numel())
+                   for k, v in model.state_dict().items()]
+        good_payload = b"".join(v.numpy().tobytes() for v in model.state_dict().values())
+        malformed = json.loads(update_record("bad-digest", good_payload, after["version"], tensors))
+        malformed["body"]["payload_sha256"] = "0" * 64
+        big = b"\0" * (MAX_UPDATE_BYTES + 4096)
+        oversized = update_record("too-big", big, after["version"],
+                                  [TensorEntry(name="0.weight", shape=[len(big) // 4], encoding="fp32",
+                                               nbytes=len(big))])
+        await post_batch(cloudd, "gw2", "c0ffee00" * 4,
+                         [(1, json.dumps(malformed, separators=(",", ":")).encode()), (2, oversized)])
+        final = await wait_for(lambda s: s["updates"]["refused"].get("too_large", 0) >= 1
+                               and s["updates"]["refused"].get("digest_mismatch", 0) >= 1, 20,
+                               "both refusals counted", cloudd)
+        assert final["updates"]["applied"] == before["updates"]["applied"]
+        assert final["bytes"]["payload"] > 0 and final["rounds"] == final["version"] >= 12
+        assert final["onnx"]["exported"] >= 1
+        listed = json.loads(http(cloudd, "GET", "/v1/models?name=digits")[1])["models"]
+        assert any(e["version"] == "0" for e in listed)
+    finally:
+        for gateway in gateways:
+            await gateway.stop_all()
+            gateway.trainer.close()
+        cloudd.stop()
