@@ -29,6 +29,10 @@ class CloudConfig:
     max_body_bytes: int = MAX_BATCH_BYTES
     max_pending_writes: int = 64
     shutdown_timeout: float = 10.0
+    # training jobs (cloud/jobs): torchrun jobs at once, jobs waiting, processes per job
+    max_running_jobs: int = 1
+    max_queued_jobs: int = 16
+    max_job_nproc: int = 4
 
 
 def parse_token_arg(arg: str) -> tuple[str, str]:

@@ -20,11 +20,10 @@ never overwritten.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import shutil
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +39,20 @@ ENTRY_FILE = "registry.json"
 
 
 class ModelRegistry:
-    """Files under ``root``; one instance per process (the lock orders seq assignment)."""
+    """Files under ``root``; one instance per process (the lock orders seq assignment).
+
+    Listeners (``add_listener``) are told of every new version, whoever stores it: the upload
+    route, a training job, the federated service.
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self._lock = asyncio.Lock()
+        self._listeners: list[Callable[[ModelMetadata], None]] = []
+
+    def add_listener(self, listener: Callable[[ModelMetadata], None]) -> None:
+        """Call ``listener(metadata)`` (on the loop; it must not block) after each new version."""
+        self._listeners.append(listener)
 
     def _folder(self, name: str, version: str) -> Path:
         return self.root / check_id("model", name) / check_id("version", version)
@@ -79,9 +87,12 @@ class ModelRegistry:
                 return (200 if existing["sha256"] == metadata.sha256 else 409), existing
             seq = 1 + max((e["seq"] for e in self.entries(metadata.name)), default=0)
             entry = {"name": metadata.name, "version": metadata.version, "sha256": metadata.sha256,
-                     "size": metadata.size, "seq": seq, "uploaded_ts": time.time()}
+                     "size": metadata.size, "seq": seq, "uploaded_ts": time.time(),
+                     "lineage": metadata.notes.get("lineage")}  # what produced it; None if uploaded by hand
             await asyncio.to_thread(self._write, artifact, entry)
-            return 201, entry
+        for listener in self._listeners:
+            listener(metadata)
+        return 201, entry
 
     def _write(self, artifact: ModelArtifact, entry: dict[str, Any]) -> None:
         folder = self._folder(artifact.name, artifact.version)
@@ -115,18 +126,15 @@ async def _read_upload(request: web.Request) -> tuple[bytes, bytes]:
 
 
 def setup_model_routes(app: web.Application, data_dir: Path,
-                       require_operator: Callable[[web.Request], Any] | None,
-                       on_stored: Callable[[ModelMetadata], Awaitable[None]] | None = None) -> ModelRegistry:
-    """Add the registry routes to ``app``. ``require_operator(request)`` (sync or async) raises an
-    aiohttp HTTP error to refuse an upload; ``on_stored`` runs after a new version is stored (the
-    server publishes the retained MQTT notice there). Returns the registry for in-process use."""
+                       refuse_upload: Callable[[web.Request], web.Response | None] | None) -> ModelRegistry:
+    """Add the registry routes to ``app``. ``refuse_upload(request)`` returns the refusal to answer an
+    upload with (e.g. no operator token), or None to accept it. Returns the registry for in-process use."""
     registry = ModelRegistry(data_dir / "models")
 
     async def upload(request: web.Request) -> web.Response:
-        if require_operator is not None:
-            verdict = require_operator(request)
-            if inspect.isawaitable(verdict):
-                await verdict
+        refusal = refuse_upload(request) if refuse_upload is not None else None
+        if refusal is not None:
+            return refusal
         name = request.match_info["name"]
         metadata_json, onnx_bytes = await _read_upload(request)
         try:
@@ -137,8 +145,6 @@ def setup_model_routes(app: web.Application, data_dir: Path,
             detail = f"metadata name {artifact.name!r} != path {name!r}"
             return web.json_response({"error": "name_mismatch", "detail": detail}, status=400)
         status, entry = await registry.store(artifact)
-        if status == 201 and on_stored is not None:
-            await on_stored(artifact.metadata)
         if status == 409:
             return web.json_response({"error": "version_exists", "detail": "stored with another sha256",
                                       "entry": entry}, status=409)

@@ -3,9 +3,11 @@
 ``build_app(config)`` makes the aiohttp application: shared state under the typed keys of
 ``cloud.api.context``, the store opened and closed by the app's cleanup context, and the route
 groups of ``ROUTE_GROUPS`` (a later feature adds its module there). ``CloudServer`` is the one
-runner. Invariant: it starts in order (store, then routes, then the listening socket) and stops
-in reverse (stop accepting, let in-flight requests finish for up to ``shutdown_timeout``, then
-close the store after its queued writes), so nothing is acknowledged after the store closes.
+runner. Invariant: it starts in order (store, then the job manager, then routes, then the
+listening socket) and stops in reverse (stop accepting, end the job event streams, let in-flight
+requests finish for up to ``shutdown_timeout``, stop the job manager (running jobs go back to
+queued), then close the store after its queued writes), so nothing is acknowledged after the
+store closes.
 """
 
 from __future__ import annotations
@@ -20,17 +22,25 @@ from pathlib import Path
 
 from aiohttp import web
 
-from cloud.api import health, ingest, status
-from cloud.api.context import CONFIG, METRICS, STORE
+from cloud.api import blobs, fleet, health, ingest, jobs, models, openapi, probe, status
+from cloud.api.context import CONFIG, METRICS, REGISTRY, STORE
 from cloud.api.errors import json_errors
 from cloud.config import CloudConfig, ConfigError, load_tokens_file, parse_token_arg
+from cloud.federated import api as federated_api
 from cloud.metrics import CloudMetrics
+from cloud.notify import ModelNotifier, NotifyConfig, add_notify_arguments, parse_notify_args
 from cloud.store import StoreLocked
 from cloud.store.writer import AsyncStoreWriter
+from cloud.web import routes as web_routes
 
 log = logging.getLogger("cloudd")
 
-ROUTE_GROUPS: tuple[Callable[[web.Application], None], ...] = (health.setup, ingest.setup, status.setup)
+ROUTE_GROUPS: tuple[Callable[[web.Application], None], ...] = (health.setup, ingest.setup, status.setup,
+                                                               probe.setup, blobs.setup,
+                                                               # models before jobs: jobs register versions
+                                                               models.setup, jobs.setup, fleet.setup,
+                                                               openapi.setup, web_routes.setup,
+                                                               federated_api.setup)
 
 
 async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
@@ -97,9 +107,16 @@ class CloudServer:
             await runner.cleanup()
 
 
-async def serve(config: CloudConfig, ready: Callable[[CloudServer], None] | None = None) -> None:
-    """Run cloudd until SIGTERM or SIGINT, then shut down within a deadline."""
+async def serve(config: CloudConfig, ready: Callable[[CloudServer], None] | None = None,
+                notify: NotifyConfig | None = None) -> None:
+    """Run cloudd until SIGTERM or SIGINT, then shut down within a deadline. With ``notify``, each new
+    model version is announced on MQTT (cloud/notify.py)."""
     server = CloudServer(config)
+    notifier = None
+    if notify is not None:
+        notifier = ModelNotifier(notify, lambda: config.gateway_tokens.keys())
+        server.app[REGISTRY].add_listener(notifier.notify)
+        notifier.start()  # connects in paho's thread: a dead broker never holds cloudd up
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -118,6 +135,8 @@ async def serve(config: CloudConfig, ready: Callable[[CloudServer], None] | None
             await asyncio.wait_for(server.stop(), timeout=config.shutdown_timeout + 5.0)
         except TimeoutError:
             log.error("cloudd: shutdown did not finish within %.0fs", config.shutdown_timeout + 5.0)
+        if notifier is not None:
+            await asyncio.to_thread(notifier.stop)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
 
@@ -130,9 +149,13 @@ def parse_args(argv: Sequence[str] | None = None) -> CloudConfig:
     parser.add_argument("--token", action="append", default=[], metavar="GW=TOKEN",
                         help="a gateway's upload token (repeatable)")
     parser.add_argument("--tokens-file", type=Path, help='TOML file: [gateways] gw1 = "token"')
-    parser.add_argument("--operator-token", help="required by GET /v1/status when set")
+    parser.add_argument("--operator-token", help="required by the operator API and dashboard when set")
     parser.add_argument("--shutdown-timeout", type=float, default=10.0)
+    parser.add_argument("--max-running-jobs", type=int, default=1, help="torchrun jobs at once")
+    parser.add_argument("--max-queued-jobs", type=int, default=16, help="waiting jobs before 429")
+    parser.add_argument("--max-job-nproc", type=int, default=4, help="largest nproc a job may ask for")
     parser.add_argument("--log-level", default="INFO")
+    add_notify_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     tokens = load_tokens_file(args.tokens_file) if args.tokens_file else {}
@@ -140,19 +163,22 @@ def parse_args(argv: Sequence[str] | None = None) -> CloudConfig:
     if args.operator_token == "":
         raise ConfigError("--operator-token must not be empty")
     return CloudConfig(data_dir=args.data_dir, host=args.host, port=args.port, gateway_tokens=tokens,
-                       operator_token=args.operator_token, shutdown_timeout=args.shutdown_timeout)
+                       operator_token=args.operator_token, shutdown_timeout=args.shutdown_timeout,
+                       max_running_jobs=args.max_running_jobs, max_queued_jobs=args.max_queued_jobs,
+                       max_job_nproc=args.max_job_nproc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = parse_args(argv)
-    except ConfigError as exc:
+        notify = parse_notify_args(argv)
+    except (ConfigError, ValueError) as exc:
         print(f"cloudd: {exc}", file=sys.stderr)
         return 2
     if not config.gateway_tokens:
         log.warning("no gateway tokens configured: every upload will be refused (use --token GW=TOKEN)")
     try:
-        asyncio.run(serve(config))
+        asyncio.run(serve(config, notify=notify))
     except StoreLocked as exc:
         print(f"cloudd: {exc}", file=sys.stderr)
         return 1

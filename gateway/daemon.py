@@ -1,10 +1,12 @@
 """gatewayd: the edge daemon's lifecycle. One runner starts the subsystems in order, stops them in reverse.
 
-Start: lock the data dir, open the log, load the control plane's desired config and apply it,
-status HTTP, uplink, MQTT + sensor ingest, the control plane's MQTT connection; then READY=1.
+Start: lock the data dir, open the log, load the control plane's desired config and apply it (which
+starts the camera runtime when ``[camera]`` is configured and enabled), status HTTP, uplink, MQTT +
+sensor ingest, the control plane's MQTT connection; then READY=1.
 Stop (SIGTERM/SIGINT, or a fatal log error): STOPPING=1, stop the control plane, stop intake, flush
-the log and ack what is durable, stop the uplink, publish "offline" and disconnect, stop HTTP,
-close the log, unlock. SIGHUP: reload the config file (refused whole if invalid; the old one stays).
+the log and ack what is durable, stop the uplink, publish "offline" and disconnect, stop HTTP, stop
+the camera (its last events are logged), close the log, unlock. SIGHUP: reload the config file
+(refused whole if invalid; the old one stays).
 
 Invariant: at most one daemon uses a data dir (flock), and a stop never acknowledges a message
 whose record is not durable; it finishes within STOP_DEADLINE_S (exit 0) or says what hung (exit 1).
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import json
 import logging
@@ -26,7 +29,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gateway.control.handlers import GatewayHandler, HandlerSet, SensorHandler
+from gateway.control.handlers import (
+    CameraHandler,
+    GatewayHandler,
+    HandlerSet,
+    ModelsHandler,
+    PlacementHandler,
+    SensorHandler,
+)
 from gateway.control.plane import ControlPlane
 from gateway.control.recent import RecentErrors
 from gateway.control.sdnotify import SystemdNotifier
@@ -40,7 +50,7 @@ from gateway.placement.runtime import PlacementRuntime, make_monitor
 from gateway.status import StatusServer
 from gateway.storage.epoch_log import EpochLog
 from gateway.storage.interface import RecordLog
-from gateway.uplink.sender import Uplink
+from gateway.uplink.sender import Uplink, read_token
 from protocol.config import GatewayConfig, load_gateway_config
 from protocol.control import ControlError
 from protocol.errors import ProtocolError
@@ -95,6 +105,7 @@ def open_record_log(config: GatewayConfig) -> RecordLog:
 
 
 RESTART_ONLY = ("gateway_id", "data_dir", "mqtt", "http", "log", "uplink")  # a reload cannot change these
+CAMERA_LIVE_FIELDS = {"enabled": None, "source": None, "sample_fps": None}  # [camera] fields a reload applies
 
 
 class GatewayRunner:
@@ -131,6 +142,11 @@ class GatewayRunner:
         self.handlers.connect("sensor", SensorHandler(lambda allow: self.ingest.set_allow(allow),
                                                       self.mqtt.hold))
         self.handlers.connect("gateway", GatewayHandler())
+        self.handlers.connect("placement", PlacementHandler(self.set_placement_pins))
+        self.camera = self._make_camera(control_settings) if config.camera is not None else None
+        if self.camera is not None:
+            self.handlers.connect("camera", CameraHandler(self.camera.apply_camera))
+            self.handlers.connect("models", ModelsHandler(self.camera.apply_pins))
         try:
             base = base_from_file(config)
         except ControlError as exc:
@@ -155,10 +171,36 @@ class GatewayRunner:
         collector.add_labeled_counter("control_refused", "control requests refused, by reason", "reason",
                                       lambda: self.control.refused)
         collector.add("reload", lambda: dict(self.reloads))
+        if self.camera is not None:
+            from gateway.camera_service import METRIC_GAUGES
+
+            collector.add("camera", self.camera.metrics, gauges=METRIC_GAUGES)
         self.registry = make_registry(collector)
         self.link_monitor.register_metrics(self.registry)
         self.http = StatusServer(config.http.listen, self.status, self.registry)
         self._started: list[str] = []
+
+    def _make_camera(self, control_settings: Any) -> Any:
+        """The camera runtime; imported here so that a gateway without a camera never loads numpy,
+        OpenCV or onnxruntime (and none loads torch)."""
+        from gateway.camera_service import CameraRuntime
+
+        config, camera = self.config, self.config.camera
+        assert camera is not None
+        # its own connection: retained model notices in, QoS 0 events out, never in the telemetry path
+        settings = dataclasses.replace(control_settings, client_id=control_settings.client_id.replace(
+            "-control", "-camera"), inbound_bound=100)
+        try:
+            token = read_token(config.uplink.token, config.uplink.token_file)
+        except OSError as exc:
+            raise StartupError(f"uplink.token_file: cannot read: {exc.strerror}") from None
+        return CameraRuntime(camera, gateway_id=config.gateway_id, record_log=self.log,
+                             mqtt_settings=settings,
+                             cloud_url=config.uplink.cloud_url, token=token,
+                             store_dir=config.data_dir / "models",
+                             blob_spool=self.uplink.blobs.spool if self.uplink.blobs is not None else None,
+                             on_durable=self.uplink.wake,
+                             flush_interval_s=config.log.flush_interval_ms / 1000, on_fatal=self._on_fatal)
 
     def _offline_now(self) -> Will:
         gw = self.config.gateway_id
@@ -176,6 +218,8 @@ class GatewayRunner:
         self._started.append("log")
         log.info("log %s opened: log_id %s, durable lsn %d, trimmed lsn %d", self.log.directory,
                  self.log.log_id, self.log.durable_lsn, self.log.trimmed_lsn)
+        if self.camera is not None:
+            self._started.append("camera")  # started (or not) by the camera handler inside open()
         await self.control.open()  # the desired config applies before any intake starts
         try:
             await self.http.start()
@@ -208,6 +252,7 @@ class GatewayRunner:
             "uplink": self.uplink.stop,
             "placement": lambda: self.placement.stop() if self.placement else asyncio.sleep(0),
             "http": self.http.stop,
+            "camera": lambda: self.camera.stop() if self.camera else asyncio.sleep(0),
             "log": self.log.close,
         }
         clean = True
@@ -247,6 +292,8 @@ class GatewayRunner:
         unpinned = {"pins": {}}
         if new.placement.model_copy(update=unpinned) != self.config.placement.model_copy(update=unpinned):
             later.append("placement (other than pins)")
+        if _camera_restart_fields(self.config, new):
+            later.append("camera (other than enabled, source, sample_fps)")
         if later:
             log.warning("reload: %s changed in %s; that takes effect at the next restart",
                         ", ".join(later), path)
@@ -279,6 +326,18 @@ class GatewayRunner:
             raise PinError("placement is disabled (placement.enabled = false)")
         return self.placement.pin(task_key, side)  # type: ignore[arg-type]
 
+    def set_placement_pins(self, pins: dict[str, str]) -> dict[str, str] | None:
+        """The control plane's whole placement pin set. Before placement starts this only stores them
+        (its first plan uses them); after, the controller re-plans at once. None: placement is off.
+        Raises PinError (a ValueError; nothing changed) for a set the planner refuses."""
+        if self.placement is None:
+            return None
+        if pins != self.placement.planner.pins:
+            self.placement.planner.set_pins(pins)  # type: ignore[arg-type]
+            self.placement.controller.poke()
+            log.info("placement pins -> %s", pins or "none")
+        return dict(self.placement.planner.pins)
+
     def status(self) -> dict[str, Any]:
         return {
             "gateway_id": self.config.gateway_id,
@@ -294,7 +353,18 @@ class GatewayRunner:
             "placement": self.placement.status() if self.placement is not None else None,
             "control": self.control.status(),
             "reload": {**self.reloads, "last": self.last_reload},
+            "camera": self.camera.status() if self.camera is not None else None,
         }
+
+
+def _camera_restart_fields(old: GatewayConfig, new: GatewayConfig) -> bool:
+    """True if a reload changed [camera] beyond what the control plane applies live."""
+    if (old.camera is None) != (new.camera is None):
+        return True
+    if old.camera is None or new.camera is None:
+        return False
+    live = CAMERA_LIVE_FIELDS
+    return old.camera.model_copy(update=live) != new.camera.model_copy(update=live)
 
 
 async def run_daemon(config: GatewayConfig, config_path: Path | None = None,

@@ -119,6 +119,43 @@ class PlacementConfig(_Section):
     decisions_in_status: int = Field(default=20, ge=1, le=256)
 
 
+class CameraConfig(_Section):
+    """One camera, its change detection, its model and over-the-air updates (docs/camera.md).
+
+    The section's presence connects the control plane's ``camera`` and ``models`` services; a gateway
+    without it reports them ``pending``. ``enabled``, ``source`` and ``sample_fps`` are the defaults the
+    control plane may override; the other fields take effect at the next start."""
+
+    enabled: bool = False
+    camera_id: str = Field(default="cam1", pattern=f"^{ID_PATTERN}$")
+    source: str | None = Field(default=None, min_length=1, description="a file, an http(s)/rtsp(s) URL, "
+                                                                       "or a device index")
+    sample_fps: float | None = Field(default=None, gt=0, le=120, description="None: every frame")
+    queue_size: int = Field(default=32, ge=1, le=4096)  # frames between capture and inference, drop-oldest
+    jpeg_quality: int = Field(default=80, ge=10, le=100)
+    change_detection: bool = True  # False: every sampled frame is inferred and uploaded
+    change_pixel_threshold: float = Field(default=18.0, gt=0, le=255)
+    change_min_fraction: float = Field(default=0.004, ge=0, le=1)
+    backoff_initial_s: float = Field(default=0.2, gt=0)
+    backoff_max_s: float = Field(default=5.0, gt=0)
+    open_timeout_s: float = Field(default=5.0, gt=0)
+    read_timeout_s: float = Field(default=5.0, gt=0)
+    model: str = Field(default="scene", pattern=f"^{ID_PATTERN}$")
+    artifact_dir: Path | None = Field(default=None, description="None: models/artifacts/<model>")
+    max_batch: int = Field(default=8, ge=1, le=256)
+    inference_queue: int = Field(default=64, ge=1, le=4096)  # inputs waiting for the model, drop-oldest
+    ota_poll_interval_s: float = Field(default=60.0, gt=0)
+    ota_timeout_s: float = Field(default=10.0, gt=0)
+    upload_frames: bool = True  # spool changed frames' JPEGs in uplink.blob_dir (when set) and upload them
+    spool_max_frames: int = Field(default=2000, ge=1)  # frames waiting in the spool; beyond: event only
+
+    @model_validator(mode="after")
+    def _enabled_needs_source(self) -> CameraConfig:
+        if self.enabled and self.source is None:
+            raise ValueError("source is required when enabled = true")
+        return self
+
+
 class HttpConfig(_Section):
     listen: str = "127.0.0.1:9100"
 
@@ -133,6 +170,7 @@ class GatewayConfig(_Section):
     uplink: UplinkConfig = Field(default_factory=UplinkConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
+    camera: CameraConfig | None = None  # absent: no camera service on this gateway
 
 
 def parse_gateway_config(data: dict, base_dir: Path | None = None) -> GatewayConfig:
@@ -143,6 +181,11 @@ def parse_gateway_config(data: dict, base_dir: Path | None = None) -> GatewayCon
         raise ProtocolError("invalid_config", describe_validation_error(exc)) from None
     if base_dir is not None and not config.data_dir.is_absolute():
         config = config.model_copy(update={"data_dir": base_dir / config.data_dir})
+    camera = config.camera
+    if base_dir is not None and camera is not None and camera.artifact_dir is not None \
+            and not camera.artifact_dir.is_absolute():
+        config = config.model_copy(update={"camera": camera.model_copy(
+            update={"artifact_dir": base_dir / camera.artifact_dir})})
     return config
 
 

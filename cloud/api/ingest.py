@@ -18,8 +18,9 @@ import time
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from cloud.api.auth import gateway_refusal
 from cloud.api.context import CONFIG, METRICS, STORE
-from cloud.api.errors import bearer_token, reject, token_ok, unauthorized
+from cloud.api.errors import reject
 from cloud.store.writer import StoreBusy
 from protocol.batch import decode_batch
 from protocol.errors import ProtocolError
@@ -55,8 +56,9 @@ async def _read_body(request: web.Request, limit: int) -> bytes | web.Response:
 async def post_batch(request: web.Request) -> web.Response:
     config, metrics = request.app[CONFIG], request.app[METRICS]
     gateway = request.match_info["gateway_id"]
-    if not token_ok(bearer_token(request), config.gateway_tokens.get(gateway)):
-        return unauthorized(request, f"Authorization: Bearer token is not the token of gateway {gateway!r}")
+    refusal = gateway_refusal(request, gateway)
+    if refusal is not None:
+        return refusal
     body = await _read_body(request, config.max_body_bytes)
     if isinstance(body, web.Response):
         return body

@@ -18,7 +18,14 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel
 
-from protocol.control import SERVICE_NAMES, GatewaySettings, SensorSettings
+from protocol.control import (
+    SERVICE_NAMES,
+    CameraSettings,
+    GatewaySettings,
+    ModelsSettings,
+    PlacementSettings,
+    SensorSettings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +58,7 @@ class UnconnectedHandler:
 
 
 class FunctionHandler:
-    """A handler from a coroutine function (how the lead connects camera, models, placement later)."""
+    """A handler from a coroutine function."""
 
     def __init__(self, fn: Callable[[BaseModel], Awaitable[Applied]]) -> None:
         self._fn = fn
@@ -83,6 +90,49 @@ class GatewayHandler:
         assert isinstance(settings, GatewaySettings)
         logging.getLogger().setLevel(settings.log_level)
         return Applied("running", True, f"log level {settings.log_level}")
+
+
+class CameraHandler:
+    """camera: on/off, source and sample rate go to the camera runtime (gateway/camera_service.py), which
+    switches a source only after the old one's delivered frames were fed to the engine."""
+
+    def __init__(self, apply_camera: Callable[[CameraSettings], Awaitable[Applied]]) -> None:
+        self._apply = apply_camera
+
+    async def apply(self, settings: BaseModel) -> Applied:
+        assert isinstance(settings, CameraSettings)
+        return await self._apply(settings)
+
+
+class ModelsHandler:
+    """models: a pin (or its removal) goes to the model updater; applied only once the pinned version runs."""
+
+    def __init__(self, apply_pins: Callable[[ModelsSettings], Awaitable[Applied]]) -> None:
+        self._apply = apply_pins
+
+    async def apply(self, settings: BaseModel) -> Applied:
+        assert isinstance(settings, ModelsSettings)
+        return await self._apply(settings)
+
+
+class PlacementHandler:
+    """placement: the whole pin set replaces the planner's (validated whole) and it re-plans.
+
+    ``set_pins`` returns the pins now in force, or None when placement is disabled; it raises
+    ValueError (the planner's PinError) for a pin set it refuses, and then nothing changed."""
+
+    def __init__(self, set_pins: Callable[[dict[str, str]], dict[str, str] | None]) -> None:
+        self._set_pins = set_pins
+
+    async def apply(self, settings: BaseModel) -> Applied:
+        assert isinstance(settings, PlacementSettings)
+        try:
+            pins = self._set_pins(dict(settings.pins))
+        except ValueError as exc:
+            return Applied("failed", False, f"planner refused the pins: {exc}")
+        if pins is None:
+            return Applied("stopped", False, "placement is disabled (placement.enabled = false); pins stored")
+        return Applied("running", True, f"planner pins {pins}" if pins else "no pins: the planner decides")
 
 
 class HandlerSet:

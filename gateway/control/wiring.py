@@ -2,7 +2,8 @@
 (the file's values) and the task catalog placement pins are checked against.
 
 Invariant: ``base_from_file`` returns a valid DesiredConfig or raises ControlError naming the file's
-field (``devices.allow``, ``placement.pins``), so a SIGHUP with such a file is refused whole.
+field (``devices.allow``, ``placement.pins``, ``camera.source``), so a SIGHUP with such a file is
+refused whole.
 """
 
 from __future__ import annotations
@@ -16,9 +17,13 @@ from protocol.control import ControlError, DesiredConfig, control_error_from
 
 
 def base_from_file(config: GatewayConfig) -> DesiredConfig:
-    """The config file's say: ``[devices] allow``, ``log_level``, ``[placement] pins``; the rest default."""
-    data = {"sensor": {"allow": list(config.devices.allow)}, "gateway": {"log_level": config.log_level},
-            "placement": {"pins": dict(config.placement.pins)}}
+    """The config file's say: ``[devices] allow``, ``log_level``, ``[placement] pins``, ``[camera]``
+    enabled/source/sample_fps; the rest default."""
+    data: dict = {"sensor": {"allow": list(config.devices.allow)}, "gateway": {"log_level": config.log_level},
+                  "placement": {"pins": dict(config.placement.pins)}}
+    if config.camera is not None:
+        camera = config.camera
+        data["camera"] = {"enabled": camera.enabled, "source": camera.source, "sample_fps": camera.sample_fps}
     try:
         return DesiredConfig.model_validate(data)
     except ValidationError as exc:

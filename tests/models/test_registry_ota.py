@@ -25,14 +25,15 @@ from protocol.events import ModelNotice, model_notice_topic  # noqa: E402
 OPERATOR_TOKEN = "op-secret"
 
 
-def require_operator(request: web.Request) -> None:
+def refuse_upload(request: web.Request) -> web.Response | None:
     if request.headers.get("Authorization") != f"Bearer {OPERATOR_TOKEN}":
-        raise web.HTTPUnauthorized(text="operator token required")
+        return web.json_response({"error": "unauthorized", "detail": "operator token required"}, status=401)
+    return None
 
 
 async def serve_registry(data_dir: Path) -> tuple[web.AppRunner, str]:
     app = web.Application()
-    setup_model_routes(app, data_dir, require_operator)
+    setup_model_routes(app, data_dir, refuse_upload)
     runner = web.AppRunner(app)
     await runner.setup()
     port = free_port()

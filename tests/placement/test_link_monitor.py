@@ -87,3 +87,37 @@ def test_metrics_on_given_registry():
     assert "edgefed_link_rtt_seconds 0.05" in text
     assert 'edgefed_link_state{state="down"} 1.0' in text
     assert 'edgefed_link_observations_total{kind="probe",result="failed"} 1.0' in text
+
+
+def test_small_upload_on_a_fast_link_is_a_lower_bound_only():
+    """When the round trip is most of an upload's time, its sample says only goodput >= sample: it
+    may raise the estimate, never pull it down (8 kB in 48 ms over a 40 ms RTT is not 330 kB/s)."""
+    clock = Clock()
+    mon = LinkMonitor(clock=clock, alpha=0.5, min_goodput_bytes=4096, large_upload_bytes=32 * 1024)
+    mon.observe_probe(0.04)
+    mon.observe_upload(32_768, 0.08, ok=True)  # 40 ms of transfer: ~800 kB/s, measured
+    assert mon.snapshot().goodput_Bps == pytest.approx(32_768 / 0.04)
+    assert mon.large_goodput_samples == 1
+    before = mon.snapshot().goodput_Bps
+    mon.observe_upload(8_000, 0.048, ok=True)  # censored (8 ms of 48): ignored, it is below
+    assert mon.snapshot().goodput_Bps == pytest.approx(before)
+    mon.observe_upload(200_000, 5.04, ok=True)  # a collapsed link: 40 kB/s, taken
+    assert mon.snapshot().goodput_Bps < before / 2
+    low = mon.snapshot().goodput_Bps
+    mon.observe_upload(8_000, 0.048, ok=True)  # censored but above the estimate: taken
+    assert mon.snapshot().goodput_Bps > low
+    assert mon.large_goodput_samples == 2  # only uploads of >= 32 kB count as large
+
+
+async def test_prober_skips_its_payload_when_real_uploads_measured_the_link():
+    from gateway.placement.probe import LinkProber
+
+    clock = Clock()
+    mon = LinkMonitor(clock=clock, large_upload_bytes=32 * 1024)
+    prober = LinkProber(mon, "http://127.0.0.1:9/healthz", goodput_url="http://127.0.0.1:9/v1/probe",
+                        payload_bytes=32 * 1024)
+    assert prober.payload_probe_needed()  # nothing measured yet
+    mon.observe_probe(0.01)
+    mon.observe_upload(100_000, 0.5, ok=True)  # a real, large upload
+    assert not prober.payload_probe_needed()  # it measured the link: no probe bytes
+    assert prober.payload_probe_needed()  # nothing new since: probe again

@@ -1,0 +1,100 @@
+"""Turn a finished job's per-stage checkpoints into a registry artifact (ONNX + metadata).
+
+Runs as its own process (``python -m cloud.jobs.export``) so that cloudd's event loop neither
+imports torch nor spends CPU on the export: the manager starts it, waits (bounded) and reads
+the artifact folder it wrote.
+
+Invariant: an artifact is written only from the latest step for which EVERY stage has a checkpoint
+(the model is whole), and only if ``models.export.export_artifact`` found onnxruntime equal to
+torch; the lineage given travels in ``metadata.notes["lineage"]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from cloud.jobs.spec import JobSpec
+from cloud.training import checkpoint
+
+_STAGE_RE = re.compile(r"^stage(\d+)$")
+
+
+def assemble(model: nn.Sequential, checkpoint_dir: Path) -> int:
+    """Load every stage's state of the latest complete step into ``model``; returns that step."""
+    stages = sorted(int(m.group(1)) for m in (_STAGE_RE.match(p.name) for p in checkpoint_dir.iterdir()) if m)
+    if not stages or stages != list(range(len(stages))):
+        raise ValueError(f"{checkpoint_dir}: stage folders {stages} are not 0..n-1")
+    step = checkpoint.latest_complete_step(checkpoint_dir, len(stages))
+    if step is None:
+        raise ValueError(f"{checkpoint_dir}: no step has a checkpoint for all {len(stages)} stages")
+    merged: dict[str, torch.Tensor] = {}
+    for stage in stages:
+        merged.update(checkpoint.load_stage(checkpoint_dir, stage, step)["model"])
+    # Stage modules are slices of the whole Sequential, so their keys are the whole model's keys.
+    model.load_state_dict(merged, strict=True)
+    return step
+
+
+def export_digits(workdir: Path, spec: JobSpec, version: str, lineage: dict[str, Any]):
+    from models.digits import accuracy, digits_cnn, load_digits_split
+    from models.export import export_artifact
+
+    model = digits_cnn()
+    step = assemble(model, workdir / "checkpoints")
+    split = load_digits_split(spec.seed)
+    test_accuracy = accuracy(model, split.test_x, split.test_y)
+    input_spec = {"name": "input", "shape": [None, 1, 8, 8], "dtype": "float32", "preprocess": "none"}
+    return export_artifact(model, split.test_x[:1], name=spec.model_name, version=version,
+                           input_spec=input_spec, postprocess="softmax_labels",
+                           labels=[str(d) for d in range(10)],
+                           notes={"test_accuracy": test_accuracy, "step": step, "lineage": lineage})
+
+
+def export_anomaly(workdir: Path, spec: JobSpec, version: str, lineage: dict[str, Any]):
+    from models.anomaly import INPUT_SPEC, WindowData, anomaly_autoencoder, fit_threshold
+    from models.export import export_artifact
+
+    model = anomaly_autoencoder()
+    step = assemble(model, workdir / "checkpoints")
+    data = torch.load(workdir / "dataset.pt", weights_only=True)
+    x = data["x"]
+    windows = WindowData(x, torch.zeros(len(x), dtype=torch.bool))
+    threshold = fit_threshold(model, windows)
+    return export_artifact(model, x[:1], name=spec.model_name, version=version, input_spec=INPUT_SPEC,
+                           postprocess="reconstruction_error", labels=["normal", "anomaly"],
+                           threshold=threshold,
+                           notes={"step": step, "train_windows": len(x), "lineage": lineage})
+
+
+def main(argv: list[str] | None = None) -> int:
+    from models.artifact import ArtifactError, save_artifact
+
+    parser = argparse.ArgumentParser(description="export a finished job's model")
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--version", required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    spec = JobSpec.model_validate_json((args.workdir / "spec.json").read_text())
+    lineage = json.loads((args.workdir / "lineage.json").read_text())
+    try:
+        exporter = export_digits if spec.model == "digits_cnn" else export_anomaly
+        artifact = exporter(args.workdir, spec, args.version, lineage)
+    except (ValueError, ArtifactError, OSError) as exc:
+        print(f"export failed: {exc}", file=sys.stderr)
+        return 1
+    save_artifact(args.out, artifact)
+    print(f"exported {artifact.name}@{artifact.version} ({artifact.metadata.size} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,318 @@
+"""JobManager: cloudd's training jobs: a bounded queue, at most ``max_running`` torchrun jobs at a
+time, one owner task per running job, state persisted in ``JobTable``.
+
+A job runs in ``<data_dir>/jobs/<id>/`` as a chain of processes, each with a deadline: build the
+dataset (sensor windows only; ``cloud.jobs.datasets``), train (``torchrun``), export
+(``cloud.jobs.export``); then the artifact is stored in the model registry as version ``<id>``
+with the job's lineage. The owner task tails ``progress.jsonl`` into the job's ``JobEvents``.
+
+Invariants: a job is ``succeeded`` only after its model version is in the registry; submissions
+beyond ``max_queued`` waiting jobs are refused (``QueueFull``, counted in ``refused``), never
+silently dropped; ``stop()`` leaves no torchrun behind (running jobs are stopped and go back to
+``queued``, so the next cloudd resumes them from their last complete checkpoint).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cloud.jobs.events import JobEvents, tail_lines
+from cloud.jobs.spec import JobSpec, job_toml
+from cloud.jobs.table import FINAL, JobRow, JobTable
+from cloud.registry import ModelRegistry
+from cloud.training.jobs import cancel_job, launch_job
+from models.artifact import ArtifactError, load_artifact
+
+log = logging.getLogger(__name__)
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+STEP_DEADLINE_S = 600.0  # dataset build and export, each
+POLL_S = 0.25
+
+
+class QueueFull(Exception):
+    """More jobs are waiting than ``max_queued``."""
+
+
+class JobNotFound(KeyError):
+    pass
+
+
+class JobFailure(Exception):
+    """A job step failed; the message says which and why."""
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, OMP_NUM_THREADS="1",
+                PYTHONPATH=os.pathsep.join(filter(None, [str(_REPO_ROOT), os.environ.get("PYTHONPATH")])))
+
+
+def launch_window_job(job_path: Path, nproc: int, workdir: Path) -> subprocess.Popen:
+    """As ``cloud.training.jobs.launch_job``, with the sensor-window entry point."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+               "-m", "cloud.jobs.window_run", "--job", str(job_path.resolve())]
+    with open(workdir / "torchrun.log", "ab") as out:
+        return subprocess.Popen(command, cwd=workdir, env=_env(), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _prepare_workdir(workdir: Path, spec: JobSpec) -> None:
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "spec.json").write_text(spec.model_dump_json())
+    (workdir / "job.toml").write_text(job_toml(spec))
+    if spec.dataset_name == "digits":
+        lineage = {"dataset": "digits", "source": "sklearn.datasets.load_digits", "split_seed": spec.seed}
+        (workdir / "lineage.json").write_text(json.dumps(lineage))
+
+
+def _complete_lineage(workdir: Path, job_id: str, spec: JobSpec) -> None:
+    """Name the job (and what it was asked) in the lineage that the export puts into the artifact."""
+    path = workdir / "lineage.json"
+    lineage = json.loads(path.read_text())
+    lineage.update(job=job_id, model=spec.model, schedule=spec.schedule, epochs=spec.epochs, nproc=spec.nproc)
+    path.write_text(json.dumps(lineage))
+
+
+def _read_from(path: Path, offset: int) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            return handle.read()
+    except FileNotFoundError:
+        return b""
+
+
+class JobManager:
+    def __init__(self, data_dir: Path, registry: ModelRegistry, *, max_running: int = 1, max_queued: int = 16,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.data_dir, self.root = data_dir, data_dir / "jobs"
+        self.registry, self.clock = registry, clock
+        self.max_running, self.max_queued = max_running, max_queued
+        self.refused = 0
+        self._table: JobTable | None = None
+        self._events: dict[str, JobEvents] = {}
+        self._owners: dict[str, asyncio.Task] = {}
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._cancelling: set[str] = set()
+        self._wake = asyncio.Event()
+        self._scheduler: asyncio.Task | None = None
+        self._stopping = False
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._table is not None:
+            raise RuntimeError("JobManager already started")
+        self._table = JobTable(self.root / "jobs.sqlite")
+        for row in self._table.all("running"):  # cloudd stopped (or crashed) under it: resume it
+            self._table.set_state(row.id, "queued", error="interrupted by a cloudd restart; resumes")
+        self._scheduler = asyncio.create_task(self._schedule(), name="jobs-scheduler")
+
+    async def stop(self) -> None:
+        """Stop scheduling, stop running jobs (they go back to queued), close every stream."""
+        self._stopping = True
+        if self._scheduler is not None:
+            self._scheduler.cancel()
+            await asyncio.gather(self._scheduler, return_exceptions=True)
+        for job_id, task in list(self._owners.items()):  # one at a time: each ends stopped or not started
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            self._owners.pop(job_id, None)
+        for events in self._events.values():
+            events.close()
+        if self._table is not None:
+            self._table.close()
+            self._table = None
+
+    def close_streams(self) -> None:
+        """Wake every event stream so that its handler returns (called when cloudd shuts down)."""
+        self._stopping = True
+        for events in self._events.values():
+            events.close()
+
+    @property
+    def table(self) -> JobTable:
+        if self._table is None:
+            raise RuntimeError("JobManager is not started")
+        return self._table
+
+    # -- requests ----------------------------------------------------------------------------------
+    def submit(self, spec: JobSpec) -> JobRow:
+        if len(self.table.all("queued")) >= self.max_queued:
+            self.refused += 1
+            raise QueueFull(f"{self.max_queued} jobs are already waiting (--max-queued-jobs)")
+        row = self.table.insert(json.loads(spec.model_dump_json()), self.clock())
+        self._wake.set()
+        return row
+
+    def get(self, job_id: str) -> JobRow:
+        row = self.table.get(job_id)
+        if row is None:
+            raise JobNotFound(job_id)
+        return row
+
+    def list(self) -> list[JobRow]:
+        return self.table.all()
+
+    def counts(self) -> dict[str, int]:
+        rows = self.table.all()
+        return {"running": sum(r.state == "running" for r in rows),
+                "queued": sum(r.state == "queued" for r in rows), "total": len(rows), "refused": self.refused}
+
+    async def cancel(self, job_id: str) -> JobRow:
+        row = self.get(job_id)
+        if row.state == "queued":
+            return self.table.set_state(job_id, "cancelled", finished_ts=self.clock(), error="cancelled")
+        if row.state == "running":
+            self._cancelling.add(job_id)
+            proc = self._procs.get(job_id)
+            if proc is not None:
+                await asyncio.to_thread(cancel_job, proc)
+            task = self._owners.get(job_id)
+            if task is not None:
+                await asyncio.wait({task}, timeout=30.0)
+        return self.get(job_id)
+
+    def events(self, job_id: str) -> JobEvents:
+        """The job's events: live for a running job, read back from its progress file otherwise."""
+        row = self.get(job_id)
+        events = self._events.get(job_id)
+        if events is None:
+            events = self._events[job_id] = JobEvents()
+            path = self.root / job_id / "progress.jsonl"
+            if path.exists():
+                events.extend(tail_lines(path.read_bytes())[0])
+            if row.state in FINAL:
+                events.extend([{"event": "state", "state": row.state, "time": row.finished_ts}])
+                events.close()
+        return events
+
+    def summary(self, row: JobRow) -> dict[str, Any]:
+        events = self._events.get(row.id)
+        if events is None and (self.root / row.id / "progress.jsonl").exists():
+            events = self.events(row.id)
+        return {**row.to_json(), "progress": events.summary if events else None,
+                "events": len(events.events) if events else 0}
+
+    # -- scheduling and the owner task of each job -------------------------------------------------
+    async def _schedule(self) -> None:
+        while True:
+            running = sum(not t.done() for t in self._owners.values())
+            for row in self.table.all("queued")[:max(0, self.max_running - running)]:
+                self._owners[row.id] = asyncio.create_task(self._own(row.id), name=f"job-{row.id}")
+            try:
+                await asyncio.wait_for(self._wake.wait(), 1.0)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            for job_id in [j for j, t in self._owners.items() if t.done()]:
+                self._owners.pop(job_id)
+
+    async def _own(self, job_id: str) -> None:
+        row = self.table.set_state(job_id, "running", started_ts=self.clock())
+        spec = JobSpec.model_validate(row.spec)
+        workdir = self.root / job_id
+        events = self._events.get(job_id)
+        if events is None or events.closed:
+            events = self._events[job_id] = JobEvents()
+        events.extend([{"event": "state", "state": "running", "time": self.clock()}])
+        try:
+            final, fields = await self._run(job_id, spec, workdir, events)
+        except asyncio.CancelledError:
+            # cloudd is stopping: the job goes back to the queue and resumes from its checkpoint
+            proc = self._procs.pop(job_id, None)
+            if proc is not None:
+                await asyncio.shield(asyncio.to_thread(cancel_job, proc))
+            self.table.set_state(job_id, "queued", error="interrupted by cloudd shutdown; resumes")
+            raise
+        except JobFailure as exc:
+            final, fields = "failed", {"error": str(exc)}
+        except Exception as exc:  # a bug or a disk error: the job fails, cloudd stays up
+            log.exception("job %s", job_id)
+            final, fields = "failed", {"error": f"internal: {exc}"}
+        finally:
+            self._procs.pop(job_id, None)
+        if job_id in self._cancelling and final != "succeeded":
+            final, fields = "cancelled", {"error": "cancelled"}
+        self._cancelling.discard(job_id)
+        self.table.set_state(job_id, final, finished_ts=self.clock(), **fields)
+        events.extend([{"event": "state", "state": final, "time": self.clock(), **fields}])
+        events.close()
+        self._wake.set()
+
+    async def _step(self, name: str, command: list[str], workdir: Path) -> None:
+        out = await asyncio.to_thread(open, workdir / f"{name}.log", "ab")
+        try:
+            proc = await asyncio.create_subprocess_exec(*command, cwd=workdir, env=_env(), stdout=out,
+                                                        stderr=subprocess.STDOUT)
+        finally:
+            out.close()  # the child has its own descriptor
+        try:
+            code = await asyncio.wait_for(proc.wait(), STEP_DEADLINE_S)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise JobFailure(f"{name}: no result within {STEP_DEADLINE_S:.0f}s") from None
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        if code != 0:
+            tail = (workdir / f"{name}.log").read_text(errors="replace").strip().splitlines()[-1:]
+            raise JobFailure(f"{name} exited {code}: {' '.join(tail)}")
+
+    async def _run(self, job_id: str, spec: JobSpec, workdir: Path,
+                   events: JobEvents) -> tuple[str, dict[str, Any]]:
+        await asyncio.to_thread(_prepare_workdir, workdir, spec)
+        if spec.dataset_name == "sensor_windows":
+            # a resumed job keeps the windows it started with
+            if not await asyncio.to_thread((workdir / "dataset.pt").exists):
+                gateways = [arg for gw in spec.gateways for arg in ("--gateway", gw)]
+                await self._step("dataset", [sys.executable, "-m", "cloud.jobs.datasets", "--data-dir",
+                                             str(self.data_dir), "--out", str(workdir), *gateways], workdir)
+            launcher = launch_window_job
+        else:
+            launcher = launch_job
+        proc = await asyncio.to_thread(launcher, workdir / "job.toml", spec.nproc, workdir)
+        self._procs[job_id] = proc
+        code = await self._follow(proc, workdir / "progress.jsonl", events)
+        if code != 0:
+            errors = [e for e in events.events if e.get("event") == "error"]
+            why = errors[-1].get("message") if errors else "see torchrun.log"
+            raise JobFailure(f"torchrun exited {code}: {why}")
+        await asyncio.to_thread(_complete_lineage, workdir, job_id, spec)
+        out = workdir / "artifact"
+        await self._step("export", [sys.executable, "-m", "cloud.jobs.export", "--workdir", str(workdir),
+                                    "--version", job_id, "--out", str(out)], workdir)
+        try:
+            artifact = await asyncio.to_thread(load_artifact, out)
+        except ArtifactError as exc:
+            raise JobFailure(f"export: {exc}") from None
+        status, entry = await self.registry.store(artifact)
+        if status == 409:
+            raise JobFailure(f"registry: {artifact.name}@{artifact.version} exists with other bytes")
+        self.table.set_fields(job_id, model=entry, lineage=artifact.metadata.notes.get("lineage"))
+        events.extend([{"event": "registered", "time": self.clock(), "model": entry}])
+        return "succeeded", {"exit_code": 0}
+
+    async def _follow(self, proc: subprocess.Popen, path: Path, events: JobEvents) -> int:
+        """Tail the progress file into ``events`` until torchrun exits; returns its exit code."""
+        offset, pending = 0, b""
+        while True:
+            code = proc.poll()
+            chunk = await asyncio.to_thread(_read_from, path, offset)
+            offset += len(chunk)
+            records, used = tail_lines(pending + chunk)
+            pending = (pending + chunk)[used:]
+            events.extend(records)
+            if code is not None:
+                return code
+            await asyncio.sleep(POLL_S)

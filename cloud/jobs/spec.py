@@ -1,0 +1,113 @@
+"""JobSpec: what a user asks cloudd to train (validated once, at submission), and its job TOML.
+
+Invariant: a ``JobSpec`` is consistent (the model fits the dataset, batch_size is a multiple of
+microbatches); ``parse_spec`` turns anything else into ``SpecError`` whose message names the field.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from protocol.topics import ID_PATTERN
+
+# Which dataset each trainable model learns from, and the registry name its versions get.
+MODEL_DATASETS = {"digits_cnn": "digits", "anomaly_autoencoder": "sensor_windows"}
+REGISTRY_NAMES = {"digits_cnn": "digits", "anomaly_autoencoder": "anomaly"}
+# What the job file's [model] name says (a name run.py knows, or a dotted path to the factory).
+TRAINER_MODEL_NAMES = {"digits_cnn": "digits_cnn",
+                       "anomaly_autoencoder": "models.anomaly.anomaly_autoencoder"}
+
+
+class SpecError(ValueError):
+    """An invalid job spec; the message names the field."""
+
+
+class JobSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: Literal["digits_cnn", "anomaly_autoencoder"] = "digits_cnn"
+    dataset: Literal["digits", "sensor_windows"] | None = None  # None: the model's own dataset
+    gateways: list[str] = Field(default_factory=list, max_length=1000)  # sensor_windows: [] = all
+    registry_name: str | None = Field(None, pattern=f"^{ID_PATTERN}$")
+    schedule: Literal["gpipe", "1f1b-flush", "1f1b-stash"] = "1f1b-flush"
+    nproc: int = Field(2, ge=1, le=64)
+    epochs: int = Field(1, ge=1, le=10_000)
+    max_steps: int = Field(0, ge=0)
+    lr: float | None = Field(None, gt=0, le=10)
+    batch_size: int = Field(64, ge=1, le=65_536)
+    microbatches: int = Field(4, ge=1, le=1024)
+    seed: int = 0
+    log_every: int = Field(1, ge=1)
+    checkpoint_every: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> JobSpec:
+        wanted = MODEL_DATASETS[self.model]
+        if self.dataset is not None and self.dataset != wanted:
+            raise ValueError(f"model {self.model} trains on dataset {wanted!r}, not {self.dataset!r}")
+        if self.batch_size % self.microbatches:
+            raise ValueError("batch_size must be a multiple of microbatches")
+        if self.gateways and wanted != "sensor_windows":
+            raise ValueError("gateways applies only to dataset sensor_windows")
+        return self
+
+    @property
+    def dataset_name(self) -> str:
+        return self.dataset or MODEL_DATASETS[self.model]
+
+    @property
+    def model_name(self) -> str:
+        return self.registry_name or REGISTRY_NAMES[self.model]
+
+    @property
+    def learning_rate(self) -> float:
+        return self.lr if self.lr is not None else (0.05 if self.model == "digits_cnn" else 0.01)
+
+
+def _first_error(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    field = ".".join(str(part) for part in first["loc"]) or "spec"
+    return f"{field}: {first['msg']}"
+
+
+def parse_spec(raw: bytes | str | dict[str, Any], *, max_nproc: int) -> JobSpec:
+    """JSON text, TOML text (``toml:`` never guessed: JSON first, then TOML) or a dict -> JobSpec."""
+    if isinstance(raw, bytes | str):
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        try:
+            raw = json.loads(text)
+        except ValueError:
+            try:
+                raw = tomllib.loads(text)
+            except tomllib.TOMLDecodeError as exc:
+                raise SpecError(f"spec is neither JSON nor TOML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise SpecError("spec must be a JSON object (or a TOML table)")
+    try:
+        spec = JobSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(_first_error(exc)) from None
+    if spec.nproc > max_nproc:
+        raise SpecError(f"nproc: {spec.nproc} > this cloudd's limit {max_nproc} (--max-job-nproc)")
+    return spec
+
+
+def job_toml(spec: JobSpec) -> str:
+    """The ``cloud.training.run`` job file for a spec (workdir-relative paths)."""
+    lines = [
+        "[model]", f'name = "{TRAINER_MODEL_NAMES[spec.model]}"', "",
+        "[train]", f'schedule = "{spec.schedule}"', f"microbatches = {spec.microbatches}",
+        f"batch_size = {spec.batch_size}", f"epochs = {spec.epochs}", f"max_steps = {spec.max_steps}",
+        f"lr = {spec.learning_rate!r}", f"seed = {spec.seed}", "threads = 1", "",
+        # even: no profiling or bandwidth probe before the first step; jobs start at once
+        "[partition]", 'mode = "even"', "",
+        "[checkpoint]", 'dir = "checkpoints"', f"every = {spec.checkpoint_every}", "",
+        "[progress]", 'file = "progress.jsonl"', f"log_every = {spec.log_every}", "",
+    ]
+    if spec.dataset_name == "digits":
+        lines[3:3] = ["[data]", 'dataset = "digits"', ""]
+    return "\n".join(lines)

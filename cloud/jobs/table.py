@@ -1,0 +1,116 @@
+"""JobTable: every job cloudd was given, in SQLite at ``<data_dir>/jobs/jobs.sqlite``.
+
+A job moves ``queued -> running -> succeeded | failed | cancelled`` (or ``queued -> cancelled``);
+a running job that cloudd was stopped under goes back to ``queued`` and resumes from its last
+complete checkpoint when cloudd starts again.
+
+Invariant: a row's state only moves forward along those arrows (``set_state`` refuses any other
+move), and each change is committed before the manager acts on it, so a restarted cloudd shows
+the same history.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+FINAL = frozenset({"succeeded", "failed", "cancelled"})
+_MOVES = {("queued", "running"), ("queued", "cancelled"), ("running", "succeeded"), ("running", "failed"),
+          ("running", "cancelled"), ("running", "queued")}
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    spec TEXT NOT NULL,
+    state TEXT NOT NULL,
+    created_ts REAL NOT NULL,
+    started_ts REAL,
+    finished_ts REAL,
+    exit_code INTEGER,
+    error TEXT,
+    model TEXT,
+    lineage TEXT
+)
+"""
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: str
+    seq: int
+    spec: dict[str, Any]
+    state: str
+    created_ts: float
+    started_ts: float | None
+    finished_ts: float | None
+    exit_code: int | None
+    error: str | None
+    model: dict[str, Any] | None  # the registry entry the job produced
+    lineage: dict[str, Any] | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class JobTable:
+    """One connection, used from the event loop's thread only (each call is a short transaction)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(path, isolation_level=None)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=FULL")
+        self._conn.execute(_SCHEMA)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def _row(self, values: tuple) -> JobRow:
+        (id_, seq, spec, state, created, started, finished, code, error, model, lineage) = values
+        return JobRow(id_, seq, json.loads(spec), state, created, started, finished, code, error,
+                      json.loads(model) if model else None, json.loads(lineage) if lineage else None)
+
+    def insert(self, spec: dict[str, Any], now: float | None = None) -> JobRow:
+        with self._conn:
+            seq = 1 + (self._conn.execute("SELECT MAX(seq) FROM jobs").fetchone()[0] or 0)
+            job_id = f"job-{seq:05d}"
+            self._conn.execute("INSERT INTO jobs (id, seq, spec, state, created_ts) VALUES (?, ?, ?, ?, ?)",
+                               (job_id, seq, json.dumps(spec), "queued", now or time.time()))
+        return self.get(job_id)
+
+    def get(self, job_id: str) -> JobRow | None:
+        values = self._conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return self._row(values) if values else None
+
+    def all(self, state: str | None = None) -> list[JobRow]:
+        query, args = "SELECT * FROM jobs", ()
+        if state is not None:
+            query, args = query + " WHERE state = ?", (state,)
+        return [self._row(v) for v in self._conn.execute(query + " ORDER BY seq", args)]
+
+    def set_state(self, job_id: str, state: str, **fields: Any) -> JobRow:
+        """Move a job (only along the allowed arrows) and set ``fields`` in the same transaction."""
+        row = self.get(job_id)
+        if row is None:
+            raise KeyError(job_id)
+        if (row.state, state) not in _MOVES:
+            raise ValueError(f"{job_id}: cannot move from {row.state} to {state}")
+        columns = {"state": state, **{k: json.dumps(v) if k in ("model", "lineage") else v
+                                      for k, v in fields.items()}}
+        assignments = ", ".join(f"{name} = ?" for name in columns)
+        with self._conn:
+            self._conn.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*columns.values(), job_id))
+        return self.get(job_id)
+
+    def set_fields(self, job_id: str, **fields: Any) -> None:
+        """Fields that do not change the state (the model a job registered, its lineage)."""
+        columns = {k: json.dumps(v) if k in ("model", "lineage") else v for k, v in fields.items()}
+        with self._conn:
+            self._conn.execute(f"UPDATE jobs SET {', '.join(f'{n} = ?' for n in columns)} WHERE id = ?",
+                               (*columns.values(), job_id))

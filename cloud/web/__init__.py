@@ -1,0 +1,1 @@
+"""The status dashboard: static files (``static/``: plain JS, SVG charts, no CDN) served by cloudd at /."""

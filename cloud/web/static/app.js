@@ -1,0 +1,51 @@
+/* The router: #/fleet, #/jobs, #/job/<id>, #/models, #/datasets; one page at a time, refreshed
+ * every 2 s (the job page streams instead). Errors show in one banner, never as alerts. */
+"use strict";
+
+const app = (() => {
+  let current = null, timer = null;
+  function showError(err) {
+    const box = document.getElementById("error");
+    box.hidden = !err;
+    box.textContent = err ? String(err.message || err) : "";
+  }
+  async function refresh() {
+    if (!current) return;
+    try { await current.refresh(); showError(null); } catch (err) { showError(err); }
+  }
+  function route() {
+    if (current) current.stop();
+    clearInterval(timer);
+    const page = document.getElementById("page");
+    const [, name, arg] = (location.hash || "#/fleet").split("/");
+    document.querySelectorAll("nav a").forEach(a => a.classList.toggle("active", a.id === `nav-${name === "job" ? "jobs" : name}`));
+    if (name === "job" && arg) current = jobview.jobPage(page, decodeURIComponent(arg));
+    else if (name === "jobs") current = pages.jobsPage(page);
+    else if (name === "models") current = pages.modelsPage(page);
+    else if (name === "datasets") current = pages.datasetsPage(page);
+    else current = pages.fleetPage(page);
+    refresh();
+    timer = setInterval(refresh, 2000);
+  }
+  function start() {
+    api.takeTokenFromUrl();
+    const input = document.getElementById("token");
+    input.value = localStorage.getItem(api.TOKEN_KEY) || "";
+    document.getElementById("login").addEventListener("submit", ev => {
+      ev.preventDefault();
+      localStorage.setItem(api.TOKEN_KEY, input.value.trim());
+      route();
+    });
+    document.getElementById("logout").addEventListener("click", () => {
+      localStorage.removeItem(api.TOKEN_KEY);
+      input.value = "";
+      route();
+    });
+    window.addEventListener("hashchange", route);
+    route();
+  }
+  return {start, showError};
+})();
+
+window.app = app;
+app.start();

@@ -1,0 +1,172 @@
+/* The fleet, jobs, models and datasets pages. Each render(page) builds its DOM once and returns
+ * {refresh(), stop()}; the router calls refresh every few seconds. */
+"use strict";
+
+const esc = s => String(s === null || s === undefined ? "-" : s).replace(/[&<>"]/g,
+  c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", "\"": "&quot;"}[c]));
+
+function ago(ts, now) {
+  if (!ts) return "never";
+  const s = Math.max(0, Math.round(now - ts));
+  return s < 120 ? `${s}s ago` : s < 7200 ? `${Math.round(s / 60)}m ago` : `${Math.round(s / 3600)}h ago`;
+}
+
+function linkText(link) {
+  if (!link) return "-";
+  if (!link.up) return "down";
+  const parts = [];
+  if (link.rtt_ms !== null && link.rtt_ms !== undefined) parts.push(`${link.rtt_ms.toFixed(0)} ms`);
+  if (link.bandwidth_bps) parts.push(`${charts.fmt(link.bandwidth_bps / 8)}B/s`);
+  if (link.availability !== null && link.availability !== undefined) parts.push(`${(100 * link.availability).toFixed(0)}%`);
+  return parts.join(" · ") || "up";
+}
+
+function placementText(placement) {
+  if (!placement || !placement.length) return "-";
+  const cloud = placement.filter(p => p.where === "cloud");
+  return `${placement.length - cloud.length} gw / ${cloud.length} cloud` +
+    (cloud.length ? ` (${cloud.map(p => p.service + "." + p.task).join(", ")})` : "");
+}
+
+/* A sortable, filterable table: columns [{key, label, num, value(row), html(row)}]. */
+function sortableTable(columns, state, rows) {
+  const col = columns.find(c => c.key === state.sort) || columns[0];
+  const value = r => (col.value ? col.value(r) : r[col.key]);
+  rows = rows.slice().sort((a, b) => {
+    const va = value(a), vb = value(b);
+    const missA = va === null || va === undefined, missB = vb === null || vb === undefined;
+    if (missA || missB) return missA === missB ? 0 : missA ? 1 : -1;  // unknown values last, either way
+    const cmp = va === vb ? 0 : va < vb ? -1 : 1;
+    return state.desc ? -cmp : cmp;
+  });
+  const head = columns.map(c => `<th data-key="${c.key}" class="${c.num ? "num" : ""}">${c.label}` +
+    `${c.key === state.sort ? (state.desc ? " ▼" : " ▲") : ""}</th>`).join("");
+  const body = rows.map(r => "<tr>" + columns.map(c =>
+    `<td class="${c.num ? "num" : ""}">${c.html ? c.html(r) : esc(r[c.key])}</td>`).join("") + "</tr>").join("");
+  return `<table><thead><tr>${head}</tr></thead><tbody>${body}</tbody></table>`;
+}
+
+function bindSort(container, state, redraw) {
+  container.querySelectorAll("th[data-key]").forEach(th => th.addEventListener("click", () => {
+    state.desc = state.sort === th.dataset.key ? !state.desc : false;
+    state.sort = th.dataset.key;
+    redraw();
+  }));
+}
+
+function fleetPage(page) {
+  page.innerHTML = `<h1>Fleet</h1><div class="figures" id="fleet-figures"></div>
+    <div class="toolbar"><input id="fleet-filter" placeholder="filter by id, link, placement…" size="30">
+    <label><input type="checkbox" id="fleet-offline"> offline only</label>
+    <span id="fleet-shown"></span></div><div id="fleet-table"></div>`;
+  const state = {sort: "id", desc: false, doc: null};
+  const columns = [
+    {key: "online", label: "state", value: r => (r.online ? 0 : 1),
+     html: r => `<span class="dot ${r.online ? "on" : "off"}"></span>${r.online ? "online" : "offline"}`},
+    {key: "id", label: "gateway"},
+    {key: "last_seen", label: "last seen", num: true, html: r => ago(r.last_seen, state.doc.now)},
+    {key: "backlog_records", label: "backlog (records)", num: true},
+    {key: "backlog_bytes", label: "backlog", num: true, html: r => r.backlog_bytes === null ? "-" : charts.fmt(r.backlog_bytes) + "B"},
+    {key: "link", label: "link", value: r => (r.link ? r.link.rtt_ms : null), html: r => esc(linkText(r.link))},
+    {key: "placement", label: "placement", value: r => placementText(r.placement), html: r => esc(placementText(r.placement))},
+    {key: "records", label: "records", num: true},
+  ];
+  function draw() {
+    if (!state.doc) return;
+    const text = document.getElementById("fleet-filter").value.toLowerCase();
+    const offline = document.getElementById("fleet-offline").checked;
+    const rows = state.doc.gateways.filter(r => (!offline || !r.online) && (!text ||
+      `${r.id} ${linkText(r.link)} ${placementText(r.placement)}`.toLowerCase().includes(text)));
+    const box = document.getElementById("fleet-table");
+    box.innerHTML = sortableTable(columns, state, rows);
+    bindSort(box, state, draw);
+    document.getElementById("fleet-shown").textContent = `${rows.length} of ${state.doc.gateways.length} shown`;
+    const t = state.doc.totals;
+    document.getElementById("fleet-figures").innerHTML =
+      `<div class="figure"><b>${t.gateways}</b><span>gateways</span></div>` +
+      `<div class="figure"><b class="state-succeeded">${t.online}</b><span>online</span></div>` +
+      `<div class="figure"><b class="state-failed">${t.offline}</b><span>offline</span></div>` +
+      `<div class="figure"><b>${charts.fmt(state.doc.gateways.reduce((a, r) => a + (r.backlog_records || 0), 0))}</b>` +
+      `<span>records in backlogs</span></div>`;
+  }
+  page.querySelector("#fleet-filter").addEventListener("input", draw);
+  page.querySelector("#fleet-offline").addEventListener("change", draw);
+  return {refresh: async () => { state.doc = await api.apiGet("/v1/fleet"); draw(); }, stop() {}};
+}
+
+function jobsPage(page) {
+  page.innerHTML = `<h1>Jobs</h1>
+    <form class="submit" id="job-form">model <select id="job-model"><option>digits_cnn</option>
+    <option>anomaly_autoencoder</option></select> nproc <input id="job-nproc" type="number" value="2" min="1" size="3">
+    epochs <input id="job-epochs" type="number" value="1" min="1" size="3">
+    schedule <select id="job-schedule"><option>1f1b-flush</option><option>gpipe</option><option>1f1b-stash</option></select>
+    <button type="submit">Train</button><span id="job-submitted"></span></form><div id="jobs-table"></div>`;
+  const state = {sort: "seq", desc: true};
+  const columns = [
+    {key: "id", label: "job", html: r => `<a href="#/job/${r.id}">${r.id}</a>`},
+    {key: "state", label: "state", html: r => `<span class="state-${r.state}">${r.state}</span>`},
+    {key: "model", label: "model", value: r => r.spec.model, html: r => esc(r.spec.model)},
+    {key: "nproc", label: "nproc", num: true, value: r => r.spec.nproc, html: r => r.spec.nproc},
+    {key: "seq", label: "progress", num: true, html: r => r.progress && r.progress.total_steps ?
+      `${r.progress.step}/${r.progress.total_steps}` : "-"},
+    {key: "loss", label: "loss", num: true, value: r => r.progress && r.progress.loss,
+     html: r => charts.fmt(r.progress && r.progress.loss)},
+    {key: "accuracy", label: "accuracy", num: true, value: r => r.progress && r.progress.accuracy,
+     html: r => charts.fmt(r.progress && r.progress.accuracy)},
+    {key: "registered", label: "model version", value: r => r.model && r.model.version,
+     html: r => r.model ? esc(`${r.model.name}@${r.model.version}`) : "-"},
+    {key: "error", label: "error"},
+  ];
+  let rows = [];
+  function draw() {
+    const box = document.getElementById("jobs-table");
+    box.innerHTML = sortableTable(columns, state, rows);
+    bindSort(box, state, draw);
+  }
+  page.querySelector("#job-form").addEventListener("submit", async ev => {
+    ev.preventDefault();
+    const spec = {model: document.getElementById("job-model").value, schedule: document.getElementById("job-schedule").value,
+      nproc: Number(document.getElementById("job-nproc").value), epochs: Number(document.getElementById("job-epochs").value)};
+    try {
+      const job = await api.apiPost("/v1/jobs", spec);
+      document.getElementById("job-submitted").innerHTML = ` submitted <a href="#/job/${job.id}">${job.id}</a>`;
+    } catch (err) { app.showError(err); }
+  });
+  return {refresh: async () => { rows = (await api.apiGet("/v1/jobs")).jobs; draw(); }, stop() {}};
+}
+
+function modelsPage(page) {
+  page.innerHTML = `<h1>Models</h1><div id="models-table"></div>`;
+  const state = {sort: "seq", desc: true};
+  const lineageText = l => !l ? "uploaded by hand" : l.job ? `${l.job}: ${l.dataset}` +
+    (l.sources ? " from " + Object.entries(l.sources).map(([gw, logs]) => `${gw} (` +
+      Object.entries(logs).map(([log, runs]) => `${log} ${runs.map(r => r.join("-")).join(",")}`).join("; ") + ")").join(", ") : "")
+    : l.dataset || JSON.stringify(l);
+  const columns = [
+    {key: "name", label: "model"}, {key: "version", label: "version"}, {key: "seq", label: "seq", num: true},
+    {key: "size", label: "bytes", num: true},
+    {key: "uploaded_ts", label: "stored", html: r => new Date(r.uploaded_ts * 1000).toISOString().slice(0, 19) + "Z"},
+    {key: "lineage", label: "lineage", value: r => lineageText(r.lineage), html: r => `<span class="wrap">${esc(lineageText(r.lineage))}</span>`},
+  ];
+  let rows = [];
+  function draw() { const box = document.getElementById("models-table"); box.innerHTML = sortableTable(columns, state, rows); bindSort(box, state, draw); }
+  return {refresh: async () => { rows = (await api.apiGet("/v1/models")).models; draw(); }, stop() {}};
+}
+
+function datasetsPage(page) {
+  page.innerHTML = `<h1>Datasets</h1><div class="figures" id="ds-figures"></div><div id="ds-table"></div>`;
+  const state = {sort: "gateway", desc: false};
+  const columns = [{key: "gateway", label: "gateway"}, {key: "device", label: "device"},
+    {key: "records", label: "records", num: true}, {key: "last_ts", label: "last reading", html: r => ago(r.last_ts, Date.now() / 1000)}];
+  let rows = [];
+  function draw() { const box = document.getElementById("ds-table"); box.innerHTML = sortableTable(columns, state, rows); bindSort(box, state, draw); }
+  return {refresh: async () => {
+    const doc = await api.apiGet("/v1/datasets");
+    rows = doc.gateways.flatMap(g => g.devices.map(d => ({gateway: g.id, ...d})));
+    document.getElementById("ds-figures").innerHTML = `<div class="figure"><b>${charts.fmt(doc.totals.records)}</b><span>records</span></div>` +
+      `<div class="figure"><b>${doc.totals.devices}</b><span>devices</span></div>`;
+    draw();
+  }, stop() {}};
+}
+
+window.pages = {fleetPage, jobsPage, modelsPage, datasetsPage, esc};

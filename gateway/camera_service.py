@@ -1,0 +1,406 @@
+"""The camera service inside gatewayd: one camera source, the inference engine, over-the-air model
+updates, and the events they produce, started and stopped as one unit (docs/camera.md).
+
+    CameraSource --feed task--> InferenceEngine --consumer task--> log record (kind "event") + MQTT event
+    MQTT notice (edgefed/<gw>/models/<name>) --notice task--> ModelUpdater (+ polling) --swap--> engine
+
+Owner: the daemon builds one ``CameraRuntime`` when its config has a ``[camera]`` section; the control
+plane's camera and models handlers drive it (``apply_camera``, ``apply_pins``), and the daemon calls
+``stop()`` before it closes the log. The runtime owns its engine, source, updater, its own MQTT
+connection (client id ``<client_id>-camera``, clean session: notices are retained, events are QoS 0)
+and its three tasks (feed, consumer, notices); it starts them in that order and stops them in reverse.
+
+Invariants: every inference result becomes exactly one event record appended to the log, or is counted
+(``log_full``, ``log_failed``); a source change replaces the source only after the old one's delivered
+frames were fed to the engine, so a switch loses no frame that was delivered; the engine keeps
+``submitted == inferred + dropped + failed + pending`` (gateway/inference.py). The module imports
+neither torch nor onnxruntime nor OpenCV: those load in threads, when a camera actually runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gateway.control.handlers import Applied
+from gateway.inference import InferenceEngine, InferenceResult, feed_from_camera
+from gateway.ingest.camera import CameraSource, CameraSourceConfig
+from gateway.ingest.camera_change import ChangeConfig
+from gateway.models.ota import ModelUpdater
+from gateway.mqtt import MqttAdapter, MqttError, MqttSettings
+from gateway.storage.interface import LogFailed, LogFull, RecordLog
+from gateway.uplink.blobs import BlobRef, BlobSpool, blob_record
+from models.artifact import ArtifactError, load_artifact
+from protocol.config import CameraConfig
+from protocol.control import CameraSettings, ModelsSettings
+from protocol.events import model_notice_topic
+from protocol.records import Record, encode_record
+from protocol.topics import ROOT, check_id
+
+log = logging.getLogger(__name__)
+
+STOP_FEED_S = 5.0  # the feed task ends once the stopped source's queue is taken
+DURABLE_WAIT_S = 30.0
+
+
+def camera_events_topic(gateway_id: str, camera_id: str) -> str:
+    """``edgefed/<gw>/events/<camera>``: one InferenceEvent (+ frame reference) per inferred frame, QoS 0.
+    (Belongs in protocol/topics.py.)"""
+    return f"{ROOT}/{check_id('gateway', gateway_id)}/events/{check_id('camera', camera_id)}"
+
+
+def default_artifact_dir(model: str) -> Path:
+    """The artifact shipped with the code: ``models/artifacts/<model>``."""
+    import models
+
+    return Path(models.__file__).resolve().parent / "artifacts" / model
+
+
+def source_config(config: CameraConfig, settings: CameraSettings) -> CameraSourceConfig:
+    """The capture settings: the file's knobs, the control plane's source and sample rate."""
+    assert settings.source is not None
+    source: str | int = int(settings.source) if settings.source.isdigit() else settings.source
+    if isinstance(source, str) and source.startswith("file://"):
+        source = source[len("file://"):]
+    change = ChangeConfig(enabled=config.change_detection, pixel_threshold=config.change_pixel_threshold,
+                          min_changed_fraction=config.change_min_fraction)
+    return CameraSourceConfig(config.camera_id, source, sample_fps=settings.sample_fps,
+                              queue_size=config.queue_size, change=change, jpeg_quality=config.jpeg_quality,
+                              backoff_initial_s=config.backoff_initial_s, backoff_max_s=config.backoff_max_s,
+                              open_timeout_s=config.open_timeout_s, read_timeout_s=config.read_timeout_s)
+
+
+def event_body(result: InferenceResult) -> dict[str, Any]:
+    """The InferenceEvent and which frame it came from (the JPEG itself travels as a blob)."""
+    jpeg = result.item.payload
+    return {**result.event.model_dump(mode="json"),
+            "frame": {"seq": result.item.seq, "jpeg_bytes": len(jpeg) if jpeg else 0}}
+
+
+def _numbers(values: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in values.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+class CameraRuntime:
+    def __init__(self, config: CameraConfig, *, gateway_id: str, record_log: RecordLog,
+                 mqtt_settings: MqttSettings, cloud_url: str, token: str | None, store_dir: Path,
+                 blob_spool: BlobSpool | None, on_durable: Callable[[], None], flush_interval_s: float,
+                 on_fatal: Callable[[BaseException], None]) -> None:
+        self.config = config
+        self.gateway_id = gateway_id
+        self._log = record_log
+        self._mqtt_settings = mqtt_settings
+        self._cloud_url, self._token, self._store_dir = cloud_url, token, store_dir
+        self._spool = blob_spool if config.upload_frames else None
+        self._on_durable, self._on_fatal = on_durable, on_fatal
+        self._flush_interval_s = flush_interval_s
+        self._topic = camera_events_topic(gateway_id, config.camera_id)
+        self._lock = asyncio.Lock()  # one apply at a time: start, stop and source switches never interleave
+        self.state = "stopped"
+        self.detail = "not started"
+        self._settings: CameraSettings | None = None
+        self._pins: dict[str, str] = {}
+        self.engine: InferenceEngine | None = None
+        self.updater: ModelUpdater | None = None
+        self.source: CameraSource | None = None
+        self._adapter: MqttAdapter | None = None
+        self._feed: asyncio.Task[int] | None = None
+        self._consumer: asyncio.Task[None] | None = None
+        self._notices: asyncio.Task[None] | None = None
+        self._draining = False
+        self._last: dict[str, Any] = {}  # the numbers of the last run, shown while stopped
+        self.counters = {"events_logged": 0, "events_log_full": 0, "events_log_failed": 0,
+                         "events_published": 0, "events_not_published": 0, "frames_spooled": 0,
+                         "frames_spool_full": 0, "frames_spool_failed": 0, "source_switches": 0,
+                         "starts": 0, "start_failures": 0, "flushes": 0}
+
+    # --- control plane ---------------------------------------------------------------------------
+
+    async def apply_camera(self, settings: CameraSettings) -> Applied:
+        """The camera service's desired config: on/off, source, sample rate."""
+        async with self._lock:
+            if not settings.enabled:
+                await self._stop_all()
+                self.state, self.detail = "stopped", "camera disabled"
+                return Applied("stopped", True, self.detail)
+            if settings.source is None:
+                await self._stop_all()
+                self.state, self.detail = "stopped", "enabled but no source is set (camera.source)"
+                return Applied("pending", False, self.detail)
+            if self.engine is None:
+                try:
+                    failure = await self._start_all(settings)
+                except BaseException:
+                    await self._stop_all()  # never half-started: undo what did start, then report
+                    raise
+                if failure is not None:
+                    self.state, self.detail = "failed", failure
+                    return Applied("failed", False, failure)
+            elif self._settings is None or ((settings.source, settings.sample_fps)
+                                            != (self._settings.source, self._settings.sample_fps)):
+                await self._switch_source(settings)
+            self._settings = settings
+            self.state = "running"
+            self.detail = (f"camera {self.config.camera_id} reading {settings.source} "
+                           f"(sample_fps {settings.sample_fps or 'all'}); model {self.config.model}@"
+                           f"{self.engine.active_version if self.engine else None}")
+            return Applied("running", True, self.detail)
+
+    async def apply_pins(self, settings: ModelsSettings) -> Applied:
+        """The models service: pin (or follow the latest of) this camera's model."""
+        async with self._lock:
+            self._pins = dict(settings.pins)
+            name = self.config.model
+            want = self._pins.get(name)
+            others = sorted(set(self._pins) - {name})
+            note = f"; no model {', '.join(others)} on this gateway (ignored)" if others else ""
+            if self.engine is None or self.updater is None:
+                return Applied("stopped", False, f"stored; the camera is off, so {name} "
+                                                 f"{'pin ' + want if want else 'follows the latest'} applies "
+                                                 f"when it starts{note}")
+            why = ""
+            if want != self.engine.pinned:  # unchanged pins cost no registry request (e.g. at startup)
+                outcome = await (self.updater.pin(want) if want is not None else self.updater.unpin())
+                why = f"{outcome.reason}: {outcome.detail}"
+            active = self.engine.active_version
+            if want is None:
+                return Applied("running", True, f"{name}: following the latest; running {active}{note}")
+            if active == want:
+                return Applied("running", True, f"{name}: pinned to {want}, running it{note}")
+            why = why or self.updater.counters.last_error or "the updater has not fetched it yet"
+            return Applied("pending", False,
+                           f"{name}: pinned to {want}, still running {active} ({why}){note}")
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        async with self._lock:
+            await self._stop_all()
+            self.state, self.detail = "stopped", "gatewayd stopping"
+
+    async def _start_all(self, settings: CameraSettings) -> str | None:
+        """Engine, updater, MQTT, source, tasks; the failure (everything undone) or None."""
+        self.counters["starts"] += 1
+        folder = self.config.artifact_dir or default_artifact_dir(self.config.model)
+        try:
+            artifact = await asyncio.to_thread(load_artifact, folder)
+        except ArtifactError as exc:
+            self.counters["start_failures"] += 1
+            return f"model artifact {folder}: {exc}"
+        engine = InferenceEngine(max_batch=self.config.max_batch, queue_size=self.config.inference_queue)
+        outcome = await engine.start(artifact)
+        if not outcome.ok:
+            await engine.stop()
+            self.counters["start_failures"] += 1
+            return (f"model {artifact.name}@{artifact.version} from {folder}: "
+                    f"{outcome.reason}: {outcome.detail}")
+        self.engine = engine
+        updater = ModelUpdater(engine, name=self.config.model, cloud_url=self._cloud_url,
+                               store_dir=self._store_dir, token=self._token,
+                               poll_interval_s=self.config.ota_poll_interval_s,
+                               timeout_s=self.config.ota_timeout_s)  # reads pin.json: pins the engine
+        want = self._pins.get(self.config.model)
+        persist = want != engine.pinned
+        if persist:  # the desired pin changed while the camera was off: the first check must see it
+            engine.pin(want) if want is not None else engine.unpin()
+        await updater.start()
+        self.updater = updater
+        if persist:
+            await (updater.pin(want) if want is not None else updater.unpin())  # persists pin.json
+        self._adapter = MqttAdapter(self._mqtt_settings)
+        self._adapter.subscribe(model_notice_topic(self.gateway_id, self.config.model), qos=1)
+        await self._adapter.start()
+        self._notices = asyncio.create_task(self._notice_loop(), name="camera-notices")
+        self._draining = False
+        self._consumer = asyncio.create_task(self._consume(), name="camera-consumer")
+        await self._start_source(settings)
+        log.info("camera %s: reading %s, model %s@%s", self.config.camera_id, settings.source, artifact.name,
+                 artifact.version)
+        return None
+
+    async def _start_source(self, settings: CameraSettings) -> None:
+        assert self.engine is not None
+        self.source = CameraSource(source_config(self.config, settings))
+        await self.source.start()
+        self._feed = asyncio.create_task(feed_from_camera(self.source, self.engine), name="camera-feed")
+
+    async def _stop_source(self) -> None:
+        if self.source is not None:
+            await self.source.stop()
+        if self._feed is not None:
+            try:  # the stopped source is finished once its queue is taken: the feed task returns
+                await asyncio.wait_for(self._feed, STOP_FEED_S)
+            except TimeoutError:
+                log.error("camera: the feed task did not finish within %.0fs", STOP_FEED_S)
+            self._feed = None
+
+    async def _switch_source(self, settings: CameraSettings) -> None:
+        """The new source replaces the old one after every frame the old one delivered was fed."""
+        await self._stop_source()
+        self.counters["source_switches"] += 1
+        log.info("camera %s: source -> %s (sample_fps %s)", self.config.camera_id, settings.source,
+                 settings.sample_fps)
+        await self._start_source(settings)
+
+    async def _stop_all(self) -> None:
+        """Reverse order of ``_start_all``; each step runs even if an earlier one failed."""
+        await self._stop_source()
+        if self.engine is not None:
+            await self.engine.stop()  # finishes what was submitted (bounded)
+        if self._consumer is not None:
+            self._draining = True  # the consumer logs what the engine finished, flushes and returns
+            try:
+                await asyncio.wait_for(self._consumer, DURABLE_WAIT_S)
+            except TimeoutError:
+                log.error("camera: the consumer did not finish within %.0fs", DURABLE_WAIT_S)
+            self._consumer = None
+        if self._notices is not None:
+            self._notices.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._notices
+            self._notices = None
+        if self.updater is not None:
+            await self.updater.stop()
+        if self._adapter is not None:
+            await self._adapter.stop(timeout_s=2.0)
+            self._adapter = None
+        if self.engine is not None:  # the last counters stay in /status until the next start
+            self._last = self.status_parts()
+        self._settings = None
+        self.engine = self.updater = self.source = None
+
+    # --- tasks -----------------------------------------------------------------------------------
+
+    async def _notice_loop(self) -> None:
+        assert self._adapter is not None
+        topic = model_notice_topic(self.gateway_id, self.config.model)
+        while True:
+            message = await self._adapter.receive(timeout_s=1.0)
+            if message is not None and message.topic == topic and self.updater is not None:
+                self.updater.on_notice(message.payload)
+
+    async def _consume(self) -> None:
+        engine = self.engine
+        assert engine is not None
+        appended, last_flush = 0, time.monotonic()
+        while True:
+            # short waits only while records wait for their flush; idle, the consumer wakes twice a second
+            result = await engine.next_result(self._flush_interval_s if appended else 0.5)
+            if result is not None:
+                appended += await self._record(result)
+            due = result is None or time.monotonic() - last_flush >= self._flush_interval_s
+            if appended and due:
+                await self._flush()
+                appended, last_flush = 0, time.monotonic()
+            if result is None and self._draining:
+                return
+
+    async def _record(self, result: InferenceResult) -> int:
+        """Log and publish one result; 1 if a record was appended."""
+        body = event_body(result)
+        camera_id, now = self.config.camera_id, time.time()
+        ref = await self._spool_frame(result.item.payload)
+        if ref is not None:
+            record = blob_record(camera_id, now, ref, **body)
+            body["blob"] = ref.to_body()
+        else:
+            record = encode_record(Record(kind="event", device=camera_id, received_ts=now, body=body))
+        appended = 0
+        try:
+            await self._log.append(record)
+            self.counters["events_logged"] += 1
+            appended = 1
+        except LogFull:
+            self.counters["events_log_full"] += 1
+        except LogFailed as exc:
+            self.counters["events_log_failed"] += 1
+            self._on_fatal(exc)
+        await self._publish(body)
+        return appended
+
+    async def _spool_frame(self, jpeg: bytes | None) -> BlobRef | None:
+        spool = self._spool
+        if spool is None or not jpeg:
+            return None
+        limit = self.config.spool_max_frames
+
+        def put() -> BlobRef | None:  # blocking: hashing, fsync
+            if spool.pending() >= limit:
+                return None
+            return spool.put(jpeg, content_type="image/jpeg")
+
+        try:
+            ref = await asyncio.to_thread(put)
+        except OSError as exc:
+            self.counters["frames_spool_failed"] += 1
+            log.warning("camera: cannot spool a frame: %s", exc)
+            return None
+        self.counters["frames_spooled" if ref is not None else "frames_spool_full"] += 1
+        return ref
+
+    async def _publish(self, body: dict[str, Any]) -> None:
+        """QoS 0, never waited for (publish returns once paho took it): events are a best-effort live
+        view; the log holds the truth. Not connected: counted, not queued."""
+        adapter = self._adapter
+        if adapter is None or not adapter.connected:
+            self.counters["events_not_published"] += 1
+            return
+        try:
+            await adapter.publish(self._topic, json.dumps(body).encode(), qos=0, retain=False, wait=False)
+            self.counters["events_published"] += 1
+        except MqttError:
+            self.counters["events_not_published"] += 1
+
+    async def _flush(self) -> None:
+        try:
+            epoch = await self._log.flush()
+            await asyncio.wait_for(asyncio.shield(epoch.durable), DURABLE_WAIT_S)
+        except LogFailed as exc:
+            self._on_fatal(exc)
+            return
+        except TimeoutError:
+            log.warning("camera: events not durable after %.0fs (slow disk?)", DURABLE_WAIT_S)
+            return
+        self.counters["flushes"] += 1
+        self._on_durable()
+
+    # --- numbers ---------------------------------------------------------------------------------
+
+    def status_parts(self) -> dict[str, Any]:
+        source, engine, updater = self.source, self.engine, self.updater
+        return {
+            "capture": None if source is None else {"state": source.state, "queued": source.queued(),
+                                                    **dataclasses.asdict(source.counters)},
+            "engine": None if engine is None else {"active_version": engine.active_version,
+                                                   "pinned": engine.pinned, "pending": engine.pending(),
+                                                   **dataclasses.asdict(engine.counters)},
+            "updater": None if updater is None else dataclasses.asdict(updater.counters),
+        }
+
+    def status(self) -> dict[str, Any]:
+        settings = self._settings
+        parts = self.status_parts() if self.engine is not None else dict(self._last)
+        return {"camera_id": self.config.camera_id, "state": self.state, "detail": self.detail,
+                "source": settings.source if settings else None,
+                "sample_fps": settings.sample_fps if settings else None, "model": self.config.model,
+                **parts, "events": dict(self.counters),
+                "mqtt": self._adapter.stats() if self._adapter is not None else None}
+
+    def metrics(self) -> dict[str, float]:
+        """Flat numbers for /metrics (``edgefed_gateway_camera_<key>``)."""
+        parts = self.status_parts() if self.engine is not None else dict(self._last)
+        out = {"running": float(self.state == "running"), **_numbers(self.counters)}
+        for prefix, values in (("capture", parts.get("capture")), ("inference", parts.get("engine")),
+                               ("ota", parts.get("updater"))):
+            out.update({f"{prefix}_{k}": v for k, v in _numbers(values or {}).items()})
+        return out
+
+
+METRIC_GAUGES = {"running", "capture_queued", "inference_pending", "inference_largest_batch"}

@@ -1,0 +1,82 @@
+"""The gateway heartbeat: what a gateway tells cloudd about itself, every ``interval_s`` seconds.
+
+Sent as JSON in ``POST /v1/gateways/{gateway}/heartbeat`` with the gateway's upload token. cloudd
+keeps the latest one per gateway and calls a gateway offline when none came for
+``OFFLINE_AFTER_INTERVALS`` of its own declared intervals.
+
+Invariant: a heartbeat that ``parse_heartbeat`` returns is complete and finite (every count >= 0,
+every time finite); anything else is a ``ProtocolError`` naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from protocol.errors import ProtocolError
+from protocol.telemetry import describe_validation_error
+from protocol.topics import ID_PATTERN
+
+OFFLINE_AFTER_INTERVALS = 3
+MAX_HEARTBEAT_BYTES = 64 * 1024
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LinkEstimate(_Strict):
+    """The gateway's link monitor's current view of its uplink."""
+
+    up: bool
+    rtt_ms: float | None = Field(None, ge=0)
+    bandwidth_bps: float | None = Field(None, ge=0)
+    availability: float | None = Field(None, ge=0, le=1)  # fraction of recent probes that got through
+
+
+class PlacementDecision(_Strict):
+    """Where the planner put one task of one service, and why (a short phrase)."""
+
+    service: str = Field(max_length=64)
+    task: str = Field(max_length=64)
+    where: Literal["gateway", "cloud"]
+    reason: str = Field("", max_length=200)
+
+
+class GatewayHeartbeat(_Strict):
+    v: Literal[1] = 1
+    gateway: str = Field(pattern=f"^{ID_PATTERN}$")
+    sent_ts: float
+    interval_s: float = Field(gt=0, le=3600)
+    backlog_records: int = Field(0, ge=0)  # records in the log not yet acknowledged by cloudd
+    backlog_bytes: int = Field(0, ge=0)
+    link: LinkEstimate | None = None
+    placement: list[PlacementDecision] = Field(default_factory=list, max_length=256)
+    software: str | None = Field(None, max_length=64)
+
+    @field_validator("sent_ts")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value) or value < 0:
+            raise ValueError("must be a finite, non-negative unix time")
+        return value
+
+
+def parse_heartbeat(body: bytes) -> GatewayHeartbeat:
+    if len(body) > MAX_HEARTBEAT_BYTES:
+        raise ProtocolError("too_large", f"heartbeat is {len(body)} bytes > {MAX_HEARTBEAT_BYTES}")
+    try:
+        return GatewayHeartbeat.model_validate_json(body)
+    except ValidationError as exc:
+        if any(e["type"] == "json_invalid" for e in exc.errors()):
+            raise ProtocolError("not_json", "heartbeat body is not JSON") from None
+        raise ProtocolError("invalid", describe_validation_error(exc)) from None
+
+
+def is_online(last_heartbeat_ts: float | None, interval_s: float | None, now: float) -> bool:
+    """Online while the last heartbeat is younger than OFFLINE_AFTER_INTERVALS of its interval."""
+    if last_heartbeat_ts is None or interval_s is None:
+        return False
+    return now - last_heartbeat_ts <= OFFLINE_AFTER_INTERVALS * interval_s

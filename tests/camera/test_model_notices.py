@@ -1,0 +1,77 @@
+"""cloudd's model notices (cloud/notify.py) against a real broker: a version stored in the registry is
+announced, retained, to every gateway; a dead broker costs nothing but counters."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import paho.mqtt.client as paho
+from camtest_util import scene_artifact
+from conftest import free_port
+from paho.mqtt.enums import CallbackAPIVersion
+
+from cloud.notify import ModelNotifier, NotifyConfig
+from cloud.registry import ModelRegistry
+from protocol.events import model_notice_topic, parse_model_notice
+
+
+def retained(broker_port: int, topics: list[str], timeout_s: float = 10.0) -> dict[str, bytes]:
+    """What a late subscriber gets on ``topics`` (retained messages)."""
+    got: dict[str, bytes] = {}
+    done = threading.Event()
+    client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
+
+    def on_message(client, userdata, message) -> None:
+        got[message.topic] = bytes(message.payload)
+        if set(got) >= set(topics):
+            done.set()
+
+    client.on_message = on_message
+    client.on_connect = lambda c, *a: [c.subscribe(t, qos=1) for t in topics]
+    client.connect("127.0.0.1", broker_port)
+    client.loop_start()
+    try:
+        done.wait(timeout_s)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    return got
+
+
+async def test_stored_version_is_announced_retained_to_every_gateway(tmp_path: Path, mosquitto) -> None:
+    registry = ModelRegistry(tmp_path / "models")
+    notifier = ModelNotifier(NotifyConfig(mosquitto.url), lambda: ["gw1", "gw2"])
+    registry.add_listener(notifier.notify)
+    notifier.start()
+    try:
+        artifact = scene_artifact("7")
+        assert (await registry.store(artifact))[0] == 201
+        assert (await registry.store(artifact))[0] == 200  # the same version again: no second notice
+        deadline = time.monotonic() + 10
+        while notifier.counters["published"] < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    finally:
+        await asyncio.to_thread(notifier.stop)
+    assert notifier.counters["notices"] == 1 and notifier.counters["published"] == 2, notifier.stats()
+    topics = [model_notice_topic(gw, "scene") for gw in ("gw1", "gw2")]
+    got = await asyncio.to_thread(retained, mosquitto.port, topics)
+    for topic in topics:
+        notice = parse_model_notice(got[topic])
+        assert (notice.version, notice.sha256) == ("7", artifact.metadata.sha256)
+
+
+async def test_dead_broker_never_blocks_or_raises(tmp_path: Path) -> None:
+    notifier = ModelNotifier(NotifyConfig(f"mqtt://127.0.0.1:{free_port()}"), lambda: ["gw1"])
+    notifier.start()
+    started = time.monotonic()
+    notifier.notify(scene_artifact("8").metadata)  # returns at once: a bounded queue, no network
+    assert time.monotonic() - started < 0.5
+    deadline = time.monotonic() + 5
+    while notifier.counters["held_for_reconnect"] + notifier.counters["published"] < 1 \
+            and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    await asyncio.to_thread(notifier.stop)
+    assert notifier.counters["held_for_reconnect"] == 1 and notifier.stats()["connected"] == 0

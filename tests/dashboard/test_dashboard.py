@@ -1,0 +1,95 @@
+"""The dashboard in headless Chromium (Debian's ``chromium``, driven by Playwright's Python package;
+nothing downloads a browser): the fleet page with 100 heartbeating gateways, and a job page whose
+charts grow while a real torchrun job runs. Saves the screenshots under the test's tmp dir, or into
+docs/ (dashboard-fleet.png, dashboard-job.png, linked from the README) with EDGEFED_UPDATE_SCREENSHOTS=1."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
+from jobtest_util import call, heartbeat, start_jobs_cloudd  # noqa: E402
+
+CHROMIUM = Path("/usr/bin/chromium")
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+OP = "operator-secret"
+GATEWAYS = tuple(f"gw{i:03d}" for i in range(1, 101))
+
+if not CHROMIUM.exists():  # .ci/run installs it; a developer box may not have it
+    if os.environ.get("CI"):
+        pytest.fail("Debian's chromium is missing at /usr/bin/chromium", pytrace=False)
+    pytest.skip("needs Debian's chromium at /usr/bin/chromium", allow_module_level=True)
+from playwright import sync_api as playwright  # noqa: E402  (the `test` extra installs it)
+
+SILENT = {i for i in range(len(GATEWAYS)) if i % 13 == 5}  # these never heartbeat: offline
+
+
+def _heartbeat_fleet(url: str) -> None:
+    for i, gateway in enumerate(GATEWAYS):
+        if i in SILENT:
+            continue
+        beat = heartbeat(gateway, interval_s=60, backlog=(i * 37) % 500, rtt_ms=20 + (i * 7) % 180,
+                         cloud_tasks=("detect",) if i % 4 == 0 else (), sent_ts=time.time())
+        status, doc = call(f"{url}/v1/gateways/{gateway}/heartbeat", f"token-{gateway}", "POST", beat)
+        assert status == 200, doc
+
+
+def _points(page, selector: str) -> int:
+    value = page.eval_on_selector(selector, "node => node.dataset.points || '0'") if page.query_selector(
+        selector) else "0"
+    return int(value)
+
+
+@pytest.mark.timeout(600)
+def test_dashboard_fleet_and_live_job(tmp_path):
+    shots = DOCS if os.environ.get("EDGEFED_UPDATE_SCREENSHOTS") == "1" else tmp_path
+    server = start_jobs_cloudd(tmp_path / "c", gateways=GATEWAYS)
+    try:
+        _heartbeat_fleet(server.url)
+        status, job = call(f"{server.url}/v1/jobs", OP, "POST", {"epochs": 4, "nproc": 2, "log_every": 1})
+        assert status == 201
+        with playwright.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
+            try:
+                page = browser.new_page(viewport={"width": 1360, "height": 900})
+                page.goto(f"{server.url}/?token={OP}#/job/{job['id']}")
+                assert "token=" not in page.url  # moved into localStorage, out of the address bar
+                page.wait_for_selector("#chart-loss svg", timeout=240_000)
+                first = _points(page, "#chart-loss svg")
+                deadline = time.monotonic() + 240
+                while _points(page, "#chart-loss svg") <= first and time.monotonic() < deadline:
+                    page.wait_for_timeout(500)
+                grown = _points(page, "#chart-loss svg")
+                assert grown > first, "the loss chart did not grow while the job ran"
+                assert _points(page, "#chart-throughput svg") > 0 and _points(page, "#chart-timeline svg") > 0
+                assert "no compression in this job" in page.inner_text("#chart-compression")
+                assert "no federated rounds" in page.inner_text("#panel-rounds")
+                page.wait_for_selector("#job-state .state-succeeded", timeout=300_000)
+                page.wait_for_selector("#chart-accuracy svg", timeout=10_000)
+                page.wait_for_timeout(800)
+                page.screenshot(path=str(shots / "dashboard-job.png"))
+
+                page.goto(f"{server.url}/#/fleet")
+                page.wait_for_function("document.querySelectorAll('#fleet-table tbody tr').length === 100",
+                                       timeout=20_000)
+                figures = page.inner_text("#fleet-figures").split("\n")
+                assert figures[:6] == ["100", "gateways", str(100 - len(SILENT)), "online", str(len(SILENT)),
+                                       "offline"]
+                page.fill("#fleet-filter", "gw01")
+                page.wait_for_function("document.querySelectorAll('#fleet-table tbody tr').length === 10")
+                page.fill("#fleet-filter", "")
+                page.click("#fleet-table th[data-key='backlog_records']")
+                page.click("#fleet-table th[data-key='backlog_records']")  # descending: biggest backlog first
+                page.wait_for_timeout(300)
+                page.screenshot(path=str(shots / "dashboard-fleet.png"))
+            finally:
+                browser.close()
+    finally:
+        server.stop()

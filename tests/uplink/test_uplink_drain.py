@@ -1,0 +1,155 @@
+"""The uplink against a real cloudd: priority drain of a backlog with non-contiguous LSNs, trim only
+over the acknowledged prefix, live data interleaved, retry on link-up, the bandwidth cap, and the
+link monitor fed by real uploads."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import Cloudd, free_port
+
+from gateway.placement import LinkMonitor
+from gateway.storage.epoch_log import EpochLog
+from gateway.uplink.drain import classify
+from gateway.uplink.sender import Uplink
+from protocol.config import UplinkConfig
+from protocol.records import Record, encode_record
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def record(lsn: int, n: int = 0) -> bytes:
+    """LSN-determined mix: every 10th an alert, every 3rd a summary, the rest raw telemetry."""
+    if lsn % 10 == 0:
+        return encode_record(Record(kind="event", device="cam-1", received_ts=float(lsn),
+                                    body={"severity": "alert", "i": lsn, "n": n}))
+    if lsn % 3 == 0:
+        return encode_record(Record(kind="event", device="sensor-1", received_ts=float(lsn),
+                                    body={"severity": "info", "mean": 1.0, "i": lsn, "n": n}))
+    return encode_record(Record(kind="telemetry", device="sensor-1", received_ts=float(lsn),
+                                body={"seq": lsn, "n": n}))
+
+
+async def filled_log(directory: Path, n: int) -> EpochLog:
+    log = EpochLog(directory, segment_bytes=64 * 1024, max_bytes=64 << 20)
+    await log.open()
+    for i in range(1, n + 1):
+        await log.append(record(i))
+    await log.flush(wait=True)
+    return log
+
+
+def config(url: str, token: str, **kw) -> UplinkConfig:
+    base = {"backoff_initial_s": 0.05, "backoff_max_s": 0.2, "batch_max_records": 4,
+            "backlog_threshold_records": 5}
+    return UplinkConfig(cloud_url=url, token=token, **{**base, **kw})
+
+
+async def until(predicate, timeout_s: float) -> None:
+    for _ in range(int(timeout_s / 0.05)):
+        if predicate():
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"condition not met within {timeout_s}s")
+
+
+async def test_backlog_drains_by_class_and_trims_only_the_acknowledged_prefix(cloudd, tmp_path):
+    log = await filled_log(tmp_path / "log", 30)  # alerts 10,20,30; summaries 3,6,9,12,...
+    uplink = Uplink(log, "gw1", config(cloudd.url, cloudd.token_for("gw1"), drain_alerts="newest",
+                                       drain_summaries="oldest", drain_raw="oldest"))
+    await uplink.start(run=False)
+    try:
+        assert (await uplink.send_one_batch()).kind == "ok"  # alerts: 10, 20, 30
+        assert uplink.uploaded_by_class == {"alert": 3, "summary": 0, "raw": 0}
+        assert log.trimmed_lsn == 0  # LSN 1 is not acknowledged: nothing may be trimmed
+        assert (await uplink.send_one_batch()).kind == "ok"  # summaries 3, 6, 9, 12
+        assert log.trimmed_lsn == 0
+        await log.append(record(31, n=1))  # live data arrives during the drain
+        await log.flush(wait=True)
+        assert (await uplink.send_one_batch()).kind == "ok"  # the live tail's turn
+        assert uplink.counters["live_batches"] == 1 and log.trimmed_lsn == 0
+        for _ in range(20):
+            if uplink.backlog == 0:
+                break
+            assert (await uplink.send_one_batch()).kind == "ok"
+        assert uplink.backlog == 0 and log.trimmed_lsn == 31
+        assert uplink.uploaded_by_class == {"alert": 3, "summary": 9, "raw": 19}
+    finally:
+        await uplink.stop()
+        await log.close()
+    stored = cloudd.records("gw1")
+    assert sorted(r.lsn for r in stored) == list(range(1, 32))  # each once
+    order = [classify(encode_record(Record.model_validate(r.record))) for r in stored
+             if r.lsn <= 30]
+    # storage order is arrival order: every alert before any summary, every summary before raw
+    assert order == sorted(order, key=["alert", "summary", "raw"].index)
+
+
+async def test_a_backlog_does_not_hold_up_live_records(cloudd, tmp_path):
+    log = await filled_log(tmp_path / "log", 3000)
+    uplink = Uplink(log, "gw1", config(cloudd.url, cloudd.token_for("gw1"), batch_max_records=100,
+                                       backlog_threshold_records=200))
+    await uplink.start()
+    try:
+        await until(lambda: uplink.counters["backlog_batches"] >= 1, 60)
+        first_live = log.durable_lsn + 1
+        for i in range(50):  # live records while the backlog drains
+            await log.append(record(first_live + i, n=2))
+            await log.flush(wait=True)
+            uplink.wake()
+            await asyncio.sleep(0.01)
+        await until(lambda: uplink.backlog == 0, 60)
+        assert log.trimmed_lsn == log.durable_lsn
+    finally:
+        await uplink.stop()
+        await log.close()
+    stored = cloudd.records("gw1")
+    lsns = [r.lsn for r in stored]
+    assert Counter(lsns).most_common(1)[0][1] == 1 and len(lsns) == 3050
+    # the last live record was stored before the backlog's last raw record: live data interleaves
+    position = {lsn: i for i, lsn in enumerate(lsns)}
+    assert position[first_live + 49] < max(position[lsn] for lsn in range(1, 3001) if lsn % 10 and lsn % 3)
+
+
+async def test_retry_as_soon_as_the_link_returns_and_the_monitor_hears_uploads(tmp_path):
+    port = free_port()
+    log = await filled_log(tmp_path / "log", 3)
+    monitor = LinkMonitor(down_after_failures=1, min_goodput_bytes=1)
+    uplink = Uplink(log, "gw1", config(f"http://127.0.0.1:{port}", "token-gw1", backoff_initial_s=60.0,
+                                       backoff_max_s=60.0), monitor=monitor)
+    monitor.add_listener(lambda up: uplink.link_up() if up else None)
+    await uplink.start()
+    cloud = None
+    try:
+        await until(lambda: uplink.failures["connection"] >= 1, 20)
+        assert monitor.snapshot().state == "down"  # the failed upload was reported
+        (tmp_path / "cloud").mkdir()
+        cloud = Cloudd(tmp_path / "cloud" / "data", port, ("gw1",), None, tmp_path / "cloud" / "log")
+        await asyncio.to_thread(cloud.start)
+        # a probe says the link is back: the uplink must not sleep out its 30-60 s backoff
+        monitor.observe_probe(0.01)
+        await until(lambda: log.trimmed_lsn == 3, 20)
+        assert uplink.counters["link_up_wakeups"] >= 1
+        assert monitor.snapshot().goodput_measured  # real uploads fed the goodput estimate
+    finally:
+        await uplink.stop()
+        await log.close()
+        if cloud is not None:
+            await asyncio.to_thread(cloud.stop)
+
+
+async def test_bandwidth_cap_throttles(cloudd, tmp_path):
+    log = await filled_log(tmp_path / "log", 40)
+    uplink = Uplink(log, "gw1", config(cloudd.url, cloudd.token_for("gw1"), batch_max_records=10,
+                                       backlog_threshold_records=1000, bandwidth_cap_Bps=4000,
+                                       bandwidth_burst_bytes=1024))
+    await uplink.start()
+    try:
+        await until(lambda: log.trimmed_lsn == 40, 60)
+        assert uplink.counters["throttled_s"] > 0
+    finally:
+        await uplink.stop()
+        await log.close()
