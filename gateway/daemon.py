@@ -42,6 +42,7 @@ from gateway.control.recent import RecentErrors
 from gateway.control.sdnotify import SystemdNotifier
 from gateway.control.store import ControlStore
 from gateway.control.wiring import base_from_file, task_catalog
+from gateway.heartbeat import HeartbeatSender, heartbeat_link, heartbeat_placement
 from gateway.ingest.sensors import SensorIngest
 from gateway.metrics import StatsCollector, make_registry
 from gateway.mqtt import MqttAdapter, Will, settings_from_config
@@ -133,6 +134,12 @@ class GatewayRunner:
         self.link_monitor.add_listener(lambda up: self.uplink.link_up() if up else None)
         self.placement = (PlacementRuntime(config.placement, config.uplink.cloud_url, self.link_monitor,
                                            on_plan=self._on_plan) if config.placement.enabled else None)
+        try:
+            self.token = read_token(config.uplink.token, config.uplink.token_file)
+        except OSError as exc:
+            raise StartupError(f"uplink.token_file: cannot read: {exc.strerror}") from None
+        self.heartbeat = HeartbeatSender(gw, config.uplink.cloud_url, self.token,
+                                         config.uplink.heartbeat_interval_s, self._heartbeat_fields)
         self.fatal: asyncio.Future[BaseException] | None = None
         self.ingest = SensorIngest(self.mqtt, self.log, gw, config.devices.allow,
                                    config.log.flush_interval_ms, on_durable=self.uplink.wake,
@@ -158,8 +165,8 @@ class GatewayRunner:
         self.last_reload: dict[str, Any] | None = None
         collector = StatsCollector(gw)
         collector.add("mqtt", self.mqtt.stats, gauges={"connected", "inbound_queued", "reading_paused"})
-        collector.add("log", self.log.stats, gauges={"durable_lsn", "trimmed_lsn", "next_lsn", "bytes",
-                                                     "max_bytes", "pending_records", "segments"})
+        collector.add("log", self.log.stats, gauges={"durable_lsn", "trimmed_lsn", "next_lsn", "bytes_used",
+                                                     "max_bytes", "buffered_bytes", "segments"})
         collector.add("ingest", self.ingest.stats, gauges={"awaiting_ack"})
         collector.add_labeled_counter("ingest_rejected", "device messages rejected, by reason", "reason",
                                       lambda: self.ingest.rejected)
@@ -171,6 +178,7 @@ class GatewayRunner:
         collector.add_labeled_counter("control_refused", "control requests refused, by reason", "reason",
                                       lambda: self.control.refused)
         collector.add("reload", lambda: dict(self.reloads))
+        collector.add("heartbeat", lambda: dict(self.heartbeat.counters))
         if self.camera is not None:
             from gateway.camera_service import METRIC_GAUGES
 
@@ -190,17 +198,18 @@ class GatewayRunner:
         # its own connection: retained model notices in, QoS 0 events out, never in the telemetry path
         settings = dataclasses.replace(control_settings, client_id=control_settings.client_id.replace(
             "-control", "-camera"), inbound_bound=100)
-        try:
-            token = read_token(config.uplink.token, config.uplink.token_file)
-        except OSError as exc:
-            raise StartupError(f"uplink.token_file: cannot read: {exc.strerror}") from None
         return CameraRuntime(camera, gateway_id=config.gateway_id, record_log=self.log,
                              mqtt_settings=settings,
-                             cloud_url=config.uplink.cloud_url, token=token,
+                             cloud_url=config.uplink.cloud_url, token=self.token,
                              store_dir=config.data_dir / "models",
                              blob_spool=self.uplink.blobs.spool if self.uplink.blobs is not None else None,
                              on_durable=self.uplink.wake,
                              flush_interval_s=config.log.flush_interval_ms / 1000, on_fatal=self._on_fatal)
+
+    def _heartbeat_fields(self) -> dict[str, Any]:
+        plan = self.placement.planner.current if self.placement is not None else None
+        return {"backlog_records": self.uplink.backlog, "backlog_bytes": self.log.stats()["bytes_used"],
+                "link": heartbeat_link(self.link_monitor.snapshot()), "placement": heartbeat_placement(plan)}
 
     def _offline_now(self) -> Will:
         gw = self.config.gateway_id
@@ -228,6 +237,8 @@ class GatewayRunner:
         self._started.append("http")
         await self.uplink.start()
         self._started.append("uplink")
+        await self.heartbeat.start()
+        self._started.append("heartbeat")
         await self.mqtt.start()
         self._started.append("mqtt")
         if self.placement is not None:
@@ -250,6 +261,7 @@ class GatewayRunner:
             "mqtt": lambda: self.mqtt.stop(final=self._offline_now(),
                                            timeout_s=max(0.1, (end - loop.time()) / 3)),
             "uplink": self.uplink.stop,
+            "heartbeat": self.heartbeat.stop,
             "placement": lambda: self.placement.stop() if self.placement else asyncio.sleep(0),
             "http": self.http.stop,
             "camera": lambda: self.camera.stop() if self.camera else asyncio.sleep(0),
@@ -351,6 +363,7 @@ class GatewayRunner:
                        **self.uplink.counters, "failures": dict(self.uplink.failures),
                        "drain": self.uplink.drain_status()},
             "placement": self.placement.status() if self.placement is not None else None,
+            "heartbeat": dict(self.heartbeat.counters),
             "control": self.control.status(),
             "reload": {**self.reloads, "last": self.last_reload},
             "camera": self.camera.status() if self.camera is not None else None,

@@ -69,6 +69,7 @@ class UplinkConfig(_Section):
     timeout_s: float = Field(default=10.0, gt=0)
     backoff_initial_s: float = Field(default=0.2, gt=0)
     backoff_max_s: float = Field(default=30.0, gt=0)
+    heartbeat_interval_s: float = Field(default=15.0, gt=0, le=3600, description="fleet heartbeat to cloudd")
     # Store-and-forward after an outage (docs/placement.md, "Uplink"): once more than
     # backlog_threshold_records wait, batches alternate between the live tail and the backlog, and the
     # backlog drains by class (alerts, then summaries, then raw), each oldest- or newest-first.

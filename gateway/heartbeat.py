@@ -1,0 +1,89 @@
+"""Heartbeats to cloudd (``POST /v1/gateways/<gw>/heartbeat``): the gateway's backlog, its link
+estimate and where its tasks run, every ``interval_s``, for the cloud's fleet view.
+
+Invariant: one owner task. A heartbeat that fails is counted and not retried: the next one, one
+interval later, carries newer figures, and cloudd calls the gateway offline only after three
+intervals without one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+from gateway.placement.link import LinkEstimate
+from gateway.placement.plan import Plan
+from protocol.fleet import GatewayHeartbeat, PlacementDecision
+from protocol.fleet import LinkEstimate as HeartbeatLink
+
+log = logging.getLogger(__name__)
+
+
+def heartbeat_link(estimate: LinkEstimate) -> HeartbeatLink:
+    return HeartbeatLink(up=estimate.state != "down",
+                         rtt_ms=None if estimate.rtt_s is None else estimate.rtt_s * 1000,
+                         bandwidth_bps=estimate.goodput_Bps * 8 if estimate.goodput_measured else None,
+                         availability=estimate.up_fraction)
+
+
+def heartbeat_placement(plan: Plan | None) -> list[PlacementDecision]:
+    if plan is None:
+        return []
+    reason = "; ".join(plan.reasons)[:200]
+    return [PlacementDecision(service=s.name, task=task, where="gateway" if side == "edge" else "cloud",
+                              reason=reason)
+            for s in plan.services for task, side in s.placement]
+
+
+class HeartbeatSender:
+    def __init__(self, gateway_id: str, cloud_url: str, token: str | None, interval_s: float,
+                 describe: Callable[[], dict[str, Any]], timeout_s: float = 5.0) -> None:
+        """``describe()`` returns the heartbeat's changing fields: backlog_records, backlog_bytes,
+        link, placement (see protocol/fleet.py)."""
+        self._url = f"{cloud_url.rstrip('/')}/v1/gateways/{gateway_id}/heartbeat"
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.gateway_id = gateway_id
+        self.interval_s = interval_s
+        self._describe = describe
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._task: asyncio.Task[None] | None = None
+        self.counters = {"sent": 0, "failed": 0}
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="heartbeat")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def body(self) -> bytes:
+        beat = GatewayHeartbeat(gateway=self.gateway_id, sent_ts=time.time(), interval_s=self.interval_s,
+                                **self._describe())
+        return beat.model_dump_json().encode()
+
+    async def _run(self) -> None:
+        async with aiohttp.ClientSession(timeout=self._timeout) as session:
+            while True:
+                await self._send(session)
+                await asyncio.sleep(self.interval_s)
+
+    async def _send(self, session: aiohttp.ClientSession) -> None:
+        try:
+            async with session.post(self._url, data=self.body(), headers=self._headers) as response:
+                if response.status == 200:
+                    self.counters["sent"] += 1
+                    return
+                detail = (await response.text())[:200]
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            detail = str(exc) or type(exc).__name__
+        self.counters["failed"] += 1
+        log.debug("heartbeat to %s failed: %s", self._url, detail)
