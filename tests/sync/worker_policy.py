@@ -18,7 +18,7 @@ DEPTH = int(os.environ.get("SYNC_TEST_DEPTH", "4"))
 BATCH = int(os.environ.get("SYNC_TEST_BATCH", "64"))
 DELAY_S = float(os.environ.get("SYNC_TEST_DELAY_S", "0.15"))
 WINDOW = 3
-PHASES = (("before", 2), ("delayed", 6), ("removed", 6))  # (name, windows)
+PHASES = (("before", 2), ("delayed", 6), ("removed", 8))  # (name, windows)
 
 
 def main() -> None:

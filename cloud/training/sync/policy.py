@@ -130,6 +130,9 @@ class EngineConfig:
     merge_bytes: int = 256 * 1024  # adjacent buckets both below this may be merged
     keep_rel_tol: float = 0.10  # keep a trial unless blocked time grew by more than this fraction...
     keep_abs_tol_s: float = 0.001  # ...plus this absolute slack (noise on a shared box)
+    # A trial that releases (moves back towards the plain policy) is kept unless clearly worse: with
+    # the cause gone, the simpler policy wins ties, and noise must not pin a stale remedy in place.
+    release_rel_tol: float = 0.5
     tabu_windows: int = 4  # a reverted policy is not proposed again for this many windows
 
 
@@ -137,6 +140,7 @@ class EngineConfig:
 class Proposal:
     policy: SyncPolicy
     reason: str
+    releases: bool = False  # the proposal undoes a remedy (judged with release_rel_tol)
 
 
 def _heavy_cut(table: WindowTable, cfg: EngineConfig) -> float:
@@ -164,14 +168,14 @@ def propose(table: WindowTable, current: SyncPolicy, cfg: EngineConfig = EngineC
         candidate = replace(current, held=current.held - released)
         if candidate.text() not in tabu:
             names = ",".join(sorted(released))
-            return Proposal(candidate, f"release {names}: sync below {heavy * 1e3:.1f} ms")
+            return Proposal(candidate, f"release {names}: sync below {heavy * 1e3:.1f} ms", releases=True)
 
     main_lane = [name for bucket in current.main_lane_order(forward_index) for name in bucket]
     if current.first and not any(by_name[name].sync_s >= heavy for name in main_lane):
         candidate = replace(current, first=frozenset())
         if candidate.text() not in tabu:
             return Proposal(candidate, f"release first={','.join(sorted(current.first))}: no heavy sync left "
-                                       f"on the main lane (all below {heavy * 1e3:.1f} ms)")
+                                       f"on the main lane (all below {heavy * 1e3:.1f} ms)", releases=True)
 
     worst = max(table.layers, key=lambda layer: layer.blocked_s)
     if worst.blocked_s < cfg.block_threshold_s:
@@ -235,9 +239,11 @@ class Decision:
     reason: str
 
 
-def judge(before: WindowTable, after: WindowTable, cfg: EngineConfig = EngineConfig()) -> Decision:
+def judge(before: WindowTable, after: WindowTable, cfg: EngineConfig = EngineConfig(),
+          releases: bool = False) -> Decision:
     """Keep the trial unless compute was held up clearly longer than under the policy before it."""
-    limit = before.blocked_s * (1 + cfg.keep_rel_tol) + cfg.keep_abs_tol_s
+    rel_tol = cfg.release_rel_tol if releases else cfg.keep_rel_tol
+    limit = before.blocked_s * (1 + rel_tol) + cfg.keep_abs_tol_s
     keep = after.blocked_s <= limit
     verdict = "keep" if keep else "revert"
     return Decision(keep, before.blocked_s, after.blocked_s,
@@ -257,7 +263,7 @@ class PolicyEngine:
     cfg: EngineConfig = EngineConfig()
     adaptive: bool = True
     decisions: list[dict] = field(default_factory=list)
-    _trial_from: tuple[SyncPolicy, WindowTable] | None = None
+    _trial_from: tuple[SyncPolicy, WindowTable, bool] | None = None  # (policy before, its table, releases)
     _tabu: dict[str, int] = field(default_factory=dict)  # policy text -> window it may be retried after
 
     def end_window(self, table: WindowTable) -> SyncPolicy:
@@ -265,9 +271,9 @@ class PolicyEngine:
             return self.policy
         self._tabu = {text: until for text, until in self._tabu.items() if until > table.window}
         if self._trial_from is not None:
-            previous, baseline = self._trial_from
+            previous, baseline, releases = self._trial_from
             self._trial_from = None
-            decision = judge(baseline, table, self.cfg)
+            decision = judge(baseline, table, self.cfg, releases)
             if not decision.keep:
                 self._tabu[self.policy.text()] = table.window + self.cfg.tabu_windows
                 self.policy = previous
@@ -276,7 +282,7 @@ class PolicyEngine:
             self._log(table.window, "keep", decision.reason, decision)
         proposal = propose(table, self.policy, self.cfg, frozenset(self._tabu))
         if proposal.policy != self.policy:
-            self._trial_from = (self.policy, table)
+            self._trial_from = (self.policy, table, proposal.releases)
             self.policy = proposal.policy
             self._log(table.window, "try", proposal.reason, None)
         return self.policy
