@@ -27,7 +27,8 @@ from urllib.parse import urlsplit
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
-from protocol.events import ModelMetadata, ModelNotice, model_notice_topic
+from protocol.events import ModelMetadata, ModelNotice
+from protocol.topics import model_notice_topic
 
 log = logging.getLogger("cloudd.notify")
 

@@ -40,20 +40,13 @@ from gateway.uplink.blobs import BlobRef, BlobSpool, blob_record
 from models.artifact import ArtifactError, load_artifact
 from protocol.config import CameraConfig
 from protocol.control import CameraSettings, ModelsSettings
-from protocol.events import model_notice_topic
 from protocol.records import Record, encode_record
-from protocol.topics import ROOT, check_id
+from protocol.topics import camera_events_topic, model_notice_topic
 
 log = logging.getLogger(__name__)
 
 STOP_FEED_S = 5.0  # the feed task ends once the stopped source's queue is taken
 DURABLE_WAIT_S = 30.0
-
-
-def camera_events_topic(gateway_id: str, camera_id: str) -> str:
-    """``edgefed/<gw>/events/<camera>``: one InferenceEvent (+ frame reference) per inferred frame, QoS 0.
-    (Belongs in protocol/topics.py.)"""
-    return f"{ROOT}/{check_id('gateway', gateway_id)}/events/{check_id('camera', camera_id)}"
 
 
 def default_artifact_dir(model: str) -> Path:

@@ -25,17 +25,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from protocol.errors import ProtocolError
 from protocol.telemetry import describe_validation_error
-from protocol.topics import ID_PATTERN, ROOT, check_id
+from protocol.topics import ID_PATTERN
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 VERSION_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 Preprocess = Literal["image_rgb01", "none"]
 Postprocess = Literal["softmax_labels", "reconstruction_error"]
-
-
-def model_notice_topic(gateway_id: str, name: str) -> str:
-    """``edgefed/<gw>/models/<name>``: retained ModelNotice. (Belongs in protocol/topics.py.)"""
-    return f"{ROOT}/{check_id('gateway', gateway_id)}/models/{check_id('model', name)}"
 
 
 class _Payload(BaseModel):

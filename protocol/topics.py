@@ -109,3 +109,13 @@ def service_topic(gateway_id: str, service: str, leaf: str) -> str:
 def placement_topic(gateway_id: str) -> str:
     """``edgefed/<gw>/placement``: gateway, retained, JSON: the current plan and recent decisions."""
     return f"{ROOT}/{check_id('gateway', gateway_id)}/placement"
+
+
+def model_notice_topic(gateway_id: str, name: str) -> str:
+    """``edgefed/<gw>/models/<name>``: the retained ModelNotice of a model's newest version."""
+    return f"{ROOT}/{check_id('gateway', gateway_id)}/models/{check_id('model', name)}"
+
+
+def camera_events_topic(gateway_id: str, camera_id: str) -> str:
+    """``edgefed/<gw>/events/<camera>``: one InferenceEvent (+ frame reference) per inferred frame, QoS 0."""
+    return f"{ROOT}/{check_id('gateway', gateway_id)}/events/{check_id('camera', camera_id)}"

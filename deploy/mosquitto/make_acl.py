@@ -3,7 +3,8 @@
 Roles, one mosquitto user each:
   operator  writes control requests to any gateway; reads everything under edgefed/ (only role that
             may change config)
-  gateway   publishes only under its own prefix (status, services, control responses); reads its
+  gateway   publishes only under its own prefix (status, services, control responses, placement,
+            camera events); reads its
             devices' telemetry, its control requests and its model notices
   device    publishes only its own telemetry topic; reads nothing
   cloud     publishes model notices (edgefed/+/models/#), optional
@@ -42,6 +43,7 @@ def acl_text(operators: list[str], gateways: list[str], devices: list[tuple[str,
             raise ValueError(f"gateway id {gw!r} must match [A-Za-z0-9_.-]{{1,64}}")
         lines += [f"# gateway {gw}", f"user {gw}", f"topic write edgefed/{gw}/status",
                   f"topic write edgefed/{gw}/services/#", f"topic write edgefed/{gw}/control/response/#",
+                  f"topic write edgefed/{gw}/placement", f"topic write edgefed/{gw}/events/#",
                   f"topic read edgefed/{gw}/devices/#", f"topic read edgefed/{gw}/control/request/#",
                   f"topic read edgefed/{gw}/models/#", ""]
     for name in cloud:

@@ -15,7 +15,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from cloud.notify import ModelNotifier, NotifyConfig
 from cloud.registry import ModelRegistry
-from protocol.events import model_notice_topic, parse_model_notice
+from protocol.events import parse_model_notice
+from protocol.topics import model_notice_topic
 
 
 def retained(broker_port: int, topics: list[str], timeout_s: float = 10.0) -> dict[str, bytes]:

@@ -20,7 +20,8 @@ from cloud.registry import setup_model_routes  # noqa: E402
 from gateway.inference import InferenceEngine  # noqa: E402
 from gateway.models.ota import ModelUpdater  # noqa: E402
 from models.artifact import ModelArtifact, sha256_hex  # noqa: E402
-from protocol.events import ModelNotice, model_notice_topic  # noqa: E402
+from protocol.events import ModelNotice  # noqa: E402
+from protocol.topics import model_notice_topic  # noqa: E402
 
 OPERATOR_TOKEN = "op-secret"
 
