@@ -1,11 +1,13 @@
 """gatewayd: the edge daemon's lifecycle. One runner starts the subsystems in order, stops them in reverse.
 
 Start: lock the data dir, open the log, load the control plane's desired config and apply it (which
-starts the camera runtime when ``[camera]`` is configured and enabled), status HTTP, uplink, MQTT +
-sensor ingest, the control plane's MQTT connection; then READY=1.
+starts the camera runtime when ``[camera]`` is configured and enabled, and the training runtime when
+training is enabled), status HTTP, uplink, MQTT + sensor ingest, the control plane's MQTT connection;
+then READY=1.
 Stop (SIGTERM/SIGINT, or a fatal log error): STOPPING=1, stop the control plane, stop intake, flush
 the log and ack what is durable, stop the uplink, publish "offline" and disconnect, stop HTTP, stop
-the camera (its last events are logged), close the log, unlock. SIGHUP: reload the config file
+training (a round in progress ends at its next step), stop the camera (its last events are logged),
+close the log, unlock. SIGHUP: reload the config file
 (refused whole if invalid; the old one stays).
 
 Invariant: at most one daemon uses a data dir (flock), and a stop never acknowledges a message
@@ -36,6 +38,7 @@ from gateway.control.handlers import (
     ModelsHandler,
     PlacementHandler,
     SensorHandler,
+    TrainingHandler,
 )
 from gateway.control.plane import ControlPlane
 from gateway.control.recent import RecentErrors
@@ -107,6 +110,7 @@ def open_record_log(config: GatewayConfig) -> RecordLog:
 
 RESTART_ONLY = ("gateway_id", "data_dir", "mqtt", "http", "log", "uplink")  # a reload cannot change these
 CAMERA_LIVE_FIELDS = {"enabled": None, "source": None, "sample_fps": None}  # [camera] fields a reload applies
+TRAINING_LIVE_FIELDS = {"enabled": False, "private": True}  # [training] fields a reload applies
 
 
 class GatewayRunner:
@@ -154,6 +158,8 @@ class GatewayRunner:
         if self.camera is not None:
             self.handlers.connect("camera", CameraHandler(self.camera.apply_camera))
             self.handlers.connect("models", ModelsHandler(self.camera.apply_pins))
+        self.training = self._make_training()
+        self.handlers.connect("training", TrainingHandler(self.training.apply))
         try:
             base = base_from_file(config)
         except ControlError as exc:
@@ -183,6 +189,9 @@ class GatewayRunner:
             from gateway.camera_service import METRIC_GAUGES
 
             collector.add("camera", self.camera.metrics, gauges=METRIC_GAUGES)
+        from gateway.federated.service import METRIC_GAUGES as TRAINING_GAUGES
+
+        collector.add("training", self.training.metrics, gauges=TRAINING_GAUGES)
         self.registry = make_registry(collector)
         self.link_monitor.register_metrics(self.registry)
         self.http = StatusServer(config.http.listen, self.status, self.registry)
@@ -205,6 +214,16 @@ class GatewayRunner:
                              blob_spool=self.uplink.blobs.spool if self.uplink.blobs is not None else None,
                              on_durable=self.uplink.wake,
                              flush_interval_s=config.log.flush_interval_ms / 1000, on_fatal=self._on_fatal)
+
+    def _make_training(self) -> Any:
+        """The training runtime: cheap until enabled; torch loads only when a local round is to run."""
+        from gateway.federated.service import TrainingRuntime
+
+        config = self.config
+        return TrainingRuntime(config.training, gateway_id=config.gateway_id, data_dir=config.data_dir,
+                               cloud_url=config.uplink.cloud_url, token=self.token, uplink_log=self.log,
+                               link_view=lambda: self.link_monitor.snapshot().view(),
+                               wake_uplink=self.uplink.wake)
 
     def _heartbeat_fields(self) -> dict[str, Any]:
         plan = self.placement.planner.current if self.placement is not None else None
@@ -229,6 +248,7 @@ class GatewayRunner:
                  self.log.log_id, self.log.durable_lsn, self.log.trimmed_lsn)
         if self.camera is not None:
             self._started.append("camera")  # started (or not) by the camera handler inside open()
+        self._started.append("training")  # started (or not) by the training handler inside open()
         await self.control.open()  # the desired config applies before any intake starts
         try:
             await self.http.start()
@@ -265,6 +285,7 @@ class GatewayRunner:
             "placement": lambda: self.placement.stop() if self.placement else asyncio.sleep(0),
             "http": self.http.stop,
             "camera": lambda: self.camera.stop() if self.camera else asyncio.sleep(0),
+            "training": self.training.stop,
             "log": self.log.close,
         }
         clean = True
@@ -306,6 +327,9 @@ class GatewayRunner:
             later.append("placement (other than pins)")
         if _camera_restart_fields(self.config, new):
             later.append("camera (other than enabled, source, sample_fps)")
+        live = TRAINING_LIVE_FIELDS
+        if new.training.model_copy(update=live) != self.config.training.model_copy(update=live):
+            later.append("training (other than enabled, private)")
         if later:
             log.warning("reload: %s changed in %s; that takes effect at the next restart",
                         ", ".join(later), path)
@@ -320,6 +344,7 @@ class GatewayRunner:
     async def _on_plan(self, plan: Plan) -> None:
         """Each new placement plan: log it with its reasons, publish it retained (when connected)."""
         log.info("placement %s", plan.to_text())
+        self.training.poke()  # the link changed: upload raw or train locally may change with it
         if self.placement is None or not self.mqtt.connected:
             return  # /status has it; the next plan is published once connected
         payload = json.dumps(self.placement.status()).encode()
@@ -367,6 +392,7 @@ class GatewayRunner:
             "control": self.control.status(),
             "reload": {**self.reloads, "last": self.last_reload},
             "camera": self.camera.status() if self.camera is not None else None,
+            "training": self.training.status(),
         }
 
 

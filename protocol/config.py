@@ -157,6 +157,41 @@ class CameraConfig(_Section):
         return self
 
 
+class TrainingConfig(_Section):
+    """Federated training on this gateway's own samples (gateway/federated, docs/federated.md).
+
+    ``enabled`` and ``private`` are the defaults the control plane's ``training`` service may override;
+    the other fields take effect at the next start. torch is imported only once local training runs."""
+
+    enabled: bool = False
+    private: bool = True  # raw data may not leave the gateway; false: upload raw when the link allows
+    model: str = Field(default="digits", pattern=f"^{ID_PATTERN}$", description="the federated job's model")
+    arch: Literal["digits_mlp", "digits_cnn"] | None = Field(
+        default=None, description="refuse a global model of another architecture; None: the job's")
+    data_source: Literal["samples"] = Field(
+        default="samples", description="labelled TrainingSample records in <data_dir>/training/samples")
+    data_max_bytes: int = Field(default=64 * 1024 * 1024, ge=256 * 1024)  # private log budget, drop-oldest
+    max_samples: int = Field(default=10_000, ge=1)  # the newest samples one round trains on
+    min_samples: int = Field(default=16, ge=1)
+    threads: int = Field(default=1, ge=1, le=64)  # torch intra-op threads
+    duty: float = Field(default=0.5, gt=0, le=1)  # share of one core the trainer may use
+    codec: Literal["fp32", "bfp", "topk_bfp"] = "bfp"
+    mantissa_bits: int = Field(default=6, ge=2, le=8)
+    block_size: int = Field(default=32, ge=1, le=4096)
+    topk_fraction: float = Field(default=0.1, gt=0, le=1)
+    error_feedback: bool = True
+    poll_interval_s: float = Field(default=5.0, gt=0)
+    retrain_after_s: float = Field(default=60.0, gt=0)
+    timeout_s: float = Field(default=10.0, gt=0)
+    # the raw-vs-local choice (gateway/federated/choice.py)
+    raw_Bps: float | None = Field(default=None, gt=0, description="what raw samples would add to the "
+                                  "uplink; None: the training service graph's declared rate")
+    max_link_share: float = Field(default=0.5, gt=0, le=1)
+    min_up_fraction: float = Field(default=0.5, ge=0, le=1)
+    decide_interval_s: float = Field(default=5.0, gt=0)
+    forward_batch: int = Field(default=256, ge=1, le=10_000)  # raw mode: samples copied per uplink flush
+
+
 class HttpConfig(_Section):
     listen: str = "127.0.0.1:9100"
 
@@ -172,6 +207,7 @@ class GatewayConfig(_Section):
     http: HttpConfig = Field(default_factory=HttpConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     camera: CameraConfig | None = None  # absent: no camera service on this gateway
+    training: TrainingConfig = Field(default_factory=TrainingConfig)  # absent: training off by default
 
 
 def parse_gateway_config(data: dict, base_dir: Path | None = None) -> GatewayConfig:

@@ -92,6 +92,8 @@ class CameraSettings(_Model):
 
 class TrainingSettings(_Model):
     enabled: bool = False
+    private: bool = Field(default=True, description="raw data may not leave the gateway: always train "
+                                                    "locally; false lets the link decide (docs/federated.md)")
 
 
 class ModelsSettings(_Model):

@@ -25,6 +25,7 @@ from protocol.control import (
     ModelsSettings,
     PlacementSettings,
     SensorSettings,
+    TrainingSettings,
 )
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,18 @@ class ModelsHandler:
 
     async def apply(self, settings: BaseModel) -> Applied:
         assert isinstance(settings, ModelsSettings)
+        return await self._apply(settings)
+
+
+class TrainingHandler:
+    """training: on/off and the privacy flag go to the training runtime (gateway/federated/service.py),
+    which decides "upload raw" or "train locally" from the link and the flag, and acts on it."""
+
+    def __init__(self, apply_training: Callable[[TrainingSettings], Awaitable[Applied]]) -> None:
+        self._apply = apply_training
+
+    async def apply(self, settings: BaseModel) -> Applied:
+        assert isinstance(settings, TrainingSettings)
         return await self._apply(settings)
 
 

@@ -18,9 +18,10 @@ from protocol.control import ControlError, DesiredConfig, control_error_from
 
 def base_from_file(config: GatewayConfig) -> DesiredConfig:
     """The config file's say: ``[devices] allow``, ``log_level``, ``[placement] pins``, ``[camera]``
-    enabled/source/sample_fps; the rest default."""
+    enabled/source/sample_fps, ``[training]`` enabled/private; the rest default."""
     data: dict = {"sensor": {"allow": list(config.devices.allow)}, "gateway": {"log_level": config.log_level},
-                  "placement": {"pins": dict(config.placement.pins)}}
+                  "placement": {"pins": dict(config.placement.pins)},
+                  "training": {"enabled": config.training.enabled, "private": config.training.private}}
     if config.camera is not None:
         camera = config.camera
         data["camera"] = {"enabled": camera.enabled, "source": camera.source, "sample_fps": camera.sample_fps}

@@ -7,9 +7,11 @@ existing uplink sends it in a batch (so an update survives outages and gateway r
 record). A gateway trains again when a newer global version appears, or after ``retrain_after_s``
 on the same version (so a fleet smaller than the cloud's buffer still makes progress).
 
-Failures are values (``RoundOutcome.kind``); the loop backs off on them. Invariant: one owner (the
-task started by ``start``, cancelled and awaited by ``stop``); every HTTP call has a timeout; an
-update is appended only after its round finished completely.
+Failures are values (``RoundOutcome.kind``); the loop backs off on them, and an unexpected exception
+in a round (a full uplink log, say) becomes an ``error`` outcome with ``last_error`` set, never the
+end of the loop. Invariant: one owner (the task started by ``start``, cancelled and awaited by
+``stop``; ``start`` again after ``stop`` resumes with the same global model and residuals); every
+HTTP call has a timeout; an update is appended only after its round finished completely.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RoundOutcome:
-    kind: str  # sent | up_to_date | too_few_samples | fetch_failed | no_job | stopped
+    kind: str  # sent | up_to_date | too_few_samples | fetch_failed | no_job | wrong_model | stopped | error
     detail: str = ""
     version: int | None = None
     update_id: str | None = None
@@ -66,7 +68,8 @@ class FederatedClient:
                  wake_uplink: Callable[[], None] | None = None, device: str = "federated",
                  poll_interval_s: float = 1.0, retrain_after_s: float = 10.0, min_samples: int = 16,
                  max_samples: int = 10_000, timeout_s: float = 10.0, rng: random.Random | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, expect_model: str | None = None,
+                 expect_arch: str | None = None) -> None:
         self.gateway_id = gateway_id
         self._url = f"{cloud_url.rstrip('/')}/v1/federated/gateways/{gateway_id}/model"
         self._token = token
@@ -80,6 +83,7 @@ class FederatedClient:
         self.min_samples, self.timeout_s = min_samples, timeout_s
         self._rng = rng or random.Random()
         self._clock = clock
+        self.expect_model, self.expect_arch = expect_model, expect_arch
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
         self._global: GlobalModel | None = None
@@ -87,8 +91,9 @@ class FederatedClient:
         self._trained_version: int | None = None
         self._last_sent = float("-inf")
         self.counters = {"rounds": 0, "updates_sent": 0, "payload_bytes": 0, "record_bytes": 0,
-                         "fetches": 0, "fetch_bytes": 0, "fetch_failures": 0}
+                         "fetches": 0, "fetch_bytes": 0, "fetch_failures": 0, "wrong_model": 0, "errors": 0}
         self.last_outcome: RoundOutcome | None = None
+        self.last_error: str | None = None
 
     async def start(self, *, run: bool = True) -> None:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
@@ -108,9 +113,15 @@ class FederatedClient:
     async def _run(self) -> None:
         delay = self.poll_interval_s
         while True:
-            outcome = await self.run_round()
+            try:
+                outcome = await self.run_round()
+            except Exception as exc:  # a round must never end the loop; say what went wrong and back off
+                log.warning("federated round failed: %s: %s", type(exc).__name__, exc)
+                self.counters["errors"] += 1
+                outcome = RoundOutcome("error", f"{type(exc).__name__}: {exc}")
             self.last_outcome = outcome
-            if outcome.kind == "fetch_failed":
+            if outcome.kind in ("fetch_failed", "wrong_model", "error"):
+                self.last_error = outcome.detail
                 delay = min(30.0, delay * 2)
             else:
                 delay = self.poll_interval_s
@@ -139,12 +150,28 @@ class FederatedClient:
             return RoundOutcome("fetch_failed", f"HTTP {status}: {body[:200]!r}")
         try:
             document = parse_global_model(body)
+        except ProtocolError as exc:
+            self.counters["fetch_failures"] += 1
+            return RoundOutcome("fetch_failed", f"global model: {exc}")
+        wrong = self._wrong_model(document)
+        if wrong:
+            self.counters["wrong_model"] += 1
+            return RoundOutcome("wrong_model", wrong, document.version)
+        try:
             weights = load_weights(document)
         except ProtocolError as exc:
             self.counters["fetch_failures"] += 1
             return RoundOutcome("fetch_failed", f"global model: {exc}")
         self._global, self._weights = document, weights
         return None
+
+    def _wrong_model(self, document: GlobalModel) -> str:
+        """Why this gateway will not train ``document`` (its config names another model), or ""."""
+        if self.expect_model is not None and document.model != self.expect_model:
+            return f"the cloud's job trains {document.model!r}, this gateway expects {self.expect_model!r}"
+        if self.expect_arch is not None and document.arch.kind != self.expect_arch:
+            return f"the job's arch is {document.arch.kind!r}, this gateway allows {self.expect_arch!r}"
+        return ""
 
     async def run_round(self) -> RoundOutcome:
         failed = await self.fetch()

@@ -9,8 +9,8 @@ duty cycle holds the CPU share: after a step that took t seconds the thread slee
 t * (1 - duty) / duty, so with duty 0.5 training takes at most about half of one core and ingest,
 the log and the uplink keep the rest. The event loop never runs torch.
 
-Invariant: at most one round trains at a time; ``stop`` (between steps) ends a round early with
-``TrainingStopped`` and nothing is produced from a half-finished round.
+Invariant: at most one round trains at a time; ``interrupt`` or ``close`` (between steps) ends the
+running round early with ``TrainingStopped`` and nothing is produced from a half-finished round.
 """
 
 from __future__ import annotations
@@ -91,6 +91,7 @@ class LocalTrainer:
         self._generator = torch.Generator().manual_seed(seed)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="fl-trainer", initializer=self._init_thread)
         self._stop = threading.Event()
+        self._generation = 0  # interrupt() bumps it: a round started under an older one stops
         self.rounds = 0
 
     def _init_thread(self) -> None:
@@ -103,14 +104,20 @@ class LocalTrainer:
 
     async def train(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                     config: RoundConfig) -> LocalResult:
+        generation = self._generation
+
         def work() -> LocalResult:
             return train_local(model, x, y, config, generator=self._generator, duty=self.duty,
-                               should_stop=self._stop.is_set)
+                               should_stop=lambda: self._stop.is_set() or self._generation != generation)
 
         result = await self.run(work)
         self.rounds += 1
         assert isinstance(result, LocalResult)
         return result
+
+    def interrupt(self) -> None:
+        """End the running round at its next step (its ``train`` raises TrainingStopped); later rounds run."""
+        self._generation += 1
 
     def close(self) -> None:
         """Stop a running round at its next step and release the thread (waits for it)."""

@@ -1,0 +1,113 @@
+"""gatewayd runs federated training as its ``training`` service, configured over the control plane.
+
+A real mosquitto, a real cloudd (whose /healthz and /v1/probe make the link good), a real gatewayd
+with digits samples in its private data log. ``private=false`` on a good link -> upload raw: torch is
+never loaded and the samples reach cloudd as records; ``private=true`` -> train locally: updates go up
+and cloudd applies them. The decision and its reason are in /status and on /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import cloudd_token, start_cloudd
+from gwtest_util import Gatewayd, wait_until, write_config
+
+from gateway.federated.samples import sample_record
+from gateway.federated.service import open_sample_log
+from models.digits import load_digits_split
+from protocol.config import TrainingConfig
+from protocol.federated import FederatedJob, ModelArch, RoundConfig
+
+pytestmark = pytest.mark.timeout(180)
+N_SAMPLES = 120
+EXTRA = """[placement]
+probe_interval_s = 0.3
+goodput_every = 2
+replan_interval_s = 0.2
+[training]
+poll_interval_s = 0.3
+retrain_after_s = 2.0
+decide_interval_s = 0.5
+"""
+
+
+def gatewayctl(broker_url: str, *args: str) -> dict:
+    from gateway.ctl import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["--broker", broker_url, "--gateway", "gw1", "--timeout", "10", *args, "--json"])
+    assert code == 0, (code, out.getvalue(), err.getvalue())
+    return json.loads(out.getvalue())
+
+
+def operator(cloudd, method: str, path: str, body: bytes | None = None) -> dict:
+    request = urllib.request.Request(cloudd.url + path, data=body, method=method,
+                                     headers={"Authorization": f"Bearer {cloudd.operator_token}",
+                                              "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=20) as response:
+        return json.loads(response.read())
+
+
+async def write_samples(data_dir: Path) -> None:
+    split = load_digits_split(0)
+    log = open_sample_log(data_dir, TrainingConfig())
+    await log.open()
+    for i in range(N_SAMPLES):
+        await log.append(sample_record("camera", float(i), split.train_x[i], int(split.train_y[i])))
+    await log.flush(wait=True)
+    await log.close()
+
+
+def test_privacy_flag_over_the_control_plane_decides_raw_or_local(mosquitto, tmp_path: Path) -> None:
+    cloudd = start_cloudd(tmp_path / "cloud", gateways=("gw1",))
+    gw = None
+    try:
+        job = FederatedJob(model="digits", arch=ModelArch(kind="digits_mlp", width=16), buffer_k=1,
+                           onnx_every=0, poll_interval_s=0.2,
+                           round=RoundConfig(local_epochs=1, batch_size=16))
+        operator(cloudd, "PUT", "/v1/federated/job", job.model_dump_json().encode())
+        config, http_port = write_config(tmp_path, mosquitto.url, cloud_url=cloudd.url,
+                                         token=cloudd_token("gw1"), extra=EXTRA)
+        asyncio.run(write_samples(tmp_path / "data-gw1"))
+        gw = Gatewayd(config, http_port).wait_ready()
+        wait_until(lambda: gw.status()["control"]["births"] >= 1, 20, "control plane subscribed")
+        training = gw.status()["training"]
+        assert training["enabled"] is False and training["state"] == "stopped"
+        assert training["torch_loaded"] is False  # gatewayd without training never imports torch
+
+        answer = gatewayctl(mosquitto.url, "config", "set", "training", '{"enabled": true, "private": false}')
+        view = answer["data"]["services"]["training"]
+        assert view["applied"] is True and view["detail"].startswith("upload_raw"), view
+        wait_until(lambda: gw.status()["training"]["forwarder"]["forwarded"] == N_SAMPLES, 30,
+                   "raw samples copied to the uplink log")
+        training = gw.status()["training"]
+        assert training["mode"] == "upload_raw" and "fits the link" in training["reason"], training
+        assert training["state"] == "forwarding_raw" and training["torch_loaded"] is False
+        wait_until(lambda: sum(r.record["kind"] == "event" for r in cloudd.records("gw1")) == N_SAMPLES, 30,
+                   "raw samples stored by cloudd")
+
+        answer = gatewayctl(mosquitto.url, "config", "patch", "training", '{"private": true}')
+        assert answer["data"]["services"]["training"]["detail"].startswith("train_locally: private")
+        wait_until(lambda: gw.status()["training"]["client"]["updates_sent"] >= 1, 60, "an update sent")
+        training = gw.status()["training"]
+        assert training["mode"] == "train_locally" and training["reason"].startswith("private"), training
+        assert training["state"] == "training" and training["torch_loaded"] is True
+        assert [d["mode"] for d in training["decisions"]] == ["upload_raw", "train_locally"]
+        wait_until(lambda: operator(cloudd, "GET", "/v1/federated/status")["updates"]["applied"] >= 1, 30,
+                   "cloudd applied an update from gatewayd")
+        metrics = gw.get("/metrics").decode()
+        assert "edgefed_gateway_training_mode_local 1.0" in metrics
+        assert "edgefed_gateway_training_updates_sent_total" in metrics
+        code, err = gw.terminate()
+        assert code == 0, err
+    finally:
+        if gw is not None:
+            gw.kill()
+        cloudd.stop()
