@@ -117,6 +117,8 @@ class Link:
             if t == float("inf"):
                 return t
             seg = self.at(t)
+            if seg is self.segs[-1]:  # the last phase goes on past the trace's end (no endless loop)
+                return t + left / seg.goodput_Bps
             can = (seg.end - t) * seg.goodput_Bps
             if can >= left:
                 return t + left / seg.goodput_Bps

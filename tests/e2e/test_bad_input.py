@@ -27,7 +27,7 @@ def test_each_bad_message_is_counted_and_nothing_accepted_is_lost(mosquitto, clo
         publish(mosquitto.port, [(TOPIC, telemetry("sensor-1", seq)) for seq in range(10)])
         publish(mosquitto.port, [*BAD.values(), (TOPIC, MISSING_FIELDS)])
         publish(mosquitto.port, [(TOPIC, telemetry("sensor-1", seq)) for seq in range(10, 20)])
-        wait_until(lambda: len(cloudd.records("gw1")) >= 20, 60, "20 valid records in the cloud")
+        wait_until(lambda: len(cloudd.records("gw1")) >= 20, 120, "20 valid records in the cloud")
         status = gateway.status()
         rejected = status["ingest"]["rejected_by_reason"]
         expected = dict.fromkeys(BAD, 1) | {"invalid": 2}  # the wrong type and the missing fields
