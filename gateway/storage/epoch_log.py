@@ -89,7 +89,7 @@ class EpochLog:
         self._open_chunks: list[bytes] = []
         self._open_first: Lsn = 0
         self._open_bytes = 0
-        self._buffered = 0  # appended, not yet durable: bounded by buffer_bytes
+        self._buffered = 0  # appended, held in memory, not yet written to the file: <= buffer_bytes
         self._bytes_used = 0  # on disk or on the way, for the byte budget
         self._pending: deque[tuple[Lsn, asyncio.Future[None]]] = deque()
         self._space = asyncio.Event()
@@ -111,7 +111,7 @@ class EpochLog:
         self.recovery_s = time.perf_counter() - started
         self._writer = EpochWriter(self._layer, self.directory, self._writer_threads,
                                    self._from_writer(self._on_durable), self._from_writer(self._on_failed),
-                                   self._from_writer(self._on_disk_full))
+                                   self._from_writer(self._on_disk_full), self._from_writer(self._on_written))
         self._writer.start()
 
     def _recover(self) -> None:
@@ -187,9 +187,10 @@ class EpochLog:
             self._start_epoch()
         lsn = self._next_lsn
         self._next_lsn = lsn + 1
-        crc, rest, self._chain = frame_data(record if type(record) is bytes else bytes(record),
-                                            self._epoch_no, lsn, self._chain)
-        self._open_chunks += (crc, rest, record)
+        if type(record) is not bytes:
+            record = bytes(record)  # the writer keeps a reference: it must not change under it
+        header, self._chain = frame_data(record, self._epoch_no, lsn, self._chain)
+        self._open_chunks += (header, record)
         self._open_bytes += size
         self._buffered += size
         self._bytes_used += size
@@ -291,7 +292,6 @@ class EpochLog:
 
     def _on_durable(self, group: DurableGroup) -> None:
         self._durable_lsn = group.last_lsn
-        self._buffered -= group.nbytes
         self._disk_full = False
         for info in reversed(self._segments):
             if info.header.seq == group.seq:
@@ -304,6 +304,10 @@ class EpochLog:
             if not future.done():
                 future.set_result(None)
             self._stats["epochs_durable"] += 1
+        self._space.set()
+
+    def _on_written(self, nbytes: int) -> None:
+        self._buffered -= nbytes
         self._space.set()
 
     def _on_failed(self, exc: BaseException) -> None:
@@ -397,12 +401,14 @@ class EpochLog:
         return freed
 
     def _unlink(self, segments: list[SegmentInfo]) -> None:
+        """Oldest first, each removal made durable before the next: unsynced unlinks may persist in any
+        order, and a crash must never leave an older segment beside a hole where a newer one was."""
         for info in segments:
             try:
                 self._layer.unlink(info.path)
             except FileNotFoundError:
                 pass
-        self._layer.fsync_dir(self.directory)
+            self._layer.fsync_dir(self.directory)
 
     def _write_meta(self, trimmed_lsn: Lsn) -> None:
         path = os.path.join(self.directory, META_FILE)

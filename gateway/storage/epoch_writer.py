@@ -1,15 +1,20 @@
 """The epoch log's writer thread: puts closed epochs on disk and says when they are durable.
 
 Owns: the open segment files (their descriptors and next write offset) and the write pipeline.
-Each round writes, in parallel and in any order, (a) the commit record of the previous group, whose
-data the previous round made durable, and (b) the data of the next group of closed epochs, split
-into up to ``writer_threads`` regions at pre-assigned offsets; then it fsyncs the files it touched.
+Round r writes the data of group r (the closed epochs queued so far, split into up to
+``writer_threads`` regions at pre-assigned offsets, written in parallel and in any order) while the
+fsync of round r-1 runs on the sync thread; when that fsync returns, group r-2's commit is durable
+(reported) and group r-1's data is durable, so group r-1's commit record is written and the fsync
+of round r starts. The writer does no per-record work: an epoch arrives as a list of ready buffers
+(header, payload, ...) that go to the kernel in gathered writes (pwritev, GIL released), and the log
+is told as soon as a group's bytes are written, so the appender's buffer space never waits for an fsync.
 
 Invariant: a commit record is written only after the data it covers and every earlier commit record
-are durable (one fsync round earlier), so commits become durable in epoch order and a durable
-commit vouches for every byte before it. An fsync error is final: the thread reports it and stops;
-it never retries the fsync (the kernel may already have dropped the dirty pages). ENOSPC on a
-write is not final: the round is retried (same bytes, same offsets) until space is freed.
+are durable (the fsync that covered them had returned), so commits become durable in epoch order and a
+durable commit vouches for every byte before it; a new segment is created only after every commit
+before it is durable. An fsync error is final: the thread reports it and stops; it never retries the
+fsync (the kernel may already have dropped the dirty pages). ENOSPC on a write is not final: the write
+is retried (same bytes, same offsets) until space is freed.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import errno
 import threading
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from gateway.storage.filelayer import FileLayer
@@ -26,6 +31,7 @@ from gateway.storage.log_format import SegmentHeader, encode_commit
 from gateway.storage.recovery import Position
 
 PARALLEL_MIN_BYTES = 1 << 20
+IOV_MAX = 1024  # buffers per pwritev (Linux UIO_MAXIOV)
 MAX_GROUP_BYTES = 16 << 20
 ENOSPC_RETRY_S = (0.01, 0.5)
 
@@ -37,7 +43,7 @@ class ClosedEpoch:
     last_lsn: int
     segment: SegmentHeader
     path: str
-    chunks: list[bytes]  # crc, rest-of-header, payload for each record
+    chunks: list[bytes]  # header, payload for each record; emptied once written
     nbytes: int
     chain: int  # CRC of its last record
 
@@ -59,22 +65,34 @@ class _Group:
     fd: int = -1
     commit: bytes = b""
     commit_offset: int = 0
+    data_offset: int = 0
     nbytes: int = 0
-    writes: list[tuple[int, bytes, int]] = field(default_factory=list)
+    writes: list[tuple[int, list[bytes], int]] = field(default_factory=list)  # fd, buffers, offset
+
+
+@dataclass
+class _Sync:
+    """An fsync in flight and what it makes durable: ``data``'s records, ``committed``'s commit record."""
+
+    future: Future[None]
+    data: _Group | None
+    committed: _Group | None
 
 
 class EpochWriter:
     def __init__(self, layer: FileLayer, directory: str, writer_threads: int,
                  on_durable: Callable[[DurableGroup], None], on_failed: Callable[[BaseException], None],
-                 on_disk_full: Callable[[], None]) -> None:
+                 on_disk_full: Callable[[], None], on_written: Callable[[int], None]) -> None:
         self._layer = layer
         self._directory = directory
         self._on_durable, self._on_failed, self._on_disk_full = on_durable, on_failed, on_disk_full
+        self._on_written = on_written
         self._queue: deque[ClosedEpoch] = deque()  # bounded by the log's buffer_bytes
         self._cond = threading.Condition()
         self._stopping = False
         self._files: dict[int, list[int]] = {}  # segment seq -> [fd, next offset]
         self._pool = ThreadPoolExecutor(max(1, writer_threads), thread_name_prefix="epochlog-region")
+        self._syncer = ThreadPoolExecutor(1, thread_name_prefix="epochlog-fsync")
         self._regions = max(1, writer_threads)
         self._thread = threading.Thread(target=self._run, name="epochlog-writer", daemon=True)
         self.rounds = 0
@@ -97,6 +115,7 @@ class EpochWriter:
         alive = self._thread.is_alive()
         if not alive:
             self._pool.shutdown(wait=True)
+            self._syncer.shutdown(wait=True)
         return not alive
 
     def _take(self, block: bool) -> _Group | None:
@@ -113,21 +132,46 @@ class EpochWriter:
             return _Group(epochs, nbytes=size)
 
     def _run(self) -> None:
-        previous: _Group | None = None
+        """The pipeline: write group r's data while the fsync of round r-1 runs on the sync thread;
+        then, once that fsync is done, write group r-1's commit and start the fsync of round r."""
+        syncing: _Sync | None = None
         try:
             while True:
-                group = self._take(block=previous is None)
-                if group is None and previous is None:
+                group = self._take(block=syncing is None)
+                if group is None and syncing is None:
                     if self._stopping:
                         break
                     continue
-                self._round(previous, group)
-                if previous is not None:
-                    self._report(previous)
-                previous = group
+                new_segment = group is not None and group.epochs[0].segment.seq not in self._files
+                if new_segment and syncing is not None:
+                    self._drain(syncing)  # a segment appears only once every commit before it is durable
+                    syncing = None
+                if group is not None:
+                    self._with_enospc_retry(lambda group=group: self._write_data(group))
+                    self._written(group)
+                to_commit: _Group | None = None
+                if syncing is not None:
+                    self._wait_sync(syncing)
+                    if syncing.committed is not None:
+                        self._report(syncing.committed)  # its commit record is durable now
+                    to_commit = syncing.data  # its data is durable now: its commit may be written
+                    syncing = None
+                if to_commit is not None:
+                    commit = [(to_commit.fd, [to_commit.commit], to_commit.commit_offset)]
+                    self._with_enospc_retry(lambda commit=commit: self._write_all(commit, 0))
+                if group is not None or to_commit is not None:
+                    fds = list(dict.fromkeys(g.fd for g in (to_commit, group) if g is not None))
+                    syncing = _Sync(self._syncer.submit(self._fsync_all, fds), group, to_commit)
+                    self.rounds += 1
+                    if group is not None:
+                        self._release(group.epochs[0].segment.seq)  # keeps the two files in use
         except _Fatal as fatal:
             self._on_failed(fatal.cause)
+        except Exception as exc:  # a bug here must fail the log loudly, not leave appenders waiting
+            self._on_failed(exc)
         finally:
+            if syncing is not None:  # never close a descriptor under a running fsync
+                syncing.future.exception()
             for fd, _ in self._files.values():
                 try:
                     self._layer.close(fd)
@@ -135,19 +179,37 @@ class EpochWriter:
                     pass
             self._files.clear()
 
-    def _round(self, previous: _Group | None, group: _Group | None) -> None:
-        commit: list[tuple[int, bytes, int]] = []
-        sync: list[int] = []
-        if previous is not None:
-            commit.append((previous.fd, previous.commit, previous.commit_offset))
-            sync.append(previous.fd)
+    def _drain(self, syncing: _Sync) -> None:
+        """Finish the pipeline: the fsync in flight, then the last commit and its own fsync. Before a
+        segment rotation, so that a durable segment header implies the segments before it are whole
+        (recovery and lazy reads treat a gap before a newer segment as corruption)."""
+        self._wait_sync(syncing)
+        if syncing.committed is not None:
+            self._report(syncing.committed)
+        last = syncing.data
+        if last is None:
+            return
+        commit = [(last.fd, [last.commit], last.commit_offset)]
+        self._with_enospc_retry(lambda: self._write_all(commit, 0))
+        try:
+            self._fsync_all([last.fd])
+        except OSError as exc:
+            raise _Fatal(exc) from exc
+        self.rounds += 1
+        self._report(last)
+
+    def _write_data(self, group: _Group) -> None:
+        if group.fd < 0:
+            self._lay_out(group)  # may create the segment: ENOSPC is possible here too
+        self._write_all(group.writes, group.nbytes)
+
+    def _with_enospc_retry(self, write: Callable[[], None]) -> None:
+        """Run ``write`` (idempotent: same bytes, same offsets) until it succeeds; only ENOSPC is retried."""
         delay = ENOSPC_RETRY_S[0]
         while True:
             try:
-                if group is not None and group.fd < 0:
-                    self._lay_out(group)  # may create the segment: ENOSPC is possible here too
-                self._write_all(commit + (group.writes if group is not None else []))
-                break
+                write()
+                return
             except OSError as exc:
                 if exc.errno != errno.ENOSPC or (self._stopping and delay >= ENOSPC_RETRY_S[1]):
                     raise _Fatal(exc) from exc
@@ -155,36 +217,39 @@ class EpochWriter:
                 with self._cond:
                     self._cond.wait(delay)
                 delay = min(delay * 2, ENOSPC_RETRY_S[1])
-        if group is not None and group.fd not in sync:
-            sync.append(group.fd)
-        for fd in sync:
-            try:
-                self._layer.fsync(fd)
-            except OSError as exc:
-                raise _Fatal(exc) from exc
+
+    def _fsync_all(self, fds: list[int]) -> None:
+        for fd in fds:
+            self._layer.fsync(fd)
             self.fsyncs += 1
-        self.rounds += 1
-        if group is not None:
-            self._release(group.epochs[0].segment.seq)
+
+    @staticmethod
+    def _wait_sync(syncing: _Sync) -> None:
+        error = syncing.future.exception()  # no timeout: an fsync cannot be abandoned, only failed
+        if error is not None:
+            raise _Fatal(error) from error
 
     def _lay_out(self, group: _Group) -> None:
-        """Pre-assign offsets: the group's data, split into regions at record boundaries, then its commit."""
+        """Pre-assign offsets: the group's data, split into regions at record boundaries, then its commit.
+        Only list slicing and C-level sums here: no Python loop over records, no copy of the bytes."""
         first = group.epochs[0]
         fd, offset = self._segment(first.segment, first.path)
-        chunks = [c for epoch in group.epochs for c in epoch.chunks]
-        regions = self._regions if group.nbytes >= PARALLEL_MIN_BYTES else 1
-        target = group.nbytes / regions
-        start, size, region_start = 0, 0, offset
-        for i in range(0, len(chunks), 3):
-            size += len(chunks[i]) + len(chunks[i + 1]) + len(chunks[i + 2])
-            if size >= target and i + 3 < len(chunks):
-                data = b"".join(chunks[start:i + 3])
-                group.writes.append((fd, data, region_start))
-                region_start += len(data)
-                start, size = i + 3, 0
-        data = b"".join(chunks[start:])
-        group.writes.append((fd, data, region_start))
-        commit_offset = region_start + len(data)
+        chunks = first.chunks
+        if len(group.epochs) > 1:
+            chunks = []
+            for epoch in group.epochs:
+                chunks += epoch.chunks  # C-level copy of references, not a Python loop per record
+        records = len(chunks) // 2
+        regions = min(records, self._regions if group.nbytes >= PARALLEL_MIN_BYTES else 1)
+        region_start, start = offset, 0
+        for region in range(1, regions + 1):
+            end = 2 * (records * region // regions)  # an even index: a record boundary
+            buffers = chunks[start:end] if regions > 1 else chunks
+            group.writes.append((fd, buffers, region_start))
+            region_start += group.nbytes if regions == 1 else sum(map(len, buffers))
+            start = end
+        group.data_offset = offset
+        commit_offset = region_start
         last = group.epochs[-1]
         counts = [(e.number, e.last_lsn - e.first_lsn + 1) for e in group.epochs]
         group.commit = encode_commit(first.segment.salt, last.chain, counts, last.last_lsn)
@@ -213,16 +278,33 @@ class EpochWriter:
         for seq in [s for s in self._files if s < current_seq - 1]:
             self._layer.close(self._files.pop(seq)[0])
 
-    def _write_all(self, writes: list[tuple[int, bytes, int]]) -> None:
-        if len(writes) > 1 and sum(len(w[1]) for w in writes) >= PARALLEL_MIN_BYTES:
-            futures = [self._pool.submit(self._pwrite_all, fd, data, off) for fd, data, off in writes]
+    def _written(self, group: _Group) -> None:
+        """The group's data is in the kernel's hands: free its buffers and tell the log (the appender's
+        buffer space no longer waits for this group's fsync)."""
+        group.writes = []
+        for epoch in group.epochs:
+            epoch.chunks = []
+        self._on_written(group.nbytes)
+
+    def _write_all(self, writes: list[tuple[int, list[bytes], int]], nbytes: int) -> None:
+        if len(writes) > 1 and nbytes >= PARALLEL_MIN_BYTES:
+            futures = [self._pool.submit(self._pwritev_all, fd, buffers, off) for fd, buffers, off in writes]
             errors = [f.exception() for f in futures]
             for error in errors:
                 if error is not None:
                     raise error
         else:
-            for fd, data, off in writes:
-                self._pwrite_all(fd, data, off)
+            for fd, buffers, off in writes:
+                self._pwritev_all(fd, buffers, off)
+
+    def _pwritev_all(self, fd: int, buffers: list[bytes], offset: int) -> None:
+        for at in range(0, len(buffers), IOV_MAX):
+            batch = buffers[at:at + IOV_MAX]
+            size = sum(map(len, batch))
+            written = self._layer.pwritev(fd, batch, offset)
+            if written < size:  # a short write (rare on regular files): finish it with plain pwrites
+                self._pwrite_all(fd, b"".join(batch)[written:], offset + written)
+            offset += size
 
     def _pwrite_all(self, fd: int, data: bytes, offset: int) -> None:
         view = memoryview(data)
@@ -235,7 +317,7 @@ class EpochWriter:
     def _report(self, group: _Group) -> None:
         last = group.epochs[-1]
         end = group.commit_offset + len(group.commit)
-        file_bytes = end - group.writes[0][2]
+        file_bytes = end - group.data_offset
         position = Position(end, last.chain, last.last_lsn + 1, last.number)
         self._on_durable(DurableGroup(last.segment.seq, position, last.last_lsn, group.nbytes, file_bytes))
 

@@ -77,11 +77,12 @@ def decode_segment_header(block: bytes | memoryview) -> SegmentHeader | None:
     return SegmentHeader(salt, seq, first_lsn, first_epoch)
 
 
-def frame_data(payload: bytes, epoch: int, lsn: int, chain: int) -> tuple[bytes, bytes, int]:
-    """(crc field, rest of header, new chain) for one data record; payload follows the header."""
-    rest = _RECORD_REST.pack(KIND_DATA, len(payload), epoch, lsn)
-    crc = crc32c.crc32c(payload, crc32c.crc32c(rest, chain))
-    return _U32.pack(crc), rest, crc
+def frame_data(payload: bytes, epoch: int, lsn: int, chain: int) -> tuple[bytes, int]:
+    """(record header, new chain) for one data record; the payload follows the header on disk.
+    On the append path: two C CRC calls and two packs, no copy of the payload."""
+    size = len(payload)
+    crc = crc32c.crc32c(payload, crc32c.crc32c(_RECORD_REST.pack(KIND_DATA, size, epoch, lsn), chain))
+    return RECORD_HEADER.pack(crc, KIND_DATA, size, epoch, lsn), crc
 
 
 def encode_commit(salt: int, chain: int, epochs: list[tuple[int, int]], last_lsn: int) -> bytes:
