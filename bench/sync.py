@@ -1,18 +1,34 @@
 """Barrier-scheduled sync vs plain DDP on a communication-heavy model over a slow emulated link.
 
 Two ranks under torchrun (gloo). gloo over loopback cannot be slowed with netem here, so the link
-is emulated identically for both systems: every all-reduce message passes through a ``CommThread``
-whose ``LinkDelay`` holds a shared wire for ``per_message_s + per_byte_s * bytes`` before the real
-all-reduce is launched. DDP gets it through a comm hook (its default 25 MB buckets); ours through
-the scheduler's lanes (the second lane shares the same wire, so it adds no bandwidth). Model: a
-stack of wide Linear layers at a small batch (little compute, many bytes). Figure: mean wall time
-per iteration after warm-up; ratio ``vs_ddp`` = DDP time / ours (higher is better).
+is emulated identically for every system: each all-reduce message passes through a ``CommThread``
+whose ``LinkDelay`` holds a wire shared by the process's lanes for ``per_message_s + per_byte_s *
+bytes`` (a sleep: the host's CPU stays free, as it does while a real NIC sends) before the real
+gloo all-reduce runs. DDP gets it through a comm hook; ours through the scheduler's lanes (the
+priority lane shares the same wire, so it adds no bandwidth; it only goes first).
+
+Systems, interleaved in each repetition so a change in the box's load hits all of them:
+- ``compute_only``: the same forward/backward/step with no sync at all (the floor; not a baseline);
+- ``ddp_default``: DDP with its default buckets (25 MB cap, 1 MB first bucket);
+- ``ddp_layer_buckets``: DDP with ``bucket_cap_mb`` = one layer's weight, i.e. the same per-layer
+  messages as ours, so it overlaps its all-reduces with backward as ours does;
+- ``sync_fifo``: ours with the engine off (per-layer, sent as ready, FIFO);
+- ``sync_scheduler``: ours, adaptive (the engine measures blockage and re-decides every window).
+``--quick`` runs only the two DDP baselines and ours. Each system keeps its model across rounds;
+after a warm-up (for ours, the engine's first windows), rounds run a few iterations of each system
+in turn and drop the first two of each (cold after the switch).
+Where ours can win by design: each layer's sync overlaps the rest of backward and, with the lazy
+per-layer step, the next forward; the engine sends the layers the next forward needs first.
+Figure: median wall time per iteration after warm-up (forward + backward + step); ratio ``vs_ddp``
+= ddp_default / sync_scheduler per round, reported as the median over rounds with its min and
+max; ``vs_ddp_layer_buckets`` likewise.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -29,8 +45,10 @@ from bench.common import Results  # noqa: E402
 from cloud.training.sync.link import CommThread, LinkDelay  # noqa: E402
 from cloud.training.sync.scheduler import SyncScheduler  # noqa: E402
 
-WIDTH, DEPTH, BATCH = 768, 6, 32
-LINK = LinkDelay(per_message_s=0.002, per_byte_s=1 / 400e6)  # ~400 MB/s shared wire, 2 ms per message
+WIDTH, DEPTH, BATCH = 768, 6, 48
+PER_MESSAGE_S, BYTES_PER_S = 0.003, 400e6
+LINK = LinkDelay(per_message_s=PER_MESSAGE_S, per_byte_s=1 / BYTES_PER_S)
+SYSTEMS = ("compute_only", "ddp_default", "ddp_layer_buckets", "sync_fifo", "sync_scheduler")
 
 
 def make_model() -> nn.Sequential:
@@ -41,6 +59,10 @@ def make_model() -> nn.Sequential:
     return nn.Sequential(*layers, nn.Linear(WIDTH, 10))
 
 
+def make_optimizer(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.01, momentum=0.9)
+
+
 def ddp_hook(comm, bucket):  # noqa: ANN001 (DDP rejects string annotations on a comm hook)
     tensor = bucket.buffer().div_(dist.get_world_size())
     result: torch.futures.Future = torch.futures.Future()
@@ -48,49 +70,80 @@ def ddp_hook(comm, bucket):  # noqa: ANN001 (DDP rejects string annotations on a
     return result
 
 
-def run_ddp(model: nn.Module, data: tuple, steps: int, warmup: int) -> float:
-    comm = CommThread(dist.new_group(backend="gloo"), LINK)
-    ddp = DistributedDataParallel(model)
-    ddp.register_comm_hook(comm, ddp_hook)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
-    x, y = data
-    times = []
-    for _ in range(steps):
-        started = time.perf_counter()
-        optimizer.zero_grad()
-        nn.functional.cross_entropy(ddp(x), y).backward()
-        optimizer.step()
-        times.append(time.perf_counter() - started)
-    comm.close()
-    return sum(times[warmup:]) / (steps - warmup)
+class System:
+    """One system's model and training step, kept alive across rounds so rounds can interleave."""
 
+    def __init__(self, name: str, initial: nn.Module, data: tuple) -> None:
+        self.name = name
+        self.model = copy.deepcopy(initial)
+        self.comm: CommThread | None = None
+        self.sync: SyncScheduler | None = None
+        self.x, self.y = data
+        if name.startswith("sync"):
+            self.sync = SyncScheduler(self.model, make_optimizer, group=dist.new_group(backend="gloo"),
+                                      window=4, link=LINK, adaptive=name == "sync_scheduler")
+            return
+        if name.startswith("ddp"):
+            self.comm = CommThread(dist.new_group(backend="gloo"), LINK)
+            layer_mb = WIDTH * WIDTH * 4 / 2**20
+            options = {"bucket_cap_mb": layer_mb} if name == "ddp_layer_buckets" else {}
+            self.model = DistributedDataParallel(self.model, **options)
+            self.model.register_comm_hook(self.comm, ddp_hook)
+        self.optimizer = make_optimizer(list(self.model.parameters()))
 
-def run_ours(model: nn.Module, data: tuple, steps: int, warmup: int, window: int) -> tuple[float, dict]:
-    sync = SyncScheduler(model, lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9),
-                         group=dist.new_group(backend="gloo"), window=window, link=LINK)
-    x, y = data
-    times = []
-    for _ in range(steps):
-        started = time.perf_counter()
-        nn.functional.cross_entropy(model(x), y).backward()
-        times.append(time.perf_counter() - started)
-    sync.close()
-    return sum(times[warmup:]) / (steps - warmup), sync.status()
+    def step(self) -> None:
+        if self.sync is None:
+            self.optimizer.zero_grad()
+        nn.functional.cross_entropy(self.model(self.x), self.y).backward()
+        if self.sync is None:
+            self.optimizer.step()
+
+    def run(self, steps: int) -> list[float]:
+        times = []
+        for _ in range(steps):
+            started = time.perf_counter()
+            self.step()
+            times.append(time.perf_counter() - started)
+        if self.sync is not None:
+            self.sync.finish()  # nothing in flight when the next system runs
+        return times
+
+    def close(self) -> dict:
+        if self.comm is not None:
+            self.comm.close()
+        if self.sync is None:
+            return {}
+        self.sync.close()
+        return self.sync.status()
 
 
 def worker(quick: bool) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    steps, warmup, window = (40, 24, 4) if quick else (120, 60, 8)
+    warmup, rounds, per_round, skip = (10, 4, 5, 2) if quick else (40, 10, 10, 2)
+    # --quick keeps the baselines and ours; the floor and the engine-off variant only in the full run
+    systems_run = SYSTEMS if not quick else ("ddp_default", "ddp_layer_buckets", "sync_scheduler")
     generator = torch.Generator().manual_seed(dist.get_rank())
     data = (torch.randn(BATCH, WIDTH, generator=generator),
             torch.randint(0, 10, (BATCH,), generator=generator))
     initial = make_model()
-    ddp_s = run_ddp(copy.deepcopy(initial), data, steps, warmup)
-    ours_s, status = run_ours(copy.deepcopy(initial), data, steps, warmup, window)
+    systems = [System(name, initial, data) for name in systems_run]
+    for system in systems:  # warm-up; for ours, the engine's first windows
+        system.run(warmup)
+    medians: dict[str, list[float]] = {system.name: [] for system in systems}
+    for _ in range(rounds):  # interleaved, so a change in the box's load hits every system
+        for system in systems:
+            dist.barrier()
+            times = system.run(per_round)[skip:]  # the first iterations after a switch start cold
+            median = torch.tensor(statistics.median(times))
+            dist.all_reduce(median, op=dist.ReduceOp.MAX)  # the slower rank sets the pace
+            medians[system.name].append(float(median))
+    statuses = {system.name: system.close() for system in systems}
     if dist.get_rank() == 0:
-        write_rank_result({"ddp_s": ddp_s, "ours_s": ours_s, "policy": status["policy"],
-                           "decisions": status["decisions"]}, 0)
+        status = statuses["sync_scheduler"]
+        write_rank_result({"medians": medians, "policy": status["policy"], "decisions": status["decisions"],
+                           "last_window": status["last_window"], "warmup": warmup, "rounds": rounds,
+                           "per_round": per_round, "skip": skip}, 0)
     dist.destroy_process_group()
 
 
@@ -102,17 +155,34 @@ def main() -> None:
     if args.worker:
         worker(args.quick)
         return
+    started = time.perf_counter()
     figures = launch(Path(__file__).resolve(), ["--quick"] if args.quick else [])
+    medians = figures["medians"]
     results = Results("sync", args.quick)
-    case = f"{DEPTH}x linear {WIDTH}, batch {BATCH}, link 400MB/s + 2ms/msg"
-    results.add(case, "ddp", "iteration_ms", figures["ddp_s"] * 1e3)
-    results.add(case, "sync_scheduler", "iteration_ms", figures["ours_s"] * 1e3)
-    results.ratio("vs_ddp", figures["ddp_s"], figures["ours_s"])
+    case = (f"{DEPTH}x linear {WIDTH}, batch {BATCH}, link {BYTES_PER_S / 1e6:.0f}MB/s + "
+            f"{PER_MESSAGE_S * 1e3:.0f}ms/msg, {figures['rounds']} rounds")
+    for system, values in medians.items():
+        results.add(case, system, "iteration_ms_median_over_rounds", statistics.median(values) * 1e3)
+        results.add(case, system, "iteration_ms_min_round", min(values) * 1e3)
+        results.add(case, system, "iteration_ms_max_round", max(values) * 1e3)
+    for name, baseline in (("vs_ddp", "ddp_default"), ("vs_ddp_layer_buckets", "ddp_layer_buckets"),
+                           ("vs_sync_fifo", "sync_fifo")):
+        if baseline not in medians:
+            continue
+        per_round = [b / o for b, o in zip(medians[baseline], medians["sync_scheduler"], strict=True)]
+        results.ratios[name] = statistics.median(per_round)
+        results.add(case, name, "ratio_min_round", min(per_round))
+        results.add(case, name, "ratio_max_round", max(per_round))
+    results.add(case, "all", "bench_seconds", time.perf_counter() - started)
     results.write()
-    print("final policy:", figures["policy"])
+    print(f"sync_scheduler final policy: {figures['policy']}")
     for decision in figures["decisions"]:
-        print("decision:", decision)
-
+        print("  decision:", decision)
+    last = figures["last_window"]
+    if last:
+        print("  last window (blocked, sync, queue ms):",
+              {layer["layer"]: (layer["blocked_ms"], layer["sync_ms"], layer["queue_ms"])
+               for layer in last["layers"]})
 
 if __name__ == "__main__":
     main()

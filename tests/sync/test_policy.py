@@ -85,3 +85,42 @@ def test_engine_reverts_a_trial_that_made_things_worse() -> None:
     engine.end_window(table(1, {"0": 0.2}, {"6": 0.1}))
     assert engine.decisions[-1]["action"] == "revert"
     assert engine.policy == SyncPolicy.per_layer(ORDER)
+
+
+def queued_table(window: int, blocked: dict[str, float], queue: dict[str, float],
+                 sync: float = 0.008) -> WindowTable:
+    layers = tuple(LayerWindow(name, i, 64 * KB, blocked.get(name, 0.0), sync, queue.get(name, 0.0))
+                   for i, name in enumerate(ORDER))
+    return WindowTable(window, 4, 0.05, "", layers)
+
+
+def test_backlog_sends_first_needed_layers_first_in_forward_order_then_releases() -> None:
+    """A link slower than backward: no single sync heavy, but layer 0 queues behind the others."""
+    engine = PolicyEngine(SyncPolicy.per_layer(ORDER), EngineConfig(merge_bytes=0))
+    engine.end_window(queued_table(0, {"0": 0.03}, {"0": 0.025, "2": 0.015}))
+    assert engine.policy.first == engine.policy.held == {"0"}
+    assert "forward order" in engine.decisions[-1]["reason"]
+    engine.end_window(queued_table(1, {"2": 0.02}, {"2": 0.02}))  # kept; now layer 2 waits: double
+    assert engine.decisions[-2]["action"] == "keep"
+    assert engine.policy.first == engine.policy.held == {"0", "2"}
+    engine.end_window(queued_table(2, {"4": 0.005}, {"4": 0.01}))
+    assert engine.policy.first == {"0", "2", "4"}  # capped: the last-needed layer keeps overlapping
+    engine.end_window(queued_table(3, {}, {}, sync=0.0005))  # the link got fast: no backlog left
+    assert engine.decisions[-1]["action"] == "try" and "release" in engine.decisions[-1]["reason"]
+    engine.end_window(queued_table(4, {}, {}, sync=0.0005))
+    assert engine.policy == SyncPolicy.per_layer(ORDER)
+
+
+def test_blocked_without_queueing_is_not_a_backlog() -> None:
+    """Rank skew blocks layer 0 but its message did not wait behind others: not the backlog rule."""
+    proposal = propose(queued_table(0, {"0": 0.03}, {"0": 0.001}), SyncPolicy.per_layer(ORDER),
+                       EngineConfig(merge_bytes=0))
+    assert proposal.policy == SyncPolicy.per_layer(ORDER)
+
+
+def test_backlog_rule_looks_past_a_layer_already_sent_first() -> None:
+    """Layer 0 (already first) still waits for its own message; layer 2 queues behind the backlog."""
+    current = SyncPolicy(SyncPolicy.per_layer(ORDER).buckets, held=frozenset({"0"}), first=frozenset({"0"}))
+    window = queued_table(0, {"0": 0.06, "2": 0.02}, {"2": 0.02})
+    proposal = propose(window, current, EngineConfig(merge_bytes=0))
+    assert proposal.policy.first == proposal.policy.held == {"0", "2"}

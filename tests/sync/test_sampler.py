@@ -29,7 +29,9 @@ def test_scores_favour_toggling_wrong_and_unseen() -> None:
 def test_selection_is_deterministic_and_explores() -> None:
     tracker = ToggleTracker(1000)
     tracker.record(torch.arange(1000), torch.ones(1000, dtype=torch.bool))
-    tracker.record(torch.arange(100), torch.zeros(100, dtype=torch.bool))  # items 0..99 flip
+    tracker.merge()
+    flips = torch.arange(1000) < 100
+    tracker.record(torch.arange(1000), ~flips)  # items 0..99 flip, the rest stay right (known stable)
     state = tracker.merge()
     first = select_items(state, 200, floor=0.1, seed=3, epoch=5)
     assert torch.equal(first, select_items(state, 200, floor=0.1, seed=3, epoch=5))
@@ -44,3 +46,14 @@ def test_sampler_shards_the_same_selection() -> None:
     assert len(lists[0]) == len(lists[1]) == len(shards[0])
     assert not set(lists[0]) & set(lists[1])
     assert sorted(lists[0] + lists[1]) == sorted(shards[0].selection().tolist())
+
+
+def test_once_seen_items_are_not_yet_stable_and_warmup_takes_everything() -> None:
+    tracker = ToggleTracker(3)
+    tracker.record(torch.arange(2), torch.tensor([True, True]))
+    state = tracker.merge()
+    assert item_scores(state).tolist() == [1.0, 1.0, 1.0]  # one presentation: no chance to toggle yet
+    sampler = ToggleSampler(10, fraction=0.3, seed=2, warmup_epochs=1)
+    assert sorted(sampler) == list(range(10)) and len(sampler) == 10
+    sampler.set_epoch(1)
+    assert len(list(sampler)) == len(sampler) == 3

@@ -5,7 +5,10 @@ thread per group (a *lane*) that launches them in the order the trainer handed t
 can also stand in for a slow link (``LinkDelay``), as an injected fault or an emulated link, never
 in a normal run: ``per_message_s + per_byte_s * bytes`` occupies a wire shared by every lane of the
 process (so a second lane adds no bandwidth), and ``per_layer_s`` stalls this lane before it
-launches that layer's message (head-of-line: later messages of the lane queue behind it).
+launches that layer's message (head-of-line: later messages of the lane queue behind it). The
+emulated wire sleeps (releasing the GIL, burning no CPU), as a slow network looks to the host; a
+lane marked ``priority`` takes the wire before waiting ordinary messages, at message granularity
+(the message on the wire is not pre-empted), as ByteScheduler's priority queue does.
 
 Invariant: messages are launched in hand-over order, one at a time; ``submit`` blocks (with a
 timeout) when ``max_pending`` messages are waiting, and counts how often it had to.
@@ -40,14 +43,33 @@ class LinkDelay:
 
 
 class SharedWire:
-    """The emulated link's serial resource: one message occupies it at a time, across lanes."""
+    """The emulated link's serial resource: one message occupies it at a time, across lanes;
+    when it frees up, a waiting priority message goes before waiting ordinary ones."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._free = threading.Condition()
+        self._busy = False
+        self._priority_waiting = 0
 
-    def occupy(self, seconds: float) -> None:
-        with self._lock:
-            time.sleep(seconds)
+    def occupy(self, seconds: float, priority: bool = False, timeout_s: float = 60.0) -> None:
+        with self._free:
+            if priority:
+                self._priority_waiting += 1
+            try:
+                ok = self._free.wait_for(lambda: not self._busy and (priority or not self._priority_waiting),
+                                         timeout_s)
+            finally:
+                if priority:
+                    self._priority_waiting -= 1
+            if not ok:
+                raise TimeoutError(f"emulated wire not free within {timeout_s} s")
+            self._busy = True
+        try:
+            time.sleep(seconds)  # a sleep releases the GIL: the host is idle while bytes are on the wire
+        finally:
+            with self._free:
+                self._busy = False
+                self._free.notify_all()
 
 
 class PendingSync:
@@ -75,6 +97,13 @@ class PendingSync:
         return self.tensor
 
     @property
+    def queue_s(self) -> float | None:
+        """Time queued in the lane behind earlier messages, from hand-off to the comm thread picking it."""
+        if self.picked_at is None:
+            return None
+        return self.picked_at - self.handed_at
+
+    @property
     def sync_s(self) -> float | None:
         """Time on the link: from the comm thread picking it up to the all-reduce being done."""
         if self.done_at is None or self.picked_at is None:
@@ -97,13 +126,15 @@ class PendingSync:
 
 
 _STOP = object()
+_OPS = {"all_reduce": dist.ReduceOp.SUM, "all_reduce_max": dist.ReduceOp.MAX}
 
 
 class CommThread:
     def __init__(self, group: dist.ProcessGroup | None = None, link: LinkDelay | None = None,
                  wire: SharedWire | None = None, max_pending: int = 1024,
-                 submit_timeout_s: float = 60.0) -> None:
+                 submit_timeout_s: float = 60.0, priority: bool = False) -> None:
         self.group = group
+        self.priority = priority  # this lane's messages take the shared wire before ordinary ones
         self.link = link or LinkDelay()
         self.wire = wire or SharedWire()
         self.submit_timeout_s = submit_timeout_s
@@ -139,11 +170,10 @@ class CommThread:
                     time.sleep(stall)
                 wire = link.wire_s(pending.tensor.numel() * pending.tensor.element_size())
                 if wire > 0:
-                    self.wire.occupy(wire)
-                if op == "all_reduce":
-                    work = dist.all_reduce(pending.tensor, group=self.group, async_op=True)
-                else:
+                    self.wire.occupy(wire, self.priority)
+                if op not in _OPS:
                     raise ValueError(f"unknown collective {op!r}")
+                work = dist.all_reduce(pending.tensor, op=_OPS[op], group=self.group, async_op=True)
                 pending._work = work
                 work.get_future().add_done_callback(lambda _fut, p=pending: p._mark_done())
             except BaseException as error:  # handed to the waiter; the thread keeps serving

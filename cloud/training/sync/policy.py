@@ -94,6 +94,7 @@ class LayerWindow:
     nbytes: int  # gradient bytes of the layer
     blocked_s: float  # mean per iteration: compute held up waiting for this layer's sync
     sync_s: float  # mean time of the message carrying this layer, from hand-off to done
+    queue_s: float = 0.0  # mean time that message waited in its lane behind earlier messages
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ class WindowTable:
             "iteration_ms": round(self.iteration_s * 1e3, 3), "blocked_ms": round(self.blocked_s * 1e3, 3),
             "layers": [{"layer": layer.name, "forward_index": layer.forward_index, "bytes": layer.nbytes,
                         "blocked_ms": round(layer.blocked_s * 1e3, 3),
-                        "sync_ms": round(layer.sync_s * 1e3, 3)}
+                        "sync_ms": round(layer.sync_s * 1e3, 3), "queue_ms": round(layer.queue_s * 1e3, 3)}
                        for layer in self.layers],
         }
 
@@ -133,6 +134,9 @@ class EngineConfig:
     # A trial that releases (moves back towards the plain policy) is kept unless clearly worse: with
     # the cause gone, the simpler policy wins ties, and noise must not pin a stale remedy in place.
     release_rel_tol: float = 0.5
+    # A layer blocked while its message sat at least this long in the lane behind messages of layers
+    # the next forward needs later is queued behind a backlog: send the first-needed layers first.
+    backlog_min_s: float = 0.004
     tabu_windows: int = 4  # a reverted policy is not proposed again for this many windows
 
 
@@ -153,17 +157,23 @@ def propose(table: WindowTable, current: SyncPolicy, cfg: EngineConfig = EngineC
     """The policy to try for the next window, from this window's table. Pure.
 
     Rules, first match wins: (1) release held layers whose sync is no longer heavy; (2) release the
-    priority lane when no heavy sync is left on the main lane; (3) if a layer is blocked behind a
-    heavy sync that the next forward needs later, send it first (priority lane), or, if that was
-    tried and reverted, hold the heavy syncs behind the barrier; (4) if still blocked, merge the two
-    smallest adjacent ordinary buckets (fewer messages); otherwise keep the current policy.
+    priority lane when no heavy sync is left on the main lane, and the layers sent first in forward
+    order when the link no longer carries a backlog (all syncs together below ``backlog_min_s``);
+    (3) if a layer is blocked behind a heavy sync that the next forward needs later, send it first
+    (priority lane), or, if that was tried and reverted, hold the heavy syncs behind the barrier;
+    (4) if a layer is blocked while its message queued behind a backlog of syncs the next forward
+    needs later (no single one heavy: a link slower than backward), send the first-needed layers
+    first, held to the end of backward and launched in forward order on the priority lane (P3,
+    ByteScheduler), doubling how many per trial; (5) if still blocked, merge the two smallest
+    adjacent ordinary buckets (fewer messages); otherwise keep the current policy.
     Policies in ``tabu`` (text form) are never proposed.
     """
     by_name = {layer.name: layer for layer in table.layers}
     heavy = _heavy_cut(table, cfg)
 
     forward_index = {layer.name: layer.forward_index for layer in table.layers}
-    released = frozenset(name for name in current.held if by_name[name].sync_s < heavy)
+    ordered = current.held & current.first  # the backlog remedy: first-needed layers, in forward order
+    released = frozenset(name for name in current.held - ordered if by_name[name].sync_s < heavy)
     if released:
         candidate = replace(current, held=current.held - released)
         if candidate.text() not in tabu:
@@ -171,11 +181,18 @@ def propose(table: WindowTable, current: SyncPolicy, cfg: EngineConfig = EngineC
             return Proposal(candidate, f"release {names}: sync below {heavy * 1e3:.1f} ms", releases=True)
 
     main_lane = [name for bucket in current.main_lane_order(forward_index) for name in bucket]
-    if current.first and not any(by_name[name].sync_s >= heavy for name in main_lane):
-        candidate = replace(current, first=frozenset())
+    first_only = current.first - ordered
+    if first_only and not any(by_name[name].sync_s >= heavy for name in main_lane):
+        candidate = replace(current, first=ordered)
         if candidate.text() not in tabu:
-            return Proposal(candidate, f"release first={','.join(sorted(current.first))}: no heavy sync left "
+            return Proposal(candidate, f"release first={','.join(sorted(first_only))}: no heavy sync left "
                                        f"on the main lane (all below {heavy * 1e3:.1f} ms)", releases=True)
+    total_sync = sum(layer.sync_s for layer in table.layers)
+    if ordered and total_sync < cfg.backlog_min_s:
+        candidate = replace(current, first=current.first - ordered, held=current.held - ordered)
+        if candidate.text() not in tabu:
+            return Proposal(candidate, f"release {','.join(sorted(ordered))} from forward order: syncs total "
+                                       f"{total_sync * 1e3:.1f} ms, no backlog", releases=True)
 
     worst = max(table.layers, key=lambda layer: layer.blocked_s)
     if worst.blocked_s < cfg.block_threshold_s:
@@ -204,10 +221,41 @@ def propose(table: WindowTable, current: SyncPolicy, cfg: EngineConfig = EngineC
                                            f"{worst.name} (blocked {worst.blocked_s * 1e3:.1f} ms) "
                                            "goes before them")
 
+    backlog = _send_first_in_forward_order(table, current, main_lane, cfg, tabu)
+    if backlog is not None:
+        return backlog
+
     merged = _merge_smallest(current, by_name, cfg, tabu)
     if merged is not None:
         return merged
     return Proposal(current, f"{worst.name} blocked {worst.blocked_s * 1e3:.1f} ms; no untried remedy")
+
+
+def _send_first_in_forward_order(table: WindowTable, current: SyncPolicy, main_lane: list[str],
+                                 cfg: EngineConfig, tabu: frozenset[str]) -> Proposal | None:
+    """Rule (4): the most blocked main-lane layer queued behind syncs of layers needed later; hold
+    and prioritise the first-needed layers up to it (at least)."""
+    queued = [layer for layer in table.layers if layer.name in main_lane
+              and layer.blocked_s >= cfg.block_threshold_s and layer.queue_s >= cfg.backlog_min_s]
+    if not queued:
+        return None
+    worst = max(queued, key=lambda layer: layer.blocked_s)
+    by_name = {layer.name: layer for layer in table.layers}
+    ahead = main_lane[:main_lane.index(worst.name)]
+    if not any(by_name[name].forward_index > worst.forward_index for name in ahead):
+        return None
+    ordered = current.held & current.first
+    # at least up to the blocked layer; doubling so a deep backlog is covered in a few trials; never
+    # every layer (the last-needed ones keep overlapping with backward)
+    count = min(max(worst.forward_index + 1, 2 * len(ordered)), len(table.layers) - 1)
+    chosen = frozenset(layer.name for layer in table.layers if layer.forward_index < count)
+    candidate = replace(current, first=current.first | chosen, held=current.held | chosen)
+    if candidate == current or candidate.text() in tabu:
+        return None
+    added = ",".join(sorted(chosen - ordered, key=lambda name: by_name[name].forward_index))
+    return Proposal(candidate, f"send {added} first, in forward order ({worst.name} blocked "
+                               f"{worst.blocked_s * 1e3:.1f} ms, queued {worst.queue_s * 1e3:.1f} ms "
+                               "behind syncs needed later)")
 
 
 def _merge_smallest(current: SyncPolicy, by_name: dict[str, LayerWindow], cfg: EngineConfig,

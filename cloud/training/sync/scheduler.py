@@ -7,9 +7,12 @@ thread, unless the policy holds it behind the barrier. When backward ends, held 
 buckets are handed over in forward order. The optimizer step is lazy and per layer: a forward
 pre-hook on each layer waits for that layer's sync, writes the summed gradient back, steps that
 layer's optimizer and clears its gradients. The time spent in that wait is the layer's blockage.
-Every ``window`` iterations the ranks all-gather their tables (blockage: max over ranks; sync time:
-min, since a rank that launched early also counts the time it waited for its peers) and feed the
-same ``PolicyEngine``, so every rank switches to the same policy at the same iteration.
+Every ``window`` iterations the ranks combine their tables (blockage: max over ranks; sync and
+queue time: min, since a rank that launched early also counts the time it waited for its peers) and
+feed the same ``PolicyEngine``, so every rank switches to the same policy at the same iteration.
+The exchange is one small all-reduce sent down the ordinary lane behind that iteration's gradients
+and read at the start of the next backward, so a window's end does not drain the lanes (the next
+forward still overlaps the syncs in flight); the new policy applies from that backward on.
 
 Invariant: each parameter's gradient is summed across the group exactly once per iteration and
 stepped before the layer's next forward, so the trajectory is synchronous SGD whatever the policy
@@ -70,7 +73,8 @@ class SyncScheduler:
             priority_group = dist.new_group(ranks=ranks, backend="gloo")
         wire = SharedWire()
         self.comm = CommThread(group, link, wire)
-        self.priority_comm = CommThread(priority_group, link, wire)
+        self.priority_comm = CommThread(priority_group, link, wire, priority=True)
+        self._exchange: tuple[PendingSync, str] | None = None  # window stats in flight, policy text
 
         self._pending: dict[str, PendingSync] = {}
         self._in_backward = False
@@ -108,6 +112,8 @@ class SyncScheduler:
         """Wait for every sync in flight and apply the pending steps (call before reading weights)."""
         for name in self.forward_order:
             self._consume(name, record=False)
+        self._apply_window()
+        self._iteration_started = time.monotonic()  # time until the next iteration is not training
 
     def close(self) -> None:
         self.finish()
@@ -127,6 +133,7 @@ class SyncScheduler:
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         if not self._in_backward:
+            self._apply_window()  # the last window's combined table decides this backward's policy
             self._in_backward = True
             self._ready, self._launched = {}, set()
             torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
@@ -186,8 +193,9 @@ class SyncScheduler:
                 self.optimizers[layer].step()
                 self.optimizers[layer].zero_grad(set_to_none=True)
                 del self._pending[layer]
-                if pending.sync_s is not None:
+                if pending.sync_s is not None and pending.queue_s is not None:
                     self._sync_sum[layer] += pending.sync_s
+                    self._queue_sum[layer] += pending.queue_s
                     self._sync_count[layer] += 1
 
     # ------------------------------------------------------------------ window
@@ -195,33 +203,39 @@ class SyncScheduler:
     def _reset_window(self) -> None:
         self._blocked = dict.fromkeys(self.forward_order, 0.0)
         self._sync_sum = dict.fromkeys(self.forward_order, 0.0)
+        self._queue_sum = dict.fromkeys(self.forward_order, 0.0)
         self._sync_count = dict.fromkeys(self.forward_order, 0)
         self._iteration_s = 0.0
         self._iteration_started = time.monotonic()
 
     def _end_window(self) -> None:
-        for pending in set(self._pending.values()):  # the lanes must be idle before we gather
-            pending.wait(self.timeout_s)
-        n = len(self.forward_order)
+        """Send this window's local table down the ordinary lane; ``_apply_window`` reads the result."""
         order = self.forward_order
+        counts = [max(1, self._sync_count[name]) for name in order]
+        # one MAX all-reduce combines everything: blocked max, sync/queue min (negated), iteration max
         local = torch.tensor([self._blocked[name] / self.window for name in order]
-                             + [self._sync_sum[name] / max(1, self._sync_count[name]) for name in order]
+                             + [-self._sync_sum[name] / c for name, c in zip(order, counts, strict=True)]
+                             + [-self._queue_sum[name] / c for name, c in zip(order, counts, strict=True)]
                              + [self._iteration_s / self.window], dtype=torch.float64)
-        gathered = [torch.zeros_like(local) for _ in range(self.world)]
-        dist.all_gather(gathered, local, group=self.group)
-        stacked = torch.stack(gathered)
-        blocked = stacked[:, :n].max(dim=0).values
-        synced = stacked[:, n:2 * n].min(dim=0).values
-        iteration_s = float(stacked[:, -1].max())
-        table = WindowTable(self.window_index, self.window, iteration_s, self.policy.text(), tuple(
+        self._exchange = (self.comm.submit(local, ("window",), op="all_reduce_max"), self.policy.text())
+        self._reset_window()
+
+    def _apply_window(self) -> None:
+        if self._exchange is None:
+            return
+        pending, policy_text = self._exchange
+        self._exchange = None
+        combined = pending.wait(self.timeout_s)
+        n = len(self.forward_order)
+        table = WindowTable(self.window_index, self.window, float(combined[-1]), policy_text, tuple(
             LayerWindow(name, i, sum(p.numel() * p.element_size() for p in self.layers[name]),
-                        float(blocked[i]), float(synced[i])) for i, name in enumerate(self.forward_order)))
+                        float(combined[i]), -float(combined[n + i]), -float(combined[2 * n + i]))
+            for i, name in enumerate(self.forward_order)))
         self.tables.append(table)
         decisions_before = len(self.engine.decisions)
         self.engine.end_window(table)
         self._write_progress(table, self.engine.decisions[decisions_before:])
         self.window_index += 1
-        self._reset_window()
 
     def _write_progress(self, table: WindowTable, decisions: Iterable[dict]) -> None:
         if self.progress_path is None or dist.get_rank(self.group) != 0:
