@@ -56,8 +56,10 @@ class Plan:
         return sum(self.replicas)
 
     def text(self) -> str:
-        parts = [f"{s.first}-{s.last}x{s.replicas}" for s in self.stages]
-        return f"{' | '.join(parts)} @ {self.time_per_minibatch_s:.6g}s"
+        stages = " | ".join(f"{s.first}-{s.last}x{s.replicas}" for s in self.stages)
+        if math.isnan(self.time_per_minibatch_s):  # an even split, not profiled: no predicted time
+            return stages
+        return f"{stages} @ {self.time_per_minibatch_s:.6g}s"
 
     @staticmethod
     def parse(text: str) -> Plan:
