@@ -98,7 +98,9 @@ class PendingSends:
 
     works: list = field(default_factory=list)
     buffers: list = field(default_factory=list)
-    bytes_sent: int = 0
+    bytes_sent: int = 0  # headers and payloads
+    payload_bytes: int = 0  # what the codecs produced
+    raw_bytes: int = 0  # what the same tensors take uncompressed (the fp32 codec's payload)
 
     def wait_all(self, timeout_s: float) -> None:
         for work in self.works:
@@ -114,6 +116,8 @@ def send_tensor(tensor: torch.Tensor, dst: int, tag: int, codec: WireCodec, pend
     pending.works.append(dist.isend(payload, dst, tag=tag + 1))
     pending.buffers += [header, payload]
     pending.bytes_sent += payload.numel() + header.numel() * 8
+    pending.payload_bytes += payload.numel()
+    pending.raw_bytes += tensor.numel() * tensor.element_size()
 
 
 class PendingRecv:

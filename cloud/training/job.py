@@ -89,6 +89,23 @@ class ProgressSection(_Section):
     eval_every: int = Field(0, ge=0)  # steps; 0: at the end of each epoch
 
 
+class CompressionSection(_Section):
+    """Activations saved for backward, stored compressed on every stage (docs/compression.md)."""
+
+    activations: Literal["none", "bfp", "adaptive"] = "none"
+    format: str = "bfp(b=32,m=4,e=8,r=nearest,l=uniform,o=0.0)"  # "bfp": every layer's format
+    gist: bool = True  # Gist fx pass on each stage module (binarize ReLU->MaxPool, sparse ReLU->conv)
+    window: int = Field(20, ge=1)  # "adaptive": steps per decision; a multiple of progress.log_every
+    min_numel: int = Field(16384, ge=0)  # smaller saved tensors stay as they are
+
+    @model_validator(mode="after")
+    def _check(self) -> CompressionSection:
+        from models.numerics import BfpFormat
+
+        BfpFormat.parse(self.format)  # ValueError names the expected form
+        return self
+
+
 class JobConfig(_Section):
     model: ModelSection = ModelSection()
     data: DataSection = DataSection()
@@ -96,6 +113,18 @@ class JobConfig(_Section):
     partition: PartitionSection = PartitionSection()
     checkpoint: CheckpointSection = CheckpointSection()
     progress: ProgressSection = ProgressSection()
+    compression: CompressionSection = CompressionSection()
+
+    @model_validator(mode="after")
+    def _check(self) -> JobConfig:
+        if self.compression.activations == "adaptive" and self.compression.window % self.progress.log_every:
+            raise ValueError("compression.window must be a multiple of progress.log_every: the adaptive "
+                             "controller decides when every rank knows the loss")
+        from cloud.training.compression.wire_codec import WIRE_CODEC_NAMES
+
+        if self.train.wire_codec not in WIRE_CODEC_NAMES:
+            raise ValueError(f"train.wire_codec must be one of {', '.join(WIRE_CODEC_NAMES)}")
+        return self
 
 
 def load_job(path: str | Path) -> JobConfig:

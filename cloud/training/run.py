@@ -3,8 +3,10 @@
 Every rank loads the job, builds the same model from the same seed, agrees on one plan (rank 0
 profiles and partitions, then broadcasts), builds its stage, resumes from the last complete
 checkpoint, and runs steps with ``StageExecutor``. Rank 0 appends JSON lines to the progress file:
-``start``, ``resume``, ``step`` (loss, samples/s, per-stage busy/idle seconds), ``eval``,
-``checkpoint`` (written only once every stage's file is on disk), ``done`` or ``error``.
+``start``, ``resume``, ``step`` (loss, samples/s, per-stage busy/idle seconds; with compression on,
+also ``compression``: activation and wire bytes, formats), ``compression_decision`` (one per
+adaptive format change), ``eval``, ``checkpoint`` (written only once every stage's file is on
+disk), ``done`` or ``error``.
 
 Exit codes (of each worker; torchrun itself exits 1 when any worker fails):
 0 done, 2 invalid job file, 3 plan does not fit the world size, 4 training diverged (loss not
@@ -30,6 +32,8 @@ import torch.distributed as dist
 from torch import nn
 
 from cloud.training import checkpoint, comm
+from cloud.training.compression.stage import StageCompression
+from cloud.training.compression.wire_codec import register_wire_codecs
 from cloud.training.job import JobConfig, JobError, build_model, load_job
 from cloud.training.partition import Plan, StagePlan, even_plan, partition
 from cloud.training.profiler import cached_profile
@@ -131,6 +135,7 @@ def _gather_stats(values: list[float]) -> torch.Tensor:
 def train(job: JobConfig) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     t = job.train
+    register_wire_codecs()  # every rank: a BFP payload names its codec in the message header
     progress = ProgressLog(job.progress.file, rank == 0)
     torch.manual_seed(t.seed)
     model = build_model(job.model.name)
@@ -145,9 +150,15 @@ def train(job: JobConfig) -> int:
     module = model[span.first:span.last + 1]  # keeps the global layer indices in state_dict keys
     has_params = any(True for _ in module.parameters())
     optimizer = torch.optim.SGD(module.parameters(), lr=t.lr, momentum=t.momentum) if has_params else None
-    executor = StageExecutor(module, topology, rank, optimizer=optimizer, loss_fn=nn.CrossEntropyLoss(),
-                             codec=comm.codec_by_name(t.wire_codec), replica_group=groups[stage],
-                             timeout_s=t.comm_timeout_s)
+    c = job.compression
+    # Gist may replace the module by a GraphModule sharing its parameters: checkpoints keep `module`.
+    compression = StageCompression(module, activations=c.activations, fmt=c.format, gist=c.gist,
+                                   window=c.window, min_numel=c.min_numel)
+    reports_compression = c.activations != "none" or t.wire_codec != "fp32"
+    executor = StageExecutor(compression.module, topology, rank, optimizer=optimizer,
+                             loss_fn=nn.CrossEntropyLoss(), codec=comm.codec_by_name(t.wire_codec),
+                             replica_group=groups[stage], timeout_s=t.comm_timeout_s,
+                             activation_context=compression.context)
     identity = {"plan": [[s.first, s.last, s.replicas] for s in plan.stages], "schedule": t.schedule,
                 "microbatches": t.microbatches, "batch_size": t.batch_size, "seed": t.seed}
     total = stream.steps_per_epoch * t.epochs
@@ -169,17 +180,19 @@ def train(job: JobConfig) -> int:
 
     eval_every = job.progress.eval_every or stream.steps_per_epoch
     window_start, window_samples = time.perf_counter(), 0
-    window = [0.0] * 5
+    window = [0.0] * 7
     last_stage_ranks = set(topology.stage_ranks(topology.n_stages - 1))
     while step < total:
         x, y = stream.minibatch(step)
         xs, ys = x.chunk(t.microbatches), y.chunk(t.microbatches)
         mine = [b for b in range(t.microbatches) if topology.rank_for(stage, b) == rank]
+        compression.before_step(step)
         stats = executor.run_step(schedule, {b: xs[b] for b in mine} if stage == 0 else None,
                                   {b: ys[b] for b in mine} if rank in last_stage_ranks else None)
         step += 1
         window = [a + b for a, b in zip(window, [stats.busy_s, stats.idle_s, stats.loss_sum,
-                                                 stats.n_losses, stats.bytes_sent], strict=True)]
+                                                 stats.n_losses, stats.bytes_sent, stats.wire_bytes_fp32,
+                                                 stats.wire_bytes_sent], strict=True)]
         window_samples += t.batch_size
         if step % job.progress.log_every == 0 or step == total:
             table = _gather_stats(window)
@@ -190,9 +203,14 @@ def train(job: JobConfig) -> int:
             per_stage = [{"stage": s, "busy_s": round(float(table[topology.stage_ranks(s), 0].sum()), 4),
                           "idle_s": round(float(table[topology.stage_ranks(s), 1].sum()), 4)}
                          for s in range(topology.n_stages)]
+            extra, decisions = {}, []
+            if reports_compression:
+                extra["compression"], decisions = _compression_window(compression, table, stage, step, loss)
             progress.write("step", step=step, epoch=step / stream.steps_per_epoch, loss=loss,
-                           samples_per_s=window_samples / elapsed, stages=per_stage)
-            window, window_samples, window_start = [0.0] * 5, 0, time.perf_counter()
+                           samples_per_s=window_samples / elapsed, stages=per_stage, **extra)
+            for decision in decisions:
+                progress.write("compression_decision", **decision)
+            window, window_samples, window_start = [0.0] * 7, 0, time.perf_counter()
         if step % eval_every == 0 or step == total:
             evaluate(executor, stream, topology, micro, progress, step, last_stage_ranks)
         if (job.checkpoint.every and step % job.checkpoint.every == 0) or step == total:
@@ -204,6 +222,30 @@ def train(job: JobConfig) -> int:
             progress.write("checkpoint", step=step)
     progress.write("done", step=step)
     return EXIT_OK
+
+
+def _compression_window(compression: StageCompression, table: torch.Tensor, stage: int, step: int,
+                        loss: float) -> tuple[dict, list[dict]]:
+    """Every rank calls this at a progress line: the adaptive controllers decide (same step on
+    every rank), then rank 0 gathers each stage's bytes, formats and decisions."""
+    compression.record_loss(loss)
+    decisions = [{"stage": stage, **d} for d in compression.decide(step)]
+    mine = {"stage": stage, **compression.report(), "decisions": decisions}
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    formats, merged = {}, []
+    for report in everyone:
+        formats.update(report["formats"])
+        merged += report["decisions"]
+    summary = {"saved_bytes_fp32": sum(r["saved_bytes_fp32"] for r in everyone),
+               "saved_bytes_stored": sum(r["saved_bytes_stored"] for r in everyone),
+               "wire_bytes_fp32": int(table[:, 5].sum()), "wire_bytes_sent": int(table[:, 6].sum()),
+               "encode_s": round(sum(r["encode_s"] for r in everyone), 4),
+               "decode_s": round(sum(r["decode_s"] for r in everyone), 4),
+               "formats": dict(sorted(formats.items()))}
+    # A replica's decisions repeat its stage's (same layers, same losses): keep one per (stage, layer).
+    unique = {(d["stage"], d["layer"]): d for d in merged}
+    return summary, list(unique.values())
 
 
 def evaluate(executor: StageExecutor, stream: DigitsStream, topology, micro: int, progress: ProgressLog,

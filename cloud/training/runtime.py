@@ -20,9 +20,11 @@ microbatch state (activations, stashed weights) is left over.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +43,8 @@ class StepStats:
     loss_sum: float = 0.0  # last stage only: sum of unscaled microbatch losses
     n_losses: int = 0
     bytes_sent: int = 0
+    wire_bytes_fp32: int = 0  # boundary tensors sent, at their uncompressed size
+    wire_bytes_sent: int = 0  # the codec payloads actually sent for them
 
 
 @dataclass
@@ -56,7 +60,8 @@ class StageExecutor:
                  optimizer: torch.optim.Optimizer | None,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                  codec: comm.WireCodec | None = None, replica_group: dist.ProcessGroup | None = None,
-                 timeout_s: float = 120.0):
+                 timeout_s: float = 120.0,
+                 activation_context: Callable[[], AbstractContextManager] | None = None):
         self.module, self.topology, self.rank = module, topology, rank
         self.stage, self.replica = topology.stage_replica_of(rank)
         self.is_first, self.is_last = self.stage == 0, self.stage == topology.n_stages - 1
@@ -64,6 +69,9 @@ class StageExecutor:
         self.codec = codec or comm.Fp32Codec()
         self.replica_group, self.timeout_s = replica_group, timeout_s
         self.params = dict(module.named_parameters())
+        # Entered around every training forward: e.g. ActivationCompressor.active, whose
+        # saved-tensor hooks store what backward needs compressed.
+        self.activation_context = activation_context or contextlib.nullcontext
 
     # -- weight versions (per_microbatch updates) -------------------------------------------------
     def _snapshot(self) -> dict[str, torch.Tensor]:
@@ -117,9 +125,10 @@ class StageExecutor:
                 params = snapshots.get(use) if stashing else None
                 if stashing and params is None:
                     raise RuntimeError(f"stage {self.stage}: weight version {use} of microbatch {b} not kept")
-                out = functional_call(self.module, params, (x,)) if params is not None else self.module(x)
+                with self.activation_context():
+                    out = functional_call(self.module, params, (x,)) if params is not None else self.module(x)
+                    loss = self.loss_fn(out, targets[b]) if self.is_last else None
                 if self.is_last:
-                    loss = self.loss_fn(out, targets[b])
                     stats.loss_sum, stats.n_losses = stats.loss_sum + float(loss.detach()), stats.n_losses + 1
                     out = loss * scale
                 in_flight[b] = _InFlight(x, out, params, use)
@@ -160,6 +169,7 @@ class StageExecutor:
         else:
             stats.idle_s += time.perf_counter() - start
         stats.bytes_sent = sends.bytes_sent
+        stats.wire_bytes_fp32, stats.wire_bytes_sent = sends.raw_bytes, sends.payload_bytes
         return stats
 
     def _post_receives(self, schedule: Schedule) -> dict[tuple[str, int], comm.PendingRecv]:

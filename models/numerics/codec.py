@@ -4,12 +4,20 @@ Storage (``Packed``) is real: uint8 tensors of bit-packed mantissa codes and sha
 side storage (int32 flat indices and values in the tensor's own dtype) for outliers and for every
 non-finite element. Behaviour by value:
 - NaN, +inf, -inf: always kept exactly in side storage (they never touch a block's exponent);
+  with log levels so are |x| >= 2**127 (the top level times 2**128 would overflow float32);
 - zeros and all-zero blocks: decode to exactly zero (a -0.0 decodes to +0.0);
 - signs are preserved: a non-zero value never decodes to zero (it rounds up to the smallest
   code), so ``x > 0`` survives the round trip, which ReLU's backward (``result > 0``) relies on;
 - all-equal blocks: |x| < 2**E holds for the shared E, so they get the full mantissa width;
 - huge dynamic range: each block has its own exponent; values far below their block's top flush
   to zero, within the bound below. Blocks whose top is below 2**exponent_floor use that floor.
+
+Speed (why the code looks the way it does): on a CPU each elementwise pass over an activation
+costs about as much as a small convolution, and a fresh output tensor costs page faults. So the
+encoder makes ~10 passes, all into per-thread scratch buffers (``out=``): |x| once, block maxima by
+``amax`` on a (blocks, B) view, ``frexp`` once per block, scale + round + clamp + sign in place,
+one float->int8 conversion, and the codes are packed with uint8 shift-ors. Non-uniform levels use
+a 32768-entry table indexed by the top 16 bits of the float (no ``log2``/``bucketize`` per element).
 
 Invariant (error bound): for every finite element not in side storage,
 |x - decode(encode(x))| <= fmt.max_error_fraction() * 2**E_block, with E_block the stored shared
@@ -25,8 +33,10 @@ from dataclasses import dataclass
 
 import torch
 
-from models.numerics.bitpack import pack_bits, pack_float_codes, unpack_bits, unpack_float_codes
+from models.numerics.bitpack import code_capacity, pack_bits, pack_u8, unpack_bits, unpack_u8
 from models.numerics.format import BfpFormat, packed_nbytes
+from models.numerics.levels import LevelTables, level_tables
+from models.numerics.scratch import scratch
 
 _TINY = 1e-30
 
@@ -38,8 +48,8 @@ class Packed:
     fmt: BfpFormat
     shape: tuple[int, ...]
     dtype: torch.dtype
-    mantissas: torch.Tensor   # uint8, ceil(n/8) * mantissa_bits bytes
-    exponents: torch.Tensor   # uint8, ceil(n_blocks/8) * exponent_bits bytes
+    mantissas: torch.Tensor   # uint8, ceil(n * mantissa_bits / 8) bytes
+    exponents: torch.Tensor   # uint8, ceil(n_blocks * exponent_bits / 8) bytes
     side_index: torch.Tensor  # int32, flat indices (sorted, unique)
     side_value: torch.Tensor  # dtype, the exact values at side_index
 
@@ -63,12 +73,16 @@ class Packed:
 
 class BfpCodec:
     """Encodes/decodes with one format. Pure apart from the optional random generator used by
-    stochastic rounding (inject a seeded ``torch.Generator`` for determinism)."""
+    stochastic rounding (inject a seeded ``torch.Generator`` for determinism). Thread-safe: the
+    scratch buffers are per thread."""
 
     def __init__(self, fmt: BfpFormat, generator: torch.Generator | None = None) -> None:
         self.fmt = fmt
         self.generator = generator
-        self._levels = torch.tensor(fmt.level_table(), dtype=torch.float32) if fmt.levels == "log" else None
+        self._tables: dict[torch.device, LevelTables] = {}
+        # Log levels: the top level at E = 128 would be 2**128 (inf in float32), so magnitudes of
+        # 2**127 and more go to side storage like non-finite values; then E <= 127 always.
+        self._special_at = 2.0 ** 127 if fmt.levels == "log" else math.inf
 
     def encode(self, tensor: torch.Tensor) -> Packed:
         if not tensor.is_floating_point():
@@ -78,52 +92,70 @@ class BfpCodec:
         n = flat.numel()
         if n >= 2 ** 31:
             raise ValueError("tensors of 2**31 elements or more do not fit int32 side indices")
-        n_blocks = max(1, math.ceil(n / fmt.block_size))
-        if flat.dtype == torch.float32 and n == n_blocks * fmt.block_size:
+        n_blocks = max(1, -(-n // fmt.block_size))
+        n_pad = n_blocks * fmt.block_size
+        work = scratch(flat.device)
+        if flat.dtype == torch.float32 and n == n_pad:
             blocks, owned = flat.view(n_blocks, fmt.block_size), False  # read-only view, no copy
         else:
-            owned = True
-            blocks = torch.zeros(n_blocks * fmt.block_size, dtype=torch.float32, device=flat.device)
-            blocks[:n] = flat
-            blocks = blocks.view(n_blocks, fmt.block_size)
-        block_max = blocks.abs().amax(dim=1)  # NaN propagates: one cheap finiteness check per block
-        if fmt.outlier_fraction > 0 or not bool(torch.isfinite(block_max).all()):
-            side = self._side_indices(blocks.reshape(-1), n)
-            blocks = blocks if owned else blocks.clone()
+            blocks, owned = self._padded_copy(flat, n_pad, work).view(n_blocks, fmt.block_size), True
+        magnitude = torch.abs(blocks, out=work.get2d("magnitude", n_blocks, fmt.block_size, torch.float32))
+        block_max = magnitude.amax(dim=1)
+        side = None
+        # NaN and inf propagate through the maxima: one reduction over the blocks checks them all.
+        top = block_max.max().item()
+        if fmt.outlier_fraction > 0 or not math.isfinite(top) or top >= self._special_at:
+            if not owned:
+                blocks = self._padded_copy(flat, n_pad, work).view_as(blocks)
+            side = self._side_indices(blocks, magnitude, block_max, n)
             # Outliers and non-finite values must not set their block's exponent.
             blocks.view(-1)[side] = 0.0
-            block_max = blocks.abs().amax(dim=1)
+            magnitude.view(-1)[side] = 0.0
+            block_max = magnitude.amax(dim=1)
+        exponent = torch.frexp(block_max).exponent.clamp_(fmt.exponent_floor, fmt.exponent_range[1])
+        codes = self._mantissa_codes(blocks, magnitude, exponent, n, work)
+        biased = exponent.sub_(fmt.exponent_range[0])
+        if fmt.exponent_bits == 8:
+            exponents = biased.to(torch.uint8)
         else:
-            side = torch.zeros(0, dtype=torch.int64, device=flat.device)
-        exponent = torch.frexp(block_max).exponent  # |x| < 2**exponent
-        exponent = exponent.clamp_(fmt.exponent_floor, fmt.exponent_range[1])
-        codes = self._mantissa_codes(blocks, exponent).view(-1)[:n]
-        mantissas = pack_float_codes(codes, fmt.mantissa_bits)
-        return Packed(
-            fmt=fmt, shape=tuple(tensor.shape), dtype=tensor.dtype,
-            mantissas=mantissas,
-            exponents=pack_bits(exponent - fmt.exponent_range[0], fmt.exponent_bits),
-            side_index=side.to(torch.int32), side_value=flat[side].clone())
+            exponents = pack_bits(biased, fmt.exponent_bits)
+        if side is None:
+            side_index, side_value = _EMPTY_INDEX if flat.device.type == "cpu" else torch.zeros(
+                0, dtype=torch.int32, device=flat.device), flat.new_empty(0)
+        else:
+            side_index, side_value = side.to(torch.int32), flat[side]
+        return Packed(fmt, tuple(tensor.shape), tensor.dtype, pack_u8(codes, fmt.mantissa_bits, n), exponents,
+                      side_index, side_value)
 
     def decode(self, packed: Packed) -> torch.Tensor:
         fmt = packed.fmt
         n = packed.numel
-        n_blocks = max(1, math.ceil(n / fmt.block_size))
-        exponent = _exponents(packed, n_blocks)
-        codes = unpack_float_codes(packed.mantissas, fmt.mantissa_bits, n)
-        if codes.numel() != n_blocks * fmt.block_size:
-            codes = torch.cat([codes, codes.new_full((n_blocks * fmt.block_size - n,), fmt.max_code)])
-        codes = codes.view(n_blocks, fmt.block_size)  # padding holds the zero code
+        n_blocks = max(1, -(-n // fmt.block_size))
+        n_pad = n_blocks * fmt.block_size
+        device = packed.mantissas.device
+        work = scratch(device)
+        codes = work.get("codes", max(n_pad, code_capacity(n)), torch.uint8)
+        unpack_u8(packed.mantissas, fmt.mantissa_bits, n, codes)
+        if n_pad != n:
+            codes = codes[:n_pad]
+            codes[n:].fill_(fmt.max_code)  # padding decodes to zero
+        out = torch.empty(n_blocks, fmt.block_size, dtype=torch.float32, device=device)
         if fmt.levels == "uniform":
-            values = codes.sub_(fmt.max_code)
-            values.mul_(torch.exp2((exponent - fmt.mantissa_bits + 1).float())[:, None])
+            out.copy_(codes[:n_pad].sub_(fmt.max_code).view(torch.int8).view(n_blocks, fmt.block_size))
+            out.mul_(_power_of_two(packed, 1 - fmt.mantissa_bits).unsqueeze(1))
         else:
-            values = self._signed_levels_on(codes.device, fmt)[codes.to(torch.int64)]
-            values.mul_(torch.exp2(exponent.float())[:, None])
-        out = values.reshape(-1)[:n].to(packed.dtype)
-        if packed.n_side:
-            out[packed.side_index.long()] = packed.side_value
-        return out.view(packed.shape)
+            index = work.get("index", n_pad, torch.int32)
+            index.copy_(codes[:n_pad])
+            torch.index_select(self._tables_on(device, fmt).signed_levels, 0, index, out=out.view(-1))
+            out.mul_(_power_of_two(packed, 0).unsqueeze(1))
+        result = out.view(-1)
+        if n_pad != n:
+            result = result[:n]
+        if packed.dtype != torch.float32:
+            result = result.to(packed.dtype)
+        if packed.side_index.numel():
+            result[packed.side_index.long()] = packed.side_value
+        return result.view(packed.shape)
 
     def error_bound(self, packed: Packed) -> torch.Tensor:
         """Per-element bound on |x - decoded| (0 at side entries), in float64."""
@@ -138,62 +170,108 @@ class BfpCodec:
 
     # ------------------------------------------------------------------------------------------
 
-    def _side_indices(self, padded: torch.Tensor, n: int) -> torch.Tensor:
-        """Non-finite elements plus the outlier budget: the k = floor(fraction * n) elements that
-        are largest relative to the mean magnitude of their block (so one spike cannot flatten
-        the rest of its block). Sorted and unique."""
-        nonfinite = ~torch.isfinite(padded)
+    @staticmethod
+    def _padded_copy(flat: torch.Tensor, n_pad: int, work) -> torch.Tensor:
+        buffer = work.get("blocks", n_pad, torch.float32)
+        buffer[:flat.numel()].copy_(flat)
+        buffer[flat.numel():].zero_()
+        return buffer
+
+    def _side_indices(self, blocks: torch.Tensor, magnitude: torch.Tensor, block_max: torch.Tensor,
+                      n: int) -> torch.Tensor:
+        """Non-finite elements (and, for log levels, |x| >= 2**127) plus the outlier budget
+        k = floor(fraction * n), chosen by how large an element is relative to the mean magnitude
+        of its block (so one spike cannot flatten the rest of its block). When k <= n_blocks: the
+        largest element of each of the k blocks whose max/mean is highest (at most one outlier per
+        block); otherwise the k elements with the highest |x|/mean. Zeroes the special entries of
+        ``blocks`` and ``magnitude``. Sorted, unique."""
         parts = []
-        if bool(nonfinite.any()):
-            parts.append(nonfinite.nonzero().view(-1))
-            padded = padded.masked_fill(nonfinite, 0.0)
+        if not bool((block_max < self._special_at).all()):  # NaN compares False: caught too
+            special = ~(magnitude.view(-1) < self._special_at)  # padding is 0: never special
+            special = special.nonzero().view(-1)
+            parts.append(special)
+            blocks.view(-1)[special] = 0.0
+            magnitude.view(-1)[special] = 0.0
         k = int(self.fmt.outlier_fraction * n)
         if k > 0:
-            magnitude = padded.abs().view(-1, self.fmt.block_size)
-            score = (magnitude / (magnitude.mean(dim=1, keepdim=True) + _TINY)).view(-1)[:n]
-            parts.append(torch.topk(score, k, sorted=False).indices)
+            mean = magnitude.mean(dim=1) + _TINY
+            n_blocks = magnitude.shape[0]
+            if k <= n_blocks:
+                top_blocks = torch.topk(magnitude.amax(dim=1) / mean, k, sorted=False).indices
+                # argmax of a row is a real element: padding is 0 and comes after the block's first
+                # element, and argmax returns the first maximum.
+                position = magnitude[top_blocks].argmax(dim=1)
+                parts.append(top_blocks * self.fmt.block_size + position)
+            else:
+                score = (magnitude / mean[:, None]).view(-1)[:n]
+                parts.append(torch.topk(score, k, sorted=False).indices)
         if not parts:
-            return torch.zeros(0, dtype=torch.int64, device=padded.device)
+            return torch.zeros(0, dtype=torch.int64, device=blocks.device)
         return torch.unique(torch.cat(parts))
 
-    def _mantissa_codes(self, blocks: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
-        """Integral float32 codes in [0, 2*max_code]: code - max_code is the signed mantissa or level."""
+    def _mantissa_codes(self, blocks: torch.Tensor, magnitude: torch.Tensor, exponent: torch.Tensor,
+                        n: int, work) -> torch.Tensor:
+        """uint8 codes (code - max_code is the signed mantissa or level) in a scratch buffer of
+        ``max(n_pad, code_capacity(n))`` codes, zero past n (what ``pack_u8`` wants).
+        ``magnitude`` is consumed (reused as scratch)."""
         fmt = self.fmt
-        stochastic = fmt.rounding == "stochastic"
+        q = work.get2d("q", blocks.shape[0], blocks.shape[1], torch.float32)
         if fmt.levels == "uniform":
-            scaled = blocks * torch.exp2((fmt.mantissa_bits - 1 - exponent).float())[:, None]
-            magnitude = scaled.abs()
-            if stochastic:
-                magnitude.add_(self._uniform_noise(magnitude)).floor_()
+            scale = _from_exponent(exponent, fmt.mantissa_bits - 1, negate=True)
+            torch.mul(magnitude, scale.unsqueeze(1), out=q)
+            if fmt.rounding == "stochastic":
+                q.add_(self._uniform_noise(q, work)).floor_()
             else:
-                magnitude.round_()
-            # Sign-preserving: a non-zero value never decodes to zero (sign(0) == 0 keeps zeros).
-            return magnitude.clamp_(1, fmt.max_code).mul_(blocks.sign()).add_(fmt.max_code)
-        levels = self._levels_on(blocks.device, fmt)
-        relative = blocks.abs().mul_(torch.exp2(-exponent.float())[:, None])  # in [0, 1)
-        if stochastic:
+                q.round_()
+        else:
+            # exp2, not _from_exponent: 2**-128 (E = 128) is subnormal.
+            relative = torch.mul(magnitude, torch.exp2(-exponent.float()).unsqueeze(1), out=q)  # in [0, 1)
+            self._level_index(relative, magnitude, work)
+        # Sign-preserving: a non-zero value never decodes to zero (sign(0) == 0 keeps zeros).
+        q.clamp_(1, fmt.max_code).mul_(torch.sign(blocks, out=magnitude))
+        capacity = max(q.numel(), code_capacity(n))
+        codes = work.get("codes", capacity, torch.int8)
+        if capacity == n:
+            codes.view(q.shape).copy_(q)  # exact: integral values in [-127, 127]
+            return codes.view(torch.uint8).add_(fmt.max_code)  # uint8 wraps: q + max_code in [0, 254]
+        codes[:q.numel()].copy_(q.view(-1))
+        codes = codes.view(torch.uint8)
+        codes[:n].add_(fmt.max_code)
+        codes[n:].zero_()
+        return codes
+
+    def _level_index(self, relative: torch.Tensor, spare: torch.Tensor, work) -> None:
+        """Replace ``relative`` (|x| / 2**E) by the index of its level, in place, as float."""
+        fmt = self.fmt
+        tables = self._tables_on(relative.device, fmt)
+        if fmt.rounding == "stochastic":
+            levels = tables.levels
             upper = torch.bucketize(relative, levels).clamp_(1, fmt.max_code)
             low, high = levels[upper - 1], levels[upper]
-            take_upper = self._uniform_noise(relative) < (relative - low) / (high - low)
-            index = upper - 1 + take_upper.to(torch.int64)
-        else:
-            index = torch.bucketize(relative, (levels[1:] + levels[:-1]) / 2)
-        return index.clamp_(min=1).to(torch.float32).mul_(blocks.sign()).add_(fmt.max_code)
+            take_upper = self._uniform_noise(relative, work) < (relative - low) / (high - low)
+            relative.copy_(upper - 1 + take_upper.to(torch.int64))
+            return
+        # Nearest level = number of midpoints below r: the table gives that count at the bottom of
+        # r's 16-bit bucket and the one midpoint (if any) inside the bucket.
+        key = work.get("key", relative.numel(), torch.int32).view_as(relative)
+        torch.bitwise_right_shift(relative.view(torch.int32), 16, out=key)
+        flat_key = key.view(-1)
+        base = torch.index_select(tables.base, 0, flat_key, out=spare.view(-1)).view_as(relative)
+        threshold = torch.index_select(tables.threshold, 0, flat_key,
+                                       out=work.get("threshold", relative.numel(), torch.float32))
+        relative.sub_(threshold.view_as(relative)).sign_().clamp_(0, 1).add_(base)
 
-    def _signed_levels_on(self, device: torch.device, fmt: BfpFormat) -> torch.Tensor:
-        """Decode table indexed by code: code c means sign(c - max_code) * levels[|c - max_code|]."""
-        levels = self._levels_on(device, fmt)
-        return torch.cat([-levels.flip(0)[:-1], levels])
+    def _uniform_noise(self, like: torch.Tensor, work) -> torch.Tensor:
+        noise = work.get("noise", like.numel(), torch.float32).view_as(like)
+        return torch.rand(like.shape, generator=self.generator, out=noise)
 
-    def _uniform_noise(self, like: torch.Tensor) -> torch.Tensor:
-        return torch.rand(like.shape, generator=self.generator, device=like.device)
-
-    def _levels_on(self, device: torch.device, fmt: BfpFormat) -> torch.Tensor:
+    def _tables_on(self, device: torch.device, fmt: BfpFormat) -> LevelTables:
         if fmt != self.fmt:
-            return torch.tensor(fmt.level_table(), dtype=torch.float32, device=device)
-        if self._levels.device != device:
-            self._levels = self._levels.to(device)
-        return self._levels
+            return level_tables(fmt.max_code, device)
+        tables = self._tables.get(device)
+        if tables is None:
+            tables = self._tables[device] = level_tables(fmt.max_code, device)
+        return tables
 
 
 def encode(tensor: torch.Tensor, fmt: BfpFormat, generator: torch.Generator | None = None) -> Packed:
@@ -203,6 +281,29 @@ def encode(tensor: torch.Tensor, fmt: BfpFormat, generator: torch.Generator | No
 def decode(packed: Packed) -> torch.Tensor:
     """Decoding needs only what the Packed carries (its format included)."""
     return BfpCodec(packed.fmt).decode(packed)
+
+
+_EMPTY_INDEX = torch.zeros(0, dtype=torch.int32)
+
+
+def _from_exponent(exponent: torch.Tensor, offset: int, *, negate: bool) -> torch.Tensor:
+    """float32 2**(offset - exponent) (negate) or 2**(exponent + offset), built from its bits.
+    The codec's exponents keep it normal (exponent_floor = m - 127, E <= 128), except the encode
+    scale 2**(1 - E) of m = 2 at E = 128; the clamp makes that 2**-126, which gives the same code
+    (every non-zero value is +-1 at m = 2). 2**128 (log levels at E = 128) is inf, as exp2 gives."""
+    power = (offset + 127 - exponent) if negate else (exponent + (offset + 127))
+    return power.clamp_(1, 255).bitwise_left_shift_(23).view(torch.float32)
+
+
+def _power_of_two(packed: Packed, offset: int) -> torch.Tensor:
+    """2**(E + offset) per block, float32, from the stored exponent codes."""
+    fmt = packed.fmt
+    n_blocks = max(1, -(-packed.numel // fmt.block_size))
+    if fmt.exponent_bits == 8:
+        codes = packed.exponents.to(torch.int32)
+    else:
+        codes = unpack_bits(packed.exponents, fmt.exponent_bits, n_blocks).to(torch.int32)
+    return _from_exponent(codes, fmt.exponent_range[0] + offset, negate=False)
 
 
 def _exponents(packed: Packed, n_blocks: int) -> torch.Tensor:

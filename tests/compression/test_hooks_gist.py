@@ -38,14 +38,29 @@ def grads_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
 
 def test_parameters_are_not_touched_or_counted() -> None:
     model = nn.Sequential(nn.Linear(64, 32))
-    compressor = ActivationCompressor(model, LayerPolicy.uniform(BfpFormat(mantissa_bits=4)))
-    x = torch.randn(16, 64, requires_grad=True)
+    compressor = ActivationCompressor(model, LayerPolicy.uniform(BfpFormat(mantissa_bits=4)), min_numel=64)
+    x = torch.randn(16, 64)
     with compressor.active():
         model(x).sum().backward()
     # Only the input activation (16x64) is saved besides the weight, which is a parameter.
     assert compressor.counters["0"].original == 16 * 64 * 4
     assert compressor.counters["0"].stored == packed_nbytes(16 * 64, BfpFormat(mantissa_bits=4), 0, 4)
     assert compressor.kinds["bfp"] == 1
+    # A leaf that requires grad (a stashed weight version, a pipeline stage's input) is its owner's.
+    compressor.reset_counters()
+    stashed_weight = model[0].weight.detach().clone().requires_grad_(True)
+    with compressor.active():
+        nn.functional.linear(x, stashed_weight).sum().backward()
+    assert compressor.total().original == 16 * 64 * 4  # x only: the weight copy is not counted
+
+
+def test_tensors_below_min_numel_are_kept_raw_and_counted() -> None:
+    model = nn.Sequential(nn.Linear(64, 32))
+    compressor = ActivationCompressor(model, LayerPolicy.uniform(BfpFormat(mantissa_bits=4)))
+    assert compressor.min_numel > 16 * 64
+    with compressor.active():
+        model(torch.randn(16, 64)).sum().backward()
+    assert compressor.kinds["bfp"] == 0 and compressor.counters["0"].stored == 16 * 64 * 4
 
 
 def test_bytes_counted_once_per_tensor_and_released(batch) -> None:
@@ -69,10 +84,11 @@ def test_lossy_policy_gradients_close_and_per_layer_none(batch) -> None:
     model = digits_cnn()
     reference = grads_of(model, x, y)
     params = list(model.parameters())
-    fine = ActivationCompressor(model, LayerPolicy.uniform(BfpFormat(mantissa_bits=8)))
+    fine = ActivationCompressor(model, LayerPolicy.uniform(BfpFormat(mantissa_bits=8)), min_numel=64)
     grads_of(model, x, y, fine)
     assert relative_grad_error(reference, params) < 0.05
-    only_conv = ActivationCompressor(model, LayerPolicy.from_mapping({"0": BfpFormat(mantissa_bits=4)}))
+    only_conv = ActivationCompressor(model, LayerPolicy.from_mapping({"0": BfpFormat(mantissa_bits=4)}),
+                                     min_numel=64)
     grads_of(model, x, y, only_conv)
     assert only_conv.kinds["bfp"] == 1 and set(only_conv.counters) >= {"0", "1"}
     assert only_conv.counters["1"].stored == only_conv.counters["1"].original

@@ -88,14 +88,19 @@ class AdaptiveController:
     def record_loss(self, loss: float) -> None:
         self._window_losses.append(loss)
 
-    def decide(self, step: int, grad_rel_error: float, layer_errors: Mapping[str, float]) -> list[Decision]:
+    def decide(self, step: int, grad_rel_error: float | None,
+               layer_errors: Mapping[str, float]) -> list[Decision]:
+        """``grad_rel_error`` None: no full-precision probe was run (a pipeline stage cannot run
+        one alone); the step is then judged by the loss trend only."""
         s = self.settings
         window_loss = sum(self._window_losses) / max(1, len(self._window_losses))
         previous = self._previous_window_loss
         trend = 0.0 if previous in (None, 0.0) else window_loss / previous - 1
         self._previous_window_loss, self._window_losses = window_loss, []
-        bad = grad_rel_error > s.grad_loosen_above or trend > s.loss_rise_tolerance
-        good = grad_rel_error < s.grad_tighten_below and trend <= s.loss_rise_tolerance
+        grad_bad = grad_rel_error is not None and grad_rel_error > s.grad_loosen_above
+        grad_good = grad_rel_error is None or grad_rel_error < s.grad_tighten_below
+        bad = grad_bad or trend > s.loss_rise_tolerance
+        good = grad_good and trend <= s.loss_rise_tolerance
         measured = {layer: error for layer, error in layer_errors.items() if layer in self.rungs}
         worst = max(measured, key=measured.__getitem__) if measured else None
         self.last_metrics = {"step": step, "loss_trend": trend, "grad_rel_error": grad_rel_error,
@@ -103,7 +108,8 @@ class AdaptiveController:
         made = []
         for layer, error in sorted(measured.items()):
             rung = self.rungs[layer]
-            metrics = f"act_err={error:.3f} grad_err={grad_rel_error:.3f} loss_trend={trend:+.3f}"
+            grad_text = "n/a" if grad_rel_error is None else f"{grad_rel_error:.3f}"
+            metrics = f"act_err={error:.3f} grad_err={grad_text} loss_trend={trend:+.3f}"
             if (error > s.act_loosen_above or (bad and layer == worst)) and rung > 0:
                 made.append(self._move(step, layer, rung - 1, f"loosen: {metrics}"))
             elif good and error < s.act_tighten_below and rung < len(self.ladder) - 1:

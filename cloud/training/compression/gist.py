@@ -16,9 +16,11 @@ to the original's (``torch.equal``), because the binarized backward reproduces P
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.fx
 from torch import nn
@@ -64,39 +66,60 @@ def binarizable(pool: nn.MaxPool2d) -> bool:
             and not pool.ceil_mode and not pool.return_indices)
 
 
+@functools.lru_cache(maxsize=64)
+def _window_tables(h: int, w: int,
+                   kernel: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For disjoint kh x kw windows over an h x w plane: the flat index of each window's corner
+    (out_h, out_w), the in-window position of each offset from the corner (uint8, indexed by
+    ``index - corner``), and the inverse: the offset of each in-window position (int64)."""
+    kh, kw = kernel
+    out_h, out_w = h // kh, w // kw
+    corner = (torch.arange(out_h).view(-1, 1) * kh * w + torch.arange(out_w).view(1, -1) * kw)
+    offsets = torch.tensor([r * w + c for r in range(kh) for c in range(kw)], dtype=torch.int64)
+    position = torch.zeros((kh - 1) * w + kw, dtype=torch.uint8)
+    position[offsets] = torch.arange(kh * kw, dtype=torch.uint8)
+    return corner, position, offsets
+
+
 class _ReluMaxPoolBinarized(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, kernel: tuple[int, int]) -> torch.Tensor:
         y = torch.relu(x)
         pooled, indices = F.max_pool2d(y, kernel, kernel, return_indices=True)
         n, c, h, w = y.shape
-        out_h, out_w = pooled.shape[-2:]
-        # Position of the argmax inside its window: row/col offsets from the window's corner.
-        row, col = indices // w, indices % w
-        base_row = torch.arange(out_h, device=x.device).view(-1, 1) * kernel[0]
-        base_col = torch.arange(out_w, device=x.device).view(1, -1) * kernel[1]
-        local = (row - base_row) * kernel[1] + (col - base_col)
+        corner, position, _ = _window_tables(h, w, kernel)
+        # Position of the argmax inside its window: a table lookup on (index - window corner).
+        local = position.index_select(0, indices.sub_(corner).view(-1))
         bits = max(1, math.ceil(math.log2(kernel[0] * kernel[1])))
         ctx.meta = (tuple(y.shape), tuple(pooled.shape), kernel, bits, x.dtype)
         # Not "y > 0": threshold_backward zeroes where result <= 0, so a NaN result passes its gradient.
-        passes = ~(y <= 0)
-        ctx.save_for_backward(pack_bits(passes.reshape(-1), 1), pack_bits(local.reshape(-1), bits))
+        if y.device.type == "cpu":
+            passes = torch.from_numpy(np.packbits(~(y.numpy() <= 0), bitorder="little"))
+        else:
+            passes = pack_bits(~(y <= 0), 1)
+        ctx.save_for_backward(passes, pack_bits(local, bits))
         return pooled
 
     @staticmethod
     def backward(ctx, grad_pooled: torch.Tensor) -> tuple[torch.Tensor, None]:
         mask_packed, local_packed = ctx.saved_tensors
-        (n, c, h, w), pooled_shape, kernel, bits, dtype = ctx.meta
-        out_h, out_w = pooled_shape[-2:]
-        local = unpack_bits(local_packed, bits, math.prod(pooled_shape)).to(torch.int64).view(pooled_shape)
-        base_row = torch.arange(out_h, device=grad_pooled.device).view(-1, 1) * kernel[0]
-        base_col = torch.arange(out_w, device=grad_pooled.device).view(1, -1) * kernel[1]
-        flat_index = (base_row + local // kernel[1]) * w + base_col + local % kernel[1]
-        grad_y = torch.zeros(n, c, h * w, dtype=grad_pooled.dtype, device=grad_pooled.device)
-        grad_y.scatter_(2, flat_index.view(n, c, -1), grad_pooled.reshape(n, c, -1))
-        passes = unpack_bits(mask_packed, 1, n * c * h * w).bool().view(n, c, h, w)
-        grad_x = torch.where(passes, grad_y.view(n, c, h, w), torch.zeros((), dtype=grad_y.dtype))
-        return grad_x, None
+        shape, pooled_shape, kernel, bits, dtype = ctx.meta
+        n, c, h, w = shape
+        corner, _, offsets = _window_tables(h, w, kernel)
+        local = unpack_bits(local_packed, bits, math.prod(pooled_shape)).to(torch.int32)
+        indices = offsets.to(grad_pooled.device).index_select(0, local).view(pooled_shape)
+        indices.add_(corner.to(grad_pooled.device))
+        # The very kernel max_pool2d's own backward runs: bit-identical gradients.
+        grad_y = torch.ops.aten.max_pool2d_with_indices_backward(
+            grad_pooled, grad_pooled.new_empty(shape), list(kernel), list(kernel), [0, 0], [1, 1], False,
+            indices)
+        passes = unpack_bits(mask_packed, 1, n * c * h * w)
+        if grad_y.dtype == torch.float32 and grad_y.is_contiguous():
+            # threshold_backward's "result <= 0 -> 0" as a bitwise AND with 0 or ~0: exact, branch-free.
+            grad_y.view(torch.int32).view(-1).bitwise_and_(passes.to(torch.int32).neg_())
+        else:
+            grad_y.masked_fill_(passes.view(shape) == 0, 0)
+        return grad_y, None
 
 
 class ReluMaxPoolBinarized(nn.Module):

@@ -5,8 +5,11 @@ pack hook, which knows the layer (leaf module) whose forward is running and enco
 with that layer's format: BFP (lossy), Gist sparse form (lossless, for layers the Gist pass marked
 and when it is smaller), or as-is. The unpack hook decodes it in backward.
 
-- Parameters and views of them (same storage) are returned untouched and not counted: they are
-  not activations and are alive anyway.
+- Parameters and views of them (same storage), and any other leaf that requires grad (stashed
+  weight versions, a pipeline stage's received input), are returned untouched and not counted:
+  they are not activations the hooks could free, their owner keeps them alive anyway.
+- Floating tensors below ``min_numel`` elements are kept as they are (counted): encoding one
+  costs a fixed ~0.3 ms of op dispatch on a CPU, more than its bytes are worth.
 - Non-float tensors (max-pool indices, Gist masks) are kept as they are and counted.
 - A tensor saved by two ops (a ReLU's output is saved by the ReLU and by the next conv) is encoded
   once and shared; the cache holds only weak references, so it never keeps memory alive.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 import weakref
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
@@ -28,7 +32,7 @@ import torch
 from torch import nn
 
 from cloud.training.compression.policy import LayerPolicy
-from cloud.training.compression.sparse import SparsePacked, decode_sparse, encode_sparse, nonzero_bits
+from cloud.training.compression.sparse import SparsePacked, count_nonzero_bits, decode_sparse, encode_sparse
 from models.numerics import BfpCodec, BfpFormat, Packed, error_stats, packed_nbytes
 
 OUTSIDE_LAYERS = "<outside>"  # saved by ops that run outside any leaf module (e.g. the loss)
@@ -51,6 +55,15 @@ class _Stored:
         self.kind, self.payload, self.nbytes = kind, payload, nbytes
 
 
+def _relative_error(reference: torch.Tensor, approx: torch.Tensor) -> float:
+    """||approx - reference|| / ||reference||: two float32 passes; float64 ``error_stats`` only when
+    the norm is not finite (non-finite elements, or overflow)."""
+    norm = float(torch.linalg.vector_norm(reference))
+    if math.isfinite(norm) and norm > 0:
+        return float(torch.dist(approx, reference)) / norm
+    return error_stats(reference, approx).relative_error
+
+
 def _tensor_nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
@@ -59,18 +72,21 @@ class ActivationCompressor:
     """Owns the hooks for one model. Not thread-safe: one forward/backward at a time per instance."""
 
     def __init__(self, model: nn.Module, policy: LayerPolicy, *, ssdc_layers: Collection[str] = (),
-                 generator: torch.Generator | None = None, min_numel: int = 64) -> None:
+                 generator: torch.Generator | None = None, min_numel: int = 16384) -> None:
         self.model = model
         self.policy = policy
         self.ssdc_layers = frozenset(ssdc_layers)
         self.generator = generator
-        self.min_numel = min_numel  # tiny tensors (scalars, biases' grads' shapes) cost more to encode
+        self.min_numel = min_numel  # below this, encoding costs more time than the bytes are worth
         self.measure_errors = False
         self.layer_errors: dict[str, float] = {}
         self.counters: dict[str, LayerBytes] = {}
         self.kinds: dict[str, int] = {"raw": 0, "bfp": 0, "sparse": 0}
         self.live_bytes = 0
         self.peak_live_bytes = 0
+        # CPU seconds spent in the pack (encode) and unpack (decode) hooks since reset_counters.
+        self.encode_s = 0.0
+        self.decode_s = 0.0
         self._stack: list[str] = []
         self._cache: dict[tuple, tuple[weakref.ref, weakref.ref]] = {}
         self._codecs: dict[BfpFormat, BfpCodec] = {}
@@ -81,6 +97,7 @@ class ActivationCompressor:
         self.kinds = dict.fromkeys(self.kinds, 0)
         self.layer_errors.clear()
         self.peak_live_bytes = self.live_bytes
+        self.encode_s = self.decode_s = 0.0
 
     def total(self) -> LayerBytes:
         total = LayerBytes()
@@ -119,7 +136,10 @@ class ActivationCompressor:
             self._stack.pop()
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor | _Stored:
-        if tensor.untyped_storage().data_ptr() in self._param_storages:
+        # Leaves that require grad (parameters, stashed weight versions, a pipeline stage's
+        # received input) are held alive by their owner: encoding them would save nothing.
+        if (tensor.requires_grad and tensor.grad_fn is None) or \
+                tensor.untyped_storage().data_ptr() in self._param_storages:
             return tensor
         key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
                tensor.stride(), tensor.dtype, tensor._version)
@@ -130,7 +150,9 @@ class ActivationCompressor:
             if source is not None and stored is not None:
                 return stored
         layer = self._stack[-1] if self._stack else OUTSIDE_LAYERS
+        started = time.process_time()
         stored = self._encode(tensor, layer)
+        self.encode_s += time.process_time() - started
         if len(self._cache) >= _CACHE_PRUNE_AT:
             self._cache = {k: v for k, v in self._cache.items() if v[0]() is not None and v[1]() is not None}
         self._cache[key] = (weakref.ref(tensor), weakref.ref(stored))
@@ -152,9 +174,13 @@ class ActivationCompressor:
             return stored
         if stored.kind == "raw":
             return stored.payload
+        started = time.process_time()
         if stored.kind == "sparse":
-            return decode_sparse(stored.payload)
-        return self._codec(stored.payload.fmt).decode(stored.payload)
+            tensor = decode_sparse(stored.payload)
+        else:
+            tensor = self._codec(stored.payload.fmt).decode(stored.payload)
+        self.decode_s += time.process_time() - started
+        return tensor
 
     # Encoding choice ---------------------------------------------------------------------------
 
@@ -165,19 +191,18 @@ class ActivationCompressor:
         # loss's saved log-probabilities are tiny and very sensitive.
         fmt = self.policy.format_for(layer) if layer != OUTSIDE_LAYERS or self.policy.names(layer) else None
         if layer in self.ssdc_layers:
-            occupied = nonzero_bits(tensor)
             n, itemsize = tensor.numel(), tensor.element_size()
-            sparse_bytes = math.ceil(n / 8) + int(occupied.sum()) * itemsize
+            sparse_bytes = math.ceil(n / 8) + count_nonzero_bits(tensor) * itemsize
             dense_bytes = _tensor_nbytes(tensor) if fmt is None else packed_nbytes(
                 n, fmt, int(fmt.outlier_fraction * n), itemsize)
             if sparse_bytes < dense_bytes:  # Gist: sparse only when sparsity is high enough to pay
-                packed = encode_sparse(tensor, occupied)
+                packed = encode_sparse(tensor)
                 return _Stored("sparse", packed, packed.nbytes)
         if fmt is None:
             return _Stored("raw", tensor, _tensor_nbytes(tensor))
         packed = self._codec(fmt).encode(tensor)
         if self.measure_errors:
-            error = error_stats(tensor, self._codec(fmt).decode(packed)).relative_error
+            error = _relative_error(tensor.detach(), self._codec(fmt).decode(packed))
             self.layer_errors[layer] = max(error, self.layer_errors.get(layer, 0.0))
         return _Stored("bfp", packed, packed.nbytes)
 

@@ -28,6 +28,9 @@ class TrainResult:
     steps: int = 0
     seconds: float = 0.0
     probe_grad_errors: list[float] = field(default_factory=list)
+    step_cpu_s: list[float] = field(default_factory=list)   # per step, probe included (process CPU time)
+    step_wall_s: list[float] = field(default_factory=list)  # per step, probe included
+    probe_steps: list[int] = field(default_factory=list)    # steps that ran a full-precision probe
 
     @property
     def step_seconds(self) -> float:
@@ -63,6 +66,7 @@ def train_compressed(model: nn.Module, split: DigitsSplit, *, compressor: Activa
         order = torch.randperm(len(split.train_y), generator=generator)
         total, batches = 0.0, 0
         for start in range(0, len(order), batch_size):
+            wall_started, cpu_started = time.perf_counter(), time.process_time()
             index = order[start:start + batch_size]
             x, y = split.train_x[index], split.train_y[index]
             probing = controller is not None and controller.probe_due(step)
@@ -89,7 +93,12 @@ def train_compressed(model: nn.Module, split: DigitsSplit, *, compressor: Activa
                 controller.decide(step, grad_error, compressor.layer_errors)
                 compressor.policy = controller.policy
             optimizer.step()
-            total, batches, step = total + loss.item(), batches + 1, step + 1
+            total, batches = total + loss.item(), batches + 1
+            result.step_cpu_s.append(time.process_time() - cpu_started)
+            result.step_wall_s.append(time.perf_counter() - wall_started)
+            if probing:
+                result.probe_steps.append(step)
+            step += 1
         result.epoch_losses.append(total / batches)
     result.seconds = time.perf_counter() - started
     result.steps = step

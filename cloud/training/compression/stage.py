@@ -1,0 +1,90 @@
+"""Activation compression of one pipeline stage in a ``torchrun`` job (the ``[compression]`` job
+section): the stage module (Gist-transformed when asked), its ``ActivationCompressor``, and, in
+adaptive mode, its ``AdaptiveController``.
+
+In a pipeline no stage can run a full-precision probe of the whole model alone, so the stage's
+controller reads the loss trend (every rank learns the loss at each progress line) and the
+activation error of its own layers, measured on the last step of each window; it decides once per
+window, at a progress line, on every rank at the same step.
+
+Invariant: with ``activations = "none"`` the stage module and its forward are untouched; otherwise
+``report()`` returns the bytes the stage's hooks saw since the previous report (then resets them),
+and ``decide`` returns every decision the controller made, as JSON-ready dicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import asdict
+
+from torch import nn
+
+from cloud.training.compression.controller import AdaptiveController, ControllerSettings
+from cloud.training.compression.gist import gist_transform
+from cloud.training.compression.hooks import OUTSIDE_LAYERS, ActivationCompressor
+from cloud.training.compression.policy import LayerPolicy
+from models.numerics import BfpFormat
+
+
+def leaf_names(module: nn.Module) -> list[str]:
+    return [name for name, m in module.named_modules() if name and not any(True for _ in m.children())]
+
+
+class StageCompression:
+    def __init__(self, module: nn.Module, *, activations: str, fmt: str, gist: bool, window: int,
+                 min_numel: int) -> None:
+        self.module, self.compressor, self.controller, self.gist_plan = module, None, None, None
+        if activations == "none":
+            return
+        ssdc: frozenset[str] = frozenset()
+        if gist:
+            self.module, self.gist_plan = gist_transform(module)
+            ssdc = self.gist_plan.ssdc_layers
+        if activations == "adaptive":
+            self.controller = AdaptiveController(leaf_names(self.module), ControllerSettings(window=window))
+            policy = self.controller.policy
+        else:
+            policy = LayerPolicy.uniform(BfpFormat.parse(fmt))
+        self.compressor = ActivationCompressor(self.module, policy, ssdc_layers=ssdc, min_numel=min_numel)
+
+    @property
+    def context(self) -> Callable[[], AbstractContextManager] | None:
+        return None if self.compressor is None else self.compressor.active
+
+    def before_step(self, step: int) -> None:
+        """``step``: 0-based index of the step about to run."""
+        if self.controller is not None:
+            self.compressor.measure_errors = self.controller.probe_due(step)
+            if self.compressor.measure_errors:
+                self.compressor.layer_errors.clear()
+
+    def report(self) -> dict:
+        if self.compressor is None:
+            return {"saved_bytes_fp32": 0, "saved_bytes_stored": 0, "formats": {}, "encode_s": 0.0,
+                    "decode_s": 0.0}
+        total, c = self.compressor.total(), self.compressor
+        formats = {layer: str(c.policy.format_for(layer) or "fp32") for layer in c.counters
+                   if layer != OUTSIDE_LAYERS}
+        report = {"saved_bytes_fp32": total.original, "saved_bytes_stored": total.stored, "formats": formats,
+                  "encode_s": round(c.encode_s, 4), "decode_s": round(c.decode_s, 4)}
+        errors = dict(c.layer_errors)
+        c.reset_counters()
+        c.layer_errors.update(errors)  # read by the decision at the end of the window
+        return report
+
+    def record_loss(self, loss: float) -> None:
+        if self.controller is not None:
+            self.controller.record_loss(loss)
+
+    def decide(self, step: int) -> list[dict]:
+        """At the end of a window (``step`` steps done): move formats; returns the decisions."""
+        if self.controller is None or step % self.controller.settings.window:
+            return []
+        made = self.controller.decide(step, None, self.compressor.layer_errors)
+        self.compressor.policy = self.controller.policy
+        self.compressor.measure_errors = False
+        return [asdict(d) for d in made]
+
+    def status(self) -> dict | None:
+        return None if self.controller is None else self.controller.status()
