@@ -71,15 +71,23 @@ def test_partial_overlap_and_out_of_order(cloudd):
     assert stored_lsns(cloudd) == list(range(1, 23))
 
 
-@pytest.mark.parametrize("token", [None, "wrong", "token-gw2"])
+@pytest.mark.parametrize("token", [None, "wrong"])
 def test_wrong_or_missing_token_is_401(cloudd, token):
     status, body = up(cloudd, [1, 2], token=token)
     assert status == 401 and body["error"] == "unauthorized" and "gw1" in body["detail"]
     assert_alive_and_empty(cloudd)
 
 
-def test_unknown_gateway_is_401(cloudd):
-    status, body = upload(cloudd.url, "token-gw1", "gw9", LOG, [1])
+def test_another_gateways_token_is_403(cloudd):
+    status, body = up(cloudd, [1, 2], token="token-gw2")
+    assert status == 403 and body["error"] == "forbidden" and "gw2" in body["detail"]
+    assert_alive_and_empty(cloudd)
+
+
+def test_unknown_gateway_is_refused(cloudd):
+    status, body = upload(cloudd.url, "token-gw1", "gw9", LOG, [1])  # gw1's token, not gw9's path
+    assert status == 403 and body["error"] == "forbidden"
+    status, body = upload(cloudd.url, "no-such-token", "gw9", LOG, [1])
     assert status == 401 and body["error"] == "unauthorized"
 
 
