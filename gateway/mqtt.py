@@ -308,10 +308,8 @@ class MqttAdapter:
         # Detach before paho closes the socket: a closed socket has no fd to remove.
         if threading.get_ident() == self._loop_thread:
             self._detach(sock)
-        else:
-            assert self._loop is not None
-            fd = sock.fileno()
-            self._loop.call_soon_threadsafe(self._detach_fd, fd)
+        elif self._loop is not None and not self._loop.is_closed():  # a client collected after its loop ended
+            self._loop.call_soon_threadsafe(self._detach_fd, sock.fileno())
 
     def _detach(self, sock: Any) -> None:
         if self._sock is sock:
