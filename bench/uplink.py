@@ -12,6 +12,7 @@ Live delay: from the record being durable in the log to the cloud's acknowledgem
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import socket
 import statistics
@@ -119,8 +120,11 @@ async def _case(base: Path, backlog: int, fifo: bool, live_s: float | None) -> d
 
 
 async def main() -> None:
-    args = parse_args(__doc__.split("\n")[0])
-    backlog = 30_000 if args.quick else 1_000_000  # --quick: < 1 minute on 2 cores
+    sizes = argparse.ArgumentParser(add_help=False)
+    sizes.add_argument("--backlog", type=int, default=None, help="backlog records (default 1M; --quick 30k)")
+    known, rest = sizes.parse_known_args()
+    args = parse_args(__doc__.split("\n")[0], rest)
+    backlog = known.backlog or (30_000 if args.quick else 1_000_000)  # --quick: < 1 minute on 2 cores
     results = Results("uplink", args.quick)
     figures = {}
     with tempfile.TemporaryDirectory() as tmp:

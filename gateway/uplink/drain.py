@@ -18,10 +18,10 @@ Classes, highest priority first: ``alert`` (a record of kind "event" whose body 
 
 from __future__ import annotations
 
+import heapq
 import time
 from bisect import bisect_left, bisect_right
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Literal
 
 CLASSES = ("alert", "summary", "raw")
@@ -41,58 +41,149 @@ def classify(data: bytes) -> str:
     return "alert" if any(a in data for a in _ALERT) else "summary"
 
 
+class Runs:
+    """Sorted, disjoint, non-adjacent runs [lo, hi] of LSNs with a running count.
+
+    Two parallel lists searched with bisect. Removing from the front only advances ``_head`` (the
+    dead prefix is compacted once it is half the list), removing from the back truncates, so a class
+    drained from either end costs amortised O(1) per touched run plus O(log n) to find it. A change in
+    the middle is one list slice assignment: a C memmove, no Python-level walk over the runs.
+    """
+
+    def __init__(self) -> None:
+        self._lo: list[int] = []
+        self._hi: list[int] = []
+        self._head = 0  # runs before this index are dead (removed from the front)
+        self.count = 0  # LSNs held
+
+    def __len__(self) -> int:
+        return len(self._lo) - self._head
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return zip(self._lo[self._head:], self._hi[self._head:], strict=True)
+
+    def first(self) -> tuple[int, int]:
+        return self._lo[self._head], self._hi[self._head]
+
+    def last(self) -> tuple[int, int]:
+        return self._lo[-1], self._hi[-1]
+
+    def iter_from_front(self) -> Iterator[tuple[int, int]]:
+        for k in range(self._head, len(self._lo)):
+            yield self._lo[k], self._hi[k]
+
+    def iter_from_back(self) -> Iterator[tuple[int, int]]:
+        for k in range(len(self._lo) - 1, self._head - 1, -1):
+            yield self._lo[k], self._hi[k]
+
+    def contains(self, lsn: int) -> bool:
+        k = bisect_right(self._lo, lsn, self._head) - 1
+        return k >= self._head and lsn <= self._hi[k]
+
+    def append(self, lo: int, hi: int) -> None:
+        """Add [lo, hi] past the last run (merging when adjacent)."""
+        if len(self) and self._hi[-1] >= lo:
+            raise ValueError(f"append [{lo}, {hi}] after a run ending at {self._hi[-1]}")
+        if len(self) and self._hi[-1] == lo - 1:
+            self._hi[-1] = hi
+        else:
+            self._lo.append(lo)
+            self._hi.append(hi)
+        self.count += hi - lo + 1
+
+    def add(self, runs: list[tuple[int, int]]) -> None:
+        """Add runs anywhere, merging with what they overlap or touch."""
+        if not runs:
+            return
+        runs = sorted(runs)  # already sorted when they come from runs_of: a linear check
+        if len(self) == 0 or runs[0][0] > self._hi[-1] + 1:
+            for lo, hi in runs:
+                self._append_merging(lo, hi)
+            return
+        # the existing runs that overlap or touch the new ones' span: i..j-1; merge them in one pass
+        i = bisect_left(self._hi, runs[0][0] - 1, self._head)
+        j = bisect_right(self._lo, max(hi for _, hi in runs) + 1, self._head)
+        old = list(zip(self._lo[i:j], self._hi[i:j], strict=True))
+        merged: list[list[int]] = []
+        for lo, hi in heapq.merge(old, runs):
+            if merged and lo <= merged[-1][1] + 1:
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+        self.count += sum(hi - lo + 1 for lo, hi in merged) - sum(hi - lo + 1 for lo, hi in old)
+        self._replace(i, j, merged)
+
+    def _append_merging(self, lo: int, hi: int) -> None:
+        if len(self) and lo <= self._hi[-1] + 1:
+            self.count += max(hi, self._hi[-1]) - self._hi[-1]
+            self._hi[-1] = max(hi, self._hi[-1])
+        else:
+            self.append(lo, hi)
+
+    def remove_span(self, a: int, b: int) -> int:
+        """Drop every held LSN in [a, b] (splitting at most the two end runs); returns how many."""
+        i = bisect_left(self._hi, a, self._head)  # first run ending at or after a
+        j = bisect_right(self._lo, b, self._head)  # first run starting after b
+        if i >= j:
+            return 0
+        removed = sum(min(self._hi[k], b) - max(self._lo[k], a) + 1 for k in range(i, j))
+        kept: list[list[int]] = []
+        if self._lo[i] < a:
+            kept.append([self._lo[i], a - 1])
+        if self._hi[j - 1] > b:
+            kept.append([b + 1, self._hi[j - 1]])
+        self.count -= removed
+        self._replace(i, j, kept)
+        return removed
+
+    def _replace(self, i: int, j: int, runs: list[list[int]]) -> None:
+        if i == self._head and len(runs) <= j - i:  # at the front: overwrite the tail of the slot
+            start = j - len(runs)
+            for k, (lo, hi) in enumerate(runs):
+                self._lo[start + k], self._hi[start + k] = lo, hi
+            self._head = start
+            if self._head > 1024 and 2 * self._head > len(self._lo):
+                del self._lo[: self._head], self._hi[: self._head]
+                self._head = 0
+            return
+        self._lo[i:j] = [lo for lo, _ in runs]
+        self._hi[i:j] = [hi for _, hi in runs]
+
+
 class AckedRanges:
-    """LSNs the cloud acknowledged above the log's trim point, as sorted disjoint intervals."""
+    """LSNs the cloud acknowledged above the log's trim point, as sorted disjoint intervals (``Runs``)."""
 
     def __init__(self, trimmed: int = 0) -> None:
         self.trimmed = trimmed
-        self._lo: list[int] = []  # run starts, sorted; runs are disjoint and not adjacent
-        self._hi: list[int] = []
-        self.count = 0
+        self._runs = Runs()
+
+    @property
+    def count(self) -> int:
+        return self._runs.count
 
     def add_runs(self, runs: Iterable[tuple[int, int]]) -> None:
-        for lo, hi in runs:
-            self._add(lo, hi)
-
-    def _add(self, lo: int, hi: int) -> None:
-        lo = max(lo, self.trimmed + 1)
-        if lo > hi:
-            return
-        # every run that overlaps or touches [lo, hi] merges with it: runs i..j-1
-        i = bisect_left(self._hi, lo - 1)
-        j = bisect_right(self._lo, hi + 1)
-        if i < j:
-            lo, hi = min(lo, self._lo[i]), max(hi, self._hi[j - 1])
-            self.count -= sum(self._hi[k] - self._lo[k] + 1 for k in range(i, j))
-        self._lo[i:j] = [lo]
-        self._hi[i:j] = [hi]
-        self.count += hi - lo + 1
+        """Add runs; what is at or below the trim point is already acknowledged and ignored."""
+        clipped = [(max(lo, self.trimmed + 1), hi) for lo, hi in runs if hi > self.trimmed]
+        self._runs.add(clipped)
 
     def trim_point(self) -> int:
         """How far the log may be trimmed: the end of the acked run that starts at trimmed + 1."""
-        if self._lo and self._lo[0] == self.trimmed + 1:
-            return self._hi[0]
+        if len(self._runs) and self._runs.first()[0] == self.trimmed + 1:
+            return self._runs.first()[1]
         return self.trimmed
 
     def trimmed_to(self, lsn: int) -> None:
         """The log was trimmed to ``lsn``: forget the runs at or below it."""
+        if len(self._runs):
+            self._runs.remove_span(self._runs.first()[0], lsn)
         self.trimmed = max(self.trimmed, lsn)
-        while self._lo and self._hi[0] <= self.trimmed:
-            self.count -= self._hi[0] - self._lo[0] + 1
-            del self._lo[0], self._hi[0]
-        if self._lo and self._lo[0] <= self.trimmed:
-            self.count -= self.trimmed - self._lo[0] + 1
-            self._lo[0] = self.trimmed + 1
 
     def contains(self, lsn: int) -> bool:
-        if lsn <= self.trimmed:
-            return True
-        i = bisect_right(self._lo, lsn) - 1
-        return i >= 0 and lsn <= self._hi[i]
+        return lsn <= self.trimmed or self._runs.contains(lsn)
 
     @property
     def runs(self) -> list[tuple[int, int]]:
-        return list(zip(self._lo, self._hi, strict=True))
+        return list(self._runs)
 
 
 def runs_of(lsns: Iterable[int]) -> list[tuple[int, int]]:
@@ -107,39 +198,36 @@ def runs_of(lsns: Iterable[int]) -> list[tuple[int, int]]:
 
 
 class BacklogIndex:
-    """Per class, the backlog's unacknowledged LSNs as runs (a deque of [lo, hi], increasing)."""
+    """Per class, the backlog's unacknowledged LSNs as ``Runs``; every operation is O(log n) or
+    amortised O(1) in the backlog's size (a million-record backlog costs each round what a small one does)."""
 
     def __init__(self) -> None:
-        self._runs: dict[str, deque[list[int]]] = {c: deque() for c in CLASSES}
+        self._runs: dict[str, Runs] = {c: Runs() for c in CLASSES}
         self.scanned = 0  # highest LSN added
         self.upto = 0  # the backlog covers LSNs <= upto (the rest is the live tail)
 
     def add(self, lsn: int, cls: str) -> None:
         assert lsn > self.scanned, f"LSNs are added in increasing order ({lsn} after {self.scanned})"
-        runs = self._runs[cls]
-        if runs and runs[-1][1] == lsn - 1:
-            runs[-1][1] = lsn
-        else:
-            runs.append([lsn, lsn])
+        self._runs[cls].append(lsn, lsn)
         self.scanned = lsn
 
     def pending(self, cls: str | None = None) -> int:
         classes = CLASSES if cls is None else (cls,)
-        return sum(hi - lo + 1 for c in classes for lo, hi in self._runs[c])
+        return sum(self._runs[c].count for c in classes)
 
     def next_class(self) -> str | None:
-        return next((c for c in CLASSES if self._runs[c]), None)
+        return next((c for c in CLASSES if len(self._runs[c])), None)
 
     def pick(self, cls: str, order: Order, max_records: int, max_span: int) -> list[int]:
         """Up to ``max_records`` LSNs of ``cls`` from its oldest or newest end, within ``max_span``
         consecutive LSNs of the log (so one sequential read fetches them), in increasing order."""
         runs = self._runs[cls]
         out: list[int] = []
-        if not runs:
+        if not len(runs):
             return out
         if order == "oldest":
-            start = runs[0][0]
-            for lo, hi in runs:
+            start = runs.first()[0]
+            for lo, hi in runs.iter_from_front():
                 hi = min(hi, start + max_span - 1, lo + max_records - len(out) - 1)
                 if lo > hi:
                     break
@@ -147,36 +235,30 @@ class BacklogIndex:
                 if len(out) >= max_records:
                     break
             return out
-        end = runs[-1][1]
-        for lo, hi in reversed(runs):
-            lo = max(lo, end - max_span + 1, hi - (max_records - len(out)) + 1)
+        end = runs.last()[1]
+        pieces: list[range] = []
+        taken = 0
+        for lo, hi in runs.iter_from_back():
+            lo = max(lo, end - max_span + 1, hi - (max_records - taken) + 1)
             if lo > hi:
                 break
-            out[:0] = range(lo, hi + 1)
-            if len(out) >= max_records:
+            pieces.append(range(lo, hi + 1))
+            taken += hi - lo + 1
+            if taken >= max_records:
                 break
+        for piece in reversed(pieces):
+            out.extend(piece)
         return out
 
     def remove(self, cls: str, lsns: list[int]) -> None:
-        """Drop acknowledged LSNs: ``lsns`` came from ``pick`` (one end of the class's runs)."""
-        if not lsns:
-            return
-        runs, lo_l, hi_l = self._runs[cls], lsns[0], lsns[-1]
-        kept: deque[list[int]] = deque()
-        for lo, hi in runs:
-            if hi < lo_l or lo > hi_l:
-                kept.append([lo, hi])
-                continue
-            # the picked LSNs are every class LSN in [lo_l, hi_l]: keep what lies outside it
-            if lo < lo_l:
-                kept.append([lo, lo_l - 1])
-            if hi > hi_l:
-                kept.append([hi_l + 1, hi])
-        self._runs[cls] = kept
+        """Drop acknowledged LSNs: ``lsns`` came from ``pick``, so they are every LSN of the class in
+        [lsns[0], lsns[-1]]; only the runs in that span are touched."""
+        if lsns:
+            self._runs[cls].remove_span(lsns[0], lsns[-1])
 
     def clear(self) -> None:
-        for runs in self._runs.values():
-            runs.clear()
+        for cls in CLASSES:
+            self._runs[cls] = Runs()
 
 
 class TokenBucket:

@@ -9,9 +9,10 @@ intervals, so a batch re-sent after a restart stores nothing twice.
 Draining (docs/placement.md, "Uplink"): while at most ``backlog_threshold_records`` wait, batches
 are the log's records in order. Beyond that, what waits becomes the *backlog*: it is classified
 (``drain.classify``, in slices, so live data keeps moving while a million records are scanned) and
-drained alerts first, then summaries, then raw data, each class oldest- or newest-first; rounds
-alternate between the backlog and the live tail (records that arrived after), so live data is
-never held up by more than one backlog batch.
+drained alerts first, then summaries, then raw data, each class oldest- or newest-first. Records
+appended after the backlog formed are the live tail and stay live (a new backlog forms only once
+the last one is drained); whenever live records wait, every other batch is a live batch, so live
+data is never held up by more than one backlog step (a batch or a scan slice).
 
 Failures back off exponentially with jitter; a retry happens at once when the link monitor sees
 the link come back (``link_up``); while the monitor says the link is down, the uplink waits for
@@ -46,7 +47,7 @@ from protocol.config import UplinkConfig
 log = logging.getLogger(__name__)
 
 IDLE_WAKE_S = 5.0  # look at the log at least this often even without a wake-up
-SCAN_SLICE_RECORDS = 50_000  # backlog records classified per round (then a live batch may go)
+SCAN_SLICE_RECORDS = 10_000  # backlog records read and classified per round (~0.2 s; then a live batch)
 SPAN_PER_RECORD = 20  # a backlog batch spans at most this many log LSNs per record it carries
 FAILURE_KINDS = ("connection", "timeout", "server_error", "auth", "rejected_by_cloud",
                  "unexpected_status", "bad_ack")
@@ -232,23 +233,32 @@ class Uplink:
 
     # -- choosing what to send -----------------------------------------------------------------
     async def _next_batch(self) -> Batch | None:
-        """The next batch (live tail and backlog alternate), an empty batch after a scan slice, or None."""
+        """The next batch (one live batch whenever live records wait, then one backlog step), an empty
+        batch after a scan slice, or None.
+
+        A backlog is formed only when none is being drained: the records waiting then become it, and
+        everything appended later is the live tail for good (never demoted behind the backlog), so a
+        live record waits for at most the live batches ahead of it plus one backlog step each.
+        """
         self._sync_with_log()
         durable = self._log.durable_lsn
-        if durable - self._live_next + 1 > self._config.backlog_threshold_records:
-            if self._scan_next > self._index.upto:  # scan done: what lies before live_next was acked
-                self._scan_next = self._live_next
-            self._index.upto = durable  # what waits becomes backlog; the live tail starts after it
-            self._live_next = durable + 1
-        live = self._live_next <= durable
         scanning = self._scan_next <= self._index.upto
-        backlog = not scanning and self._index.pending() > 0
-        turn, self._turn = self._turn, ("live" if self._turn == "backlog" else "backlog")
-        if scanning and (turn == "backlog" or not live):
+        if (not scanning and self._index.pending() == 0
+                and durable - self._live_next + 1 > self._config.backlog_threshold_records):
+            # everything before live_next is acknowledged (batches go one at a time)
+            self._scan_next = self._live_next
+            self._index.upto = durable
+            self._live_next = durable + 1
+            scanning = True
+        live = self._live_next <= durable
+        backlog = scanning or self._index.pending() > 0
+        if live and (self._turn == "live" or not backlog):
+            self._turn = "backlog"
+            return await self._live_batch()
+        self._turn = "live"
+        if scanning:
             await self._scan_slice()
             return Batch("scan", [])
-        if live and (turn == "live" or not backlog):
-            return await self._live_batch()
         if backlog:
             return await self._backlog_batch()
         return None

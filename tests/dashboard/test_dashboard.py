@@ -89,6 +89,10 @@ def test_dashboard_fleet_and_live_job(tmp_path):
                 page.click("#fleet-table th[data-key='backlog_records']")  # descending: biggest backlog first
                 page.wait_for_timeout(300)
                 page.screenshot(path=str(shots / "dashboard-fleet.png"))
+
+                page.goto(f"{server.url}/#/federated")
+                page.wait_for_function("document.getElementById('fed-figures').innerText.includes("
+                                       "'no federated job is running')", timeout=20_000)
             finally:
                 browser.close()
     finally:

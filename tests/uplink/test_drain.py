@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.uplink.drain import AckedRanges, BacklogIndex, TokenBucket, classify, runs_of
+from gateway.uplink.drain import AckedRanges, BacklogIndex, Runs, TokenBucket, classify, runs_of
 from protocol.records import Record, encode_record
 
 
@@ -91,3 +91,40 @@ def test_token_bucket_caps_the_rate():
     now[0] = 0.5
     assert bucket.delay_for(1000) == 1.0
     assert TokenBucket(None).delay_for(10**9) == 0.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 80), st.integers(0, 6)), max_size=40))
+def test_runs_match_a_set_model(ops):
+    runs = Runs()
+    model: set[int] = set()
+    for is_add, lo, width in ops:
+        if is_add:
+            runs.add([(lo, lo + width)])
+            model |= set(range(lo, lo + width + 1))
+        else:
+            assert runs.remove_span(lo, lo + width) == len(model & set(range(lo, lo + width + 1)))
+            model -= set(range(lo, lo + width + 1))
+        held = list(runs)
+        assert all(a[1] + 1 < b[0] for a, b in zip(held, held[1:], strict=False))  # disjoint, apart
+        assert [x for lo_, hi_ in held for x in range(lo_, hi_ + 1)] == sorted(model)
+        assert runs.count == len(model)
+
+
+def test_a_large_index_drains_from_both_ends_and_compacts():
+    """200k runs (past the compaction point) drained from the front and the back: nothing is lost."""
+    index = BacklogIndex()
+    for lsn in range(1, 400_001):
+        index.add(lsn, "summary" if lsn % 2 else "raw")
+    drained = []
+    while index.pending("summary"):
+        picked = index.pick("summary", "oldest", 1000, 20_000)
+        index.remove("summary", picked)
+        drained += picked
+    assert drained == list(range(1, 400_001, 2))
+    drained = []
+    while index.pending("raw"):
+        picked = index.pick("raw", "newest", 1000, 20_000)
+        index.remove("raw", picked)
+        drained = picked + drained
+    assert drained == list(range(2, 400_001, 2)) and index.next_class() is None

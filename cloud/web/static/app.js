@@ -1,4 +1,4 @@
-/* The router: #/fleet, #/jobs, #/job/<id>, #/models, #/datasets; one page at a time, refreshed
+/* The router: #/fleet, #/jobs, #/job/<id>, #/models, #/datasets, #/federated; one page at a time, refreshed
  * every 2 s (the job page streams instead). Errors show in one banner, never as alerts. */
 "use strict";
 
@@ -23,6 +23,7 @@ const app = (() => {
     else if (name === "jobs") current = pages.jobsPage(page);
     else if (name === "models") current = pages.modelsPage(page);
     else if (name === "datasets") current = pages.datasetsPage(page);
+    else if (name === "federated") current = federated.page(page);
     else current = pages.fleetPage(page);
     refresh();
     timer = setInterval(refresh, 2000);

@@ -169,4 +169,4 @@ function datasetsPage(page) {
   }, stop() {}};
 }
 
-window.pages = {fleetPage, jobsPage, modelsPage, datasetsPage, esc};
+window.pages = {fleetPage, jobsPage, modelsPage, datasetsPage, esc, sortableTable, bindSort};
