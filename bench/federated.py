@@ -28,7 +28,7 @@ from cloud.federated.strategies import ClientUpdate, FedBuff
 from gateway.federated.encoder import CodecSpec, UpdateEncoder
 from gateway.federated.samples import sample_record
 from gateway.federated.trainer import train_local
-from models.digits import accuracy, load_digits_split, train_single_process
+from models.digits import accuracy, load_digits_split, non_iid_split, train_single_process
 from models.numerics import BfpFormat
 from protocol.federated import FederatedJob, ModelArch, RoundConfig, UpdateEnvelope, pack_payload
 from protocol.records import Record, encode_record
@@ -39,20 +39,6 @@ ROUND = RoundConfig(lr=0.05, momentum=0.9, local_epochs=2, batch_size=16)
 CODECS = {"fp32": CodecSpec("fp32"),
           "bfp6": CodecSpec("bfp", BfpFormat(block_size=32, mantissa_bits=6)),
           "topk10+bfp6": CodecSpec("topk_bfp", BfpFormat(block_size=32, mantissa_bits=6), topk_fraction=0.1)}
-
-
-def non_iid(y: torch.Tensor, n: int, major: float = 0.8, seed: int = 0) -> list[torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
-    parts: list[list[int]] = [[] for _ in range(n)]
-    for c in range(10):
-        items = (y == c).nonzero().view(-1)
-        items = items[torch.randperm(len(items), generator=generator)].tolist()
-        k = int(len(items) * major)
-        for i, item in enumerate(items[:k]):
-            parts[(c - i % 2) % n].append(item)
-        for i, item in enumerate(items[k:]):
-            parts[i % n].append(item)
-    return [torch.tensor(p) for p in parts]
 
 
 @dataclass
@@ -137,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     # quick: fewer versions (each costs buffer_k=5 local rounds per codec): under a minute on 2 busy cores
     versions, epochs = (15, 6) if args.quick else (120, 30)
     split = load_digits_split(0)
-    parts = non_iid(split.train_y, N_GATEWAYS)
+    parts = non_iid_split(split.train_y, N_GATEWAYS)
     results = Results("federated", args.quick)
     curves: dict[str, Curve] = {}
     for name, spec in CODECS.items():

@@ -67,6 +67,22 @@ def build_digits_model(kind: str, width: int) -> nn.Sequential:
         raise ValueError(f"unknown digits model {kind!r}; known: {sorted(DIGITS_MODELS)}") from None
 
 
+def non_iid_split(y: torch.Tensor, n: int, major: float = 0.8, seed: int = 0) -> list[torch.Tensor]:
+    """Indices of ``y`` for ``n`` clients, not identically distributed: client g holds ``major`` of
+    classes g and g+1 (mod n); the rest of each class is spread evenly. Federated tests use it."""
+    generator = torch.Generator().manual_seed(seed)
+    parts: list[list[int]] = [[] for _ in range(n)]
+    for c in range(N_CLASSES):
+        items = (y == c).nonzero().view(-1)
+        items = items[torch.randperm(len(items), generator=generator)].tolist()
+        k = int(len(items) * major)
+        for i, item in enumerate(items[:k]):
+            parts[(c - i % 2) % n].append(item)
+        for i, item in enumerate(items[k:]):
+            parts[i % n].append(item)
+    return [torch.tensor(p) for p in parts]
+
+
 def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     model.eval()
     with torch.no_grad():

@@ -28,7 +28,7 @@ from gateway.federated.samples import sample_record
 from gateway.federated.trainer import LocalTrainer
 from gateway.storage.epoch_log import EpochLog
 from gateway.uplink.sender import Uplink
-from models.digits import accuracy, load_digits_split, train_single_process
+from models.digits import accuracy, load_digits_split, non_iid_split, train_single_process
 from protocol.batch import encode_batch, idempotency_key
 from protocol.config import UplinkConfig
 from protocol.federated import FederatedJob, ModelArch, RoundConfig, TensorEntry, parse_global_model
@@ -41,21 +41,6 @@ GATEWAYS = tuple(f"gw{i}" for i in range(N_GATEWAYS))
 ARCH = ModelArch(kind="digits_mlp", width=64)
 MAX_UPDATE_BYTES = 256 * 1024
 DEADLINE_S = 150.0
-
-
-def non_iid(y: torch.Tensor, n: int, major: float = 0.8, seed: int = 0) -> list[torch.Tensor]:
-    """Gateway g holds most of classes g and g+1; the remaining 20% of each class is spread evenly."""
-    generator = torch.Generator().manual_seed(seed)
-    parts: list[list[int]] = [[] for _ in range(n)]
-    for c in range(10):
-        items = (y == c).nonzero().view(-1)
-        items = items[torch.randperm(len(items), generator=generator)].tolist()
-        k = int(len(items) * major)
-        for i, item in enumerate(items[:k]):
-            parts[(c - i % 2) % n].append(item)
-        for i, item in enumerate(items[k:]):
-            parts[i % n].append(item)
-    return [torch.tensor(p) for p in parts]
 
 
 def http(cloudd: Cloudd, method: str, path: str, body: bytes | None = None,
@@ -182,7 +167,7 @@ async def test_ten_gateways_reach_centralised_accuracy(tmp_path: Path) -> None:
         assert status == 201, body
         assert http(cloudd, "PUT", "/v1/federated/job", job.model_dump_json().encode())[0] == 200
 
-        for gateway, part in zip(gateways, non_iid(split.train_y, N_GATEWAYS), strict=True):
+        for gateway, part in zip(gateways, non_iid_split(split.train_y, N_GATEWAYS), strict=True):
             await gateway.open_logs()
             for i in part.tolist():
                 sample = sample_record("camera", float(i), split.train_x[i], int(split.train_y[i]))
