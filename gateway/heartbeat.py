@@ -9,7 +9,6 @@ intervals without one.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ import aiohttp
 
 from gateway.placement.link import LinkEstimate
 from gateway.placement.plan import Plan
+from gateway.tasks import cancel_and_wait
 from protocol.fleet import GatewayHeartbeat, PlacementDecision
 from protocol.fleet import LinkEstimate as HeartbeatLink
 
@@ -59,11 +59,8 @@ class HeartbeatSender:
         self._task = asyncio.create_task(self._run(), name="heartbeat")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     def body(self) -> bytes:
         beat = GatewayHeartbeat(gateway=self.gateway_id, sent_ts=time.time(), interval_s=self.interval_s,

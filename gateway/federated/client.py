@@ -17,7 +17,6 @@ HTTP call has a timeout; an update is appended only after its round finished com
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -32,6 +31,7 @@ from gateway.federated.encoder import CodecSpec, UpdateEncoder
 from gateway.federated.samples import SampleWindow
 from gateway.federated.trainer import LocalResult, LocalTrainer, TrainingStopped
 from gateway.storage.interface import RecordLog
+from gateway.tasks import cancel_and_wait
 from models.digits import build_digits_model
 from protocol.errors import ProtocolError
 from protocol.federated import GlobalModel, UpdateEnvelope, pack_payload, parse_global_model, split_payload
@@ -101,11 +101,8 @@ class FederatedClient:
             self._task = asyncio.create_task(self._run(), name=f"federated-{self.gateway_id}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -11,7 +11,6 @@ when real uploads at least as large gave the monitor a goodput sample since the 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from collections.abc import Callable
 import aiohttp
 
 from gateway.placement.link import LinkMonitor
+from gateway.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +63,8 @@ class LinkProber:
         self._task = asyncio.create_task(self._run(), name="link-prober")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         if self._session is not None:
             await self._session.close()
             self._session = None

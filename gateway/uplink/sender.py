@@ -39,6 +39,7 @@ from pydantic import ValidationError
 
 from gateway.ratelimit import RateLimitedLog
 from gateway.storage.interface import RecordLog
+from gateway.tasks import cancel_and_wait
 from gateway.uplink.blobs import BlobSpool, BlobUploader, blob_refs
 from gateway.uplink.drain import CLASSES, AckedRanges, BacklogIndex, TokenBucket, classify, runs_of
 from protocol.batch import BatchAck, encode_batch, idempotency_key
@@ -155,11 +156,8 @@ class Uplink:
             self._task = asyncio.create_task(self._run(), name="uplink")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         if self._session is not None:
             await self._session.close()
             self._session = None
