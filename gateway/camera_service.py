@@ -4,49 +4,51 @@ updates, and the events they produce, started and stopped as one unit (docs/came
     CameraSource --feed task--> InferenceEngine --consumer task--> log record (kind "event") + MQTT event
     MQTT notice (edgefed/<gw>/models/<name>) --notice task--> ModelUpdater (+ polling) --swap--> engine
 
+This module is the lifecycle (start, stop, source switches, pins) and the numbers; what becomes of each
+result (the consumer task: log, frame spool, MQTT event, flushes) is gateway/camera_events.py.
+
 Owner: the daemon builds one ``CameraRuntime`` when its config has a ``[camera]`` section; the control
 plane's camera and models handlers drive it (``apply_camera``, ``apply_pins``), and the daemon calls
 ``stop()`` before it closes the log. The runtime owns its engine, source, updater, its own MQTT
 connection (client id ``<client_id>-camera``, clean session: notices are retained, events are QoS 0)
-and its three tasks (feed, consumer, notices); it starts them in that order and stops them in reverse.
+and its three tasks (feed, consumer, notices; the consumer through its ``CameraEventRecorder``); it
+starts them in the order notices, consumer, feed and stops them in reverse.
 
 Invariants: every inference result becomes exactly one event record appended to the log, or is counted
-(``log_full``, ``log_failed``); a source change replaces the source only after the old one's delivered
-frames were fed to the engine, so a switch loses no frame that was delivered; the engine keeps
-``submitted == inferred + dropped + failed + pending`` (gateway/inference.py). The module imports
-neither torch nor onnxruntime nor OpenCV: those load in threads, when a camera actually runs.
+(``events_log_full``, ``events_log_failed``: gateway/camera_events.py); a source change replaces the
+source only after the old one's delivered frames were fed to the engine, so a switch loses no frame
+that was delivered; the engine keeps ``submitted == inferred + dropped + failed + pending``
+(gateway/inference.py). The module imports neither torch nor onnxruntime nor OpenCV: those load in
+threads, when a camera actually runs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import json
 import logging
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gateway.camera_events import CameraEventRecorder
 from gateway.control.handlers import Applied
-from gateway.inference import InferenceEngine, InferenceResult, feed_from_camera
+from gateway.inference import InferenceEngine, feed_from_camera
 from gateway.ingest.camera import CameraSource, CameraSourceConfig
 from gateway.ingest.camera_change import ChangeConfig
 from gateway.models.ota import ModelUpdater
-from gateway.mqtt import MqttAdapter, MqttError, MqttSettings
-from gateway.storage.interface import LogFailed, LogFull, RecordLog
-from gateway.uplink.blobs import BlobRef, BlobSpool, blob_record
+from gateway.mqtt import MqttAdapter, MqttSettings
+from gateway.storage.interface import RecordLog
+from gateway.tasks import cancel_and_wait
+from gateway.uplink.blobs import BlobSpool
 from models.artifact import ArtifactError, load_artifact
 from protocol.config import CameraConfig
 from protocol.control import CameraSettings, ModelsSettings
-from protocol.records import Record, encode_record
 from protocol.topics import camera_events_topic, model_notice_topic
 
 log = logging.getLogger(__name__)
 
 STOP_FEED_S = 5.0  # the feed task ends once the stopped source's queue is taken
-DURABLE_WAIT_S = 30.0
 
 
 def default_artifact_dir(model: str) -> Path:
@@ -70,13 +72,6 @@ def source_config(config: CameraConfig, settings: CameraSettings) -> CameraSourc
                               open_timeout_s=config.open_timeout_s, read_timeout_s=config.read_timeout_s)
 
 
-def event_body(result: InferenceResult) -> dict[str, Any]:
-    """The InferenceEvent and which frame it came from (the JPEG itself travels as a blob)."""
-    jpeg = result.item.payload
-    return {**result.event.model_dump(mode="json"),
-            "frame": {"seq": result.item.seq, "jpeg_bytes": len(jpeg) if jpeg else 0}}
-
-
 def _numbers(values: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in values.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
@@ -88,13 +83,12 @@ class CameraRuntime:
                  on_fatal: Callable[[BaseException], None]) -> None:
         self.config = config
         self.gateway_id = gateway_id
-        self._log = record_log
         self._mqtt_settings = mqtt_settings
         self._cloud_url, self._token, self._store_dir = cloud_url, token, store_dir
-        self._spool = blob_spool if config.upload_frames else None
-        self._on_durable, self._on_fatal = on_durable, on_fatal
-        self._flush_interval_s = flush_interval_s
-        self._topic = camera_events_topic(gateway_id, config.camera_id)
+        self.events = CameraEventRecorder(config, topic=camera_events_topic(gateway_id, config.camera_id),
+                                          record_log=record_log, blob_spool=blob_spool,
+                                          on_durable=on_durable, flush_interval_s=flush_interval_s,
+                                          on_fatal=on_fatal)
         self._lock = asyncio.Lock()  # one apply at a time: start, stop and source switches never interleave
         self.state = "stopped"
         self.detail = "not started"
@@ -105,14 +99,9 @@ class CameraRuntime:
         self.source: CameraSource | None = None
         self._adapter: MqttAdapter | None = None
         self._feed: asyncio.Task[int] | None = None
-        self._consumer: asyncio.Task[None] | None = None
         self._notices: asyncio.Task[None] | None = None
-        self._draining = False
         self._last: dict[str, Any] = {}  # the numbers of the last run, shown while stopped
-        self.counters = {"events_logged": 0, "events_log_full": 0, "events_log_failed": 0,
-                         "events_published": 0, "events_not_published": 0, "frames_spooled": 0,
-                         "frames_spool_full": 0, "frames_spool_failed": 0, "source_switches": 0,
-                         "starts": 0, "start_failures": 0, "flushes": 0}
+        self.counters = {"source_switches": 0, "starts": 0, "start_failures": 0}
 
     # --- control plane ---------------------------------------------------------------------------
 
@@ -211,8 +200,7 @@ class CameraRuntime:
         self._adapter.subscribe(model_notice_topic(self.gateway_id, self.config.model), qos=1)
         await self._adapter.start()
         self._notices = asyncio.create_task(self._notice_loop(), name="camera-notices")
-        self._draining = False
-        self._consumer = asyncio.create_task(self._consume(), name="camera-consumer")
+        self.events.start(engine, self._adapter)
         await self._start_source(settings)
         log.info("camera %s: reading %s, model %s@%s", self.config.camera_id, settings.source, artifact.name,
                  artifact.version)
@@ -247,17 +235,9 @@ class CameraRuntime:
         await self._stop_source()
         if self.engine is not None:
             await self.engine.stop()  # finishes what was submitted (bounded)
-        if self._consumer is not None:
-            self._draining = True  # the consumer logs what the engine finished, flushes and returns
-            try:
-                await asyncio.wait_for(self._consumer, DURABLE_WAIT_S)
-            except TimeoutError:
-                log.error("camera: the consumer did not finish within %.0fs", DURABLE_WAIT_S)
-            self._consumer = None
+        await self.events.drain()  # the consumer logs what the engine finished, flushes and returns
         if self._notices is not None:
-            self._notices.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._notices
+            await cancel_and_wait(self._notices)
             self._notices = None
         if self.updater is not None:
             await self.updater.stop()
@@ -279,91 +259,6 @@ class CameraRuntime:
             if message is not None and message.topic == topic and self.updater is not None:
                 self.updater.on_notice(message.payload)
 
-    async def _consume(self) -> None:
-        engine = self.engine
-        assert engine is not None
-        appended, last_flush = 0, time.monotonic()
-        while True:
-            # short waits only while records wait for their flush; idle, the consumer wakes twice a second
-            result = await engine.next_result(self._flush_interval_s if appended else 0.5)
-            if result is not None:
-                appended += await self._record(result)
-            due = result is None or time.monotonic() - last_flush >= self._flush_interval_s
-            if appended and due:
-                await self._flush()
-                appended, last_flush = 0, time.monotonic()
-            if result is None and self._draining:
-                return
-
-    async def _record(self, result: InferenceResult) -> int:
-        """Log and publish one result; 1 if a record was appended."""
-        body = event_body(result)
-        camera_id, now = self.config.camera_id, time.time()
-        ref = await self._spool_frame(result.item.payload)
-        if ref is not None:
-            record = blob_record(camera_id, now, ref, **body)
-            body["blob"] = ref.to_body()
-        else:
-            record = encode_record(Record(kind="event", device=camera_id, received_ts=now, body=body))
-        appended = 0
-        try:
-            await self._log.append(record)
-            self.counters["events_logged"] += 1
-            appended = 1
-        except LogFull:
-            self.counters["events_log_full"] += 1
-        except LogFailed as exc:
-            self.counters["events_log_failed"] += 1
-            self._on_fatal(exc)
-        await self._publish(body)
-        return appended
-
-    async def _spool_frame(self, jpeg: bytes | None) -> BlobRef | None:
-        spool = self._spool
-        if spool is None or not jpeg:
-            return None
-        limit = self.config.spool_max_frames
-
-        def put() -> BlobRef | None:  # blocking: hashing, fsync
-            if spool.pending() >= limit:
-                return None
-            return spool.put(jpeg, content_type="image/jpeg")
-
-        try:
-            ref = await asyncio.to_thread(put)
-        except OSError as exc:
-            self.counters["frames_spool_failed"] += 1
-            log.warning("camera: cannot spool a frame: %s", exc)
-            return None
-        self.counters["frames_spooled" if ref is not None else "frames_spool_full"] += 1
-        return ref
-
-    async def _publish(self, body: dict[str, Any]) -> None:
-        """QoS 0, never waited for (publish returns once paho took it): events are a best-effort live
-        view; the log holds the truth. Not connected: counted, not queued."""
-        adapter = self._adapter
-        if adapter is None or not adapter.connected:
-            self.counters["events_not_published"] += 1
-            return
-        try:
-            await adapter.publish(self._topic, json.dumps(body).encode(), qos=0, retain=False, wait=False)
-            self.counters["events_published"] += 1
-        except MqttError:
-            self.counters["events_not_published"] += 1
-
-    async def _flush(self) -> None:
-        try:
-            epoch = await self._log.flush()
-            await asyncio.wait_for(asyncio.shield(epoch.durable), DURABLE_WAIT_S)
-        except LogFailed as exc:
-            self._on_fatal(exc)
-            return
-        except TimeoutError:
-            log.warning("camera: events not durable after %.0fs (slow disk?)", DURABLE_WAIT_S)
-            return
-        self.counters["flushes"] += 1
-        self._on_durable()
-
     # --- numbers ---------------------------------------------------------------------------------
 
     def status_parts(self) -> dict[str, Any]:
@@ -377,19 +272,22 @@ class CameraRuntime:
             "updater": None if updater is None else dataclasses.asdict(updater.counters),
         }
 
+    def _event_counters(self) -> dict[str, int]:
+        return {**self.events.counters, **self.counters}
+
     def status(self) -> dict[str, Any]:
         settings = self._settings
         parts = self.status_parts() if self.engine is not None else dict(self._last)
         return {"camera_id": self.config.camera_id, "state": self.state, "detail": self.detail,
                 "source": settings.source if settings else None,
                 "sample_fps": settings.sample_fps if settings else None, "model": self.config.model,
-                **parts, "events": dict(self.counters),
+                **parts, "events": self._event_counters(),
                 "mqtt": self._adapter.stats() if self._adapter is not None else None}
 
     def metrics(self) -> dict[str, float]:
         """Flat numbers for /metrics (``edgefed_gateway_camera_<key>``)."""
         parts = self.status_parts() if self.engine is not None else dict(self._last)
-        out = {"running": float(self.state == "running"), **_numbers(self.counters)}
+        out = {"running": float(self.state == "running"), **_numbers(self._event_counters())}
         for prefix, values in (("capture", parts.get("capture")), ("inference", parts.get("engine")),
                                ("ota", parts.get("updater"))):
             out.update({f"{prefix}_{k}": v for k, v in _numbers(values or {}).items()})

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import fcntl
 import json
@@ -54,6 +53,7 @@ from gateway.placement.runtime import PlacementRuntime, make_monitor
 from gateway.status import StatusServer
 from gateway.storage.epoch_log import EpochLog
 from gateway.storage.interface import RecordLog
+from gateway.tasks import cancel_and_wait
 from gateway.uplink.sender import Uplink, read_token
 from protocol.config import GatewayConfig, load_gateway_config
 from protocol.control import ControlError
@@ -223,7 +223,8 @@ class GatewayRunner:
         return TrainingRuntime(config.training, gateway_id=config.gateway_id, data_dir=config.data_dir,
                                cloud_url=config.uplink.cloud_url, token=self.token, uplink_log=self.log,
                                link_view=lambda: self.link_monitor.snapshot().view(),
-                               wake_uplink=self.uplink.wake)
+                               wake_uplink=self.uplink.wake,
+                               report=lambda applied: self.handlers.report("training", applied))
 
     def _heartbeat_fields(self) -> dict[str, Any]:
         plan = self.placement.planner.current if self.placement is not None else None
@@ -437,9 +438,7 @@ async def run_daemon(config: GatewayConfig, config_path: Path | None = None,
                 reload_wait = asyncio.create_task(reload_wanted.wait())
     finally:
         for task in (stop_wait, reload_wait):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
     failed = runner.fatal.done()
     log.info("stopping (%s)", "fatal log error" if failed else "signal")
     notifier.stopping("fatal log error" if failed else "stopping on signal")

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from gateway.tasks import cancel_and_wait
 from models.artifact import ArtifactError, ModelArtifact, check_bytes, preprocess_images
 from protocol.events import InferenceEvent
 
@@ -193,11 +194,7 @@ class InferenceEngine:
             except TimeoutError:
                 pass
         if self._worker is not None:
-            self._worker.cancel()
-            try:
-                await self._worker
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._worker)
             self._worker = None
         if self._executor is not None:
             self._executor.shutdown(wait=True)

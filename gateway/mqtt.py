@@ -1,9 +1,9 @@
 """The gateway's one MQTT adapter: paho-mqtt 2.x driven by the daemon's asyncio loop.
 
-Built the way aiomqtt is: no paho network thread. Paho's socket callbacks attach its socket to
-the loop (``add_reader``/``add_writer`` call ``loop_read``/``loop_write``) and a misc task calls
-``loop_misc`` every second (keepalive). The blocking TCP/TLS connect runs in an executor thread,
-so callbacks fired from it reach the loop through ``call_soon_threadsafe``.
+Built the way aiomqtt is: no paho network thread. gateway/mqtt_socket.py drives paho's socket from
+the loop (reads, writes, keepalive); this module is the connection's life and its data path: connect,
+reconnect, the inbound queue, acks and publishes. The blocking TCP/TLS connect runs in an executor
+thread.
 
 The adapter owns one connection task that connects, waits for the connection to drop, backs off
 and reconnects, for ever, until ``stop``; subscriptions are re-made on every connect.
@@ -23,9 +23,7 @@ import collections
 import contextlib
 import logging
 import random
-import socket
 import ssl
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +32,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from gateway.mqtt_socket import SocketDriver
 from gateway.mqtt_types import (  # noqa: F401  (re-exported: the adapter's public names live here)
     InboundMessage,
     MqttConnectError,
@@ -45,11 +44,11 @@ from gateway.mqtt_types import (  # noqa: F401  (re-exported: the adapter's publ
     Will,
     settings_from_config,
 )
+from gateway.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
 SESSION_EXPIRY_S = 7 * 24 * 3600  # the broker keeps the session (and queued QoS 1) for a week offline
-MISC_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -80,17 +79,13 @@ class MqttAdapter:
         self._inbound_ready = asyncio.Event()
         self._publish_waiters: dict[int, asyncio.Future[None]] = {}
         self._state = _ConnectionState()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: int | None = None
-        self._sock: Any = None
-        self._reading_paused = False
         self._task: asyncio.Task[None] | None = None
-        self._misc_task: asyncio.Task[None] | None = None
         self._stopping = False
         self._held = False
         self._unheld = asyncio.Event()
         self.last_connect_error: str | None = None  # why the last connect failed (e.g. "not authorized")
         self._client = self._make_client()
+        self._socket = SocketDriver(self._client)
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -117,10 +112,6 @@ class MqttAdapter:
         client.on_message = self._on_message
         client.on_publish = self._on_publish
         client.on_subscribe = self._on_subscribe
-        client.on_socket_open = self._on_socket_open
-        client.on_socket_close = self._on_socket_close
-        client.on_socket_register_write = self._on_socket_register_write
-        client.on_socket_unregister_write = self._on_socket_unregister_write
         return client
 
     def subscribe(self, topic: str, qos: int = 1) -> None:
@@ -134,9 +125,7 @@ class MqttAdapter:
     async def start(self) -> None:
         if self._task is not None:
             raise MqttError("adapter already started")
-        self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
-        self._misc_task = asyncio.create_task(self._misc_loop(), name="mqtt-misc")
+        self._socket.start()
         self._task = asyncio.create_task(self._connection_loop(), name="mqtt-connection")
 
     @property
@@ -153,6 +142,7 @@ class MqttAdapter:
     async def stop(self, final: Will | None = None, timeout_s: float = 5.0) -> None:
         """Publish ``final`` (e.g. a retained offline status), disconnect cleanly, end the tasks."""
         self._stopping = True
+        self._socket.closing = True
         if self._state.connected:
             try:
                 if final is not None:
@@ -162,13 +152,9 @@ class MqttAdapter:
                 await asyncio.wait_for(self._state.lost.wait(), timeout_s / 2)
             except (MqttError, TimeoutError) as exc:
                 log.warning("mqtt: unclean disconnect: %s", exc)
-        for task in (self._task, self._misc_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        self._task = self._misc_task = None
-        self._client._sock_close()  # paho's own close also detaches the socket from the loop
+        await cancel_and_wait(self._task)
+        self._task = None
+        await self._socket.stop()
         for waiter in self._publish_waiters.values():
             if not waiter.done():
                 waiter.set_exception(MqttNotConnected("adapter stopped"))
@@ -218,19 +204,13 @@ class MqttAdapter:
                 self.settings.connect_timeout_s + 1)
             await asyncio.wait_for(asyncio.shield(self._state.connack), self.settings.connect_timeout_s)
         except (OSError, ssl.SSLError, ValueError) as exc:
-            self._client._sock_close()
+            self._socket.close_socket()
             raise MqttConnectError(str(exc) or type(exc).__name__) from None
         except TimeoutError:
-            self._client._sock_close()
+            self._socket.close_socket()
             raise MqttTimeout(f"no CONNACK within {self.settings.connect_timeout_s}s") from None
 
-    async def _misc_loop(self) -> None:
-        while True:
-            await asyncio.sleep(MISC_INTERVAL_S)
-            if self._sock is not None:
-                self._client.loop_misc()
-
-    # --- paho callbacks (on the loop thread, except socket open/write during connect) -----------
+    # --- paho callbacks (on the loop thread) -----------------------------------------------------
 
     def _on_connect(self, client: paho.Client, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
         future = self._state.connack
@@ -266,9 +246,9 @@ class MqttAdapter:
                                             bytes(correlation) if correlation is not None else None))
         if len(self._inbound) > self.settings.inbound_bound:
             self.counters.overfull += 1
-        if len(self._inbound) >= self.settings.inbound_bound and not self._reading_paused:
+        if len(self._inbound) >= self.settings.inbound_bound and not self._socket.reading_paused:
             self.counters.paused += 1
-            self._set_reading(False)
+            self._socket.set_reading(False)
         self._inbound_ready.set()
 
     def _on_publish(self, client: paho.Client, userdata: Any, mid: int, reason: Any, props: Any) -> None:
@@ -286,76 +266,6 @@ class MqttAdapter:
             if reason.is_failure:
                 self.counters.subscribe_failures += 1
                 log.error("mqtt: subscription refused by the broker: %s", reason)
-
-    def _in_loop(self, fn: Any, *args: Any) -> None:
-        assert self._loop is not None
-        if threading.get_ident() == self._loop_thread:
-            fn(*args)
-        else:
-            self._loop.call_soon_threadsafe(fn, *args)
-
-    def _on_socket_open(self, client: paho.Client, userdata: Any, sock: Any) -> None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._in_loop(self._attach, sock)
-
-    def _attach(self, sock: Any) -> None:
-        self._sock = sock
-        self._reading_paused = True
-        self._set_reading(not self._stopping)
-
-    def _on_socket_close(self, client: paho.Client, userdata: Any, sock: Any) -> None:
-        # Detach before paho closes the socket: a closed socket has no fd to remove.
-        if threading.get_ident() == self._loop_thread:
-            self._detach(sock)
-        elif self._loop is not None and not self._loop.is_closed():  # a client collected after its loop ended
-            self._loop.call_soon_threadsafe(self._detach_fd, sock.fileno())
-
-    def _detach(self, sock: Any) -> None:
-        if self._sock is sock:
-            self._sock = None
-        with contextlib.suppress(ValueError, OSError):
-            self._loop.remove_reader(sock)  # type: ignore[union-attr]
-            self._loop.remove_writer(sock)  # type: ignore[union-attr]
-
-    def _detach_fd(self, fd: int) -> None:
-        self._sock = None
-        if fd >= 0:
-            self._loop.remove_reader(fd)  # type: ignore[union-attr]
-            self._loop.remove_writer(fd)  # type: ignore[union-attr]
-
-    def _on_socket_register_write(self, client: paho.Client, userdata: Any, sock: Any) -> None:
-        self._in_loop(self._add_writer, sock)
-
-    def _add_writer(self, sock: Any) -> None:
-        if sock.fileno() >= 0:
-            self._loop.add_writer(sock, self._client.loop_write)  # type: ignore[union-attr]
-
-    def _on_socket_unregister_write(self, client: paho.Client, userdata: Any, sock: Any) -> None:
-        self._in_loop(self._remove_writer, sock)
-
-    def _remove_writer(self, sock: Any) -> None:
-        with contextlib.suppress(ValueError, OSError):
-            self._loop.remove_writer(sock)  # type: ignore[union-attr]
-
-    def _readable(self) -> None:
-        self._client.loop_read()
-        # TLS can hold decrypted bytes the selector cannot see; drain them now.
-        while (not self._reading_paused and isinstance(self._sock, ssl.SSLSocket)
-               and self._sock.pending() > 0):
-            self._client.loop_read()
-
-    def _set_reading(self, on: bool) -> None:
-        if self._sock is None or self._loop is None or self._sock.fileno() < 0:
-            self._reading_paused = not on
-            return
-        if on and self._reading_paused:
-            self._loop.add_reader(self._sock, self._readable)
-            if isinstance(self._sock, ssl.SSLSocket) and self._sock.pending() > 0:
-                self._loop.call_soon(self._readable)
-        elif not on and not self._reading_paused:
-            self._loop.remove_reader(self._sock)
-        self._reading_paused = not on
 
     # --- the public data path --------------------------------------------------------------------
 
@@ -376,9 +286,9 @@ class MqttAdapter:
             if not self._inbound:
                 return None
         message = self._inbound.popleft()
-        if (self._reading_paused and not self._stopping
+        if (self._socket.reading_paused and not self._stopping
                 and len(self._inbound) <= self.settings.inbound_bound // 2):
-            self._set_reading(True)
+            self._socket.set_reading(True)
         return message
 
     def hold(self, held: bool) -> None:
@@ -449,5 +359,5 @@ class MqttAdapter:
         out = dict(vars(self.counters))
         out["connected"] = int(self._state.connected)
         out["inbound_queued"] = len(self._inbound)
-        out["reading_paused"] = int(self._reading_paused)
+        out["reading_paused"] = int(self._socket.reading_paused)
         return out

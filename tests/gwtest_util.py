@@ -1,4 +1,4 @@
-"""Helpers for gateway tests: a real gatewayd subprocess and a QoS 1 publisher."""
+"""Helpers for gateway tests: a real gatewayd subprocess, a QoS 1 publisher, a retained-message reader."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -88,6 +89,29 @@ def publish(broker_port: int, messages: list[tuple[str, bytes]], qos: int = 1) -
     finally:
         client.disconnect()
         client.loop_stop()
+
+
+def retained(broker_port: int, topics: list[str], timeout_s: float = 10.0) -> dict[str, bytes]:
+    """What a late subscriber gets on ``topics`` (retained messages)."""
+    got: dict[str, bytes] = {}
+    done = threading.Event()
+    client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
+
+    def on_message(client, userdata, message) -> None:
+        got[message.topic] = bytes(message.payload)
+        if set(got) >= set(topics):
+            done.set()
+
+    client.on_message = on_message
+    client.on_connect = lambda c, *a: [c.subscribe(t, qos=1) for t in topics]
+    client.connect("127.0.0.1", broker_port)
+    client.loop_start()
+    try:
+        done.wait(timeout_s)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    return got
 
 
 def telemetry(device: str, seq: int, **overrides: Any) -> bytes:

@@ -4,6 +4,8 @@ A handler's ``apply(settings)`` makes the subsystem follow ``settings`` and says
 happened: ``Applied(state, applied, detail)``. The runner connects the handlers it has; a service
 without one gets ``UnconnectedHandler``, which applies nothing and says so (state ``pending``): the
 desired config is stored, versioned and published, and takes effect once a handler is connected.
+A service whose state changes later on its own (training: torch finished loading) says so with
+``HandlerSet.report``; the control plane listens and publishes the new state.
 
 Invariant: ``apply`` never raises into the control plane (``HandlerSet.apply`` turns an exception
 into state ``failed`` with the error), and a handler is only ever given a validated settings model.
@@ -14,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel
 
@@ -58,14 +60,17 @@ class UnconnectedHandler:
                                          "this gatewayd, so it is not applied yet")
 
 
-class FunctionHandler:
-    """A handler from a coroutine function."""
+class RuntimeHandler:
+    """A service that a runtime object runs: its settings go, checked for their type, to its ``apply``."""
 
-    def __init__(self, fn: Callable[[BaseModel], Awaitable[Applied]]) -> None:
-        self._fn = fn
+    settings_type: type[BaseModel] = BaseModel
+
+    def __init__(self, apply: Callable[[Any], Awaitable[Applied]]) -> None:
+        self._apply = apply
 
     async def apply(self, settings: BaseModel) -> Applied:
-        return await self._fn(settings)
+        assert isinstance(settings, self.settings_type)
+        return await self._apply(settings)
 
 
 class SensorHandler:
@@ -93,39 +98,24 @@ class GatewayHandler:
         return Applied("running", True, f"log level {settings.log_level}")
 
 
-class CameraHandler:
+class CameraHandler(RuntimeHandler):
     """camera: on/off, source and sample rate go to the camera runtime (gateway/camera_service.py), which
     switches a source only after the old one's delivered frames were fed to the engine."""
 
-    def __init__(self, apply_camera: Callable[[CameraSettings], Awaitable[Applied]]) -> None:
-        self._apply = apply_camera
-
-    async def apply(self, settings: BaseModel) -> Applied:
-        assert isinstance(settings, CameraSettings)
-        return await self._apply(settings)
+    settings_type = CameraSettings
 
 
-class ModelsHandler:
+class ModelsHandler(RuntimeHandler):
     """models: a pin (or its removal) goes to the model updater; applied only once the pinned version runs."""
 
-    def __init__(self, apply_pins: Callable[[ModelsSettings], Awaitable[Applied]]) -> None:
-        self._apply = apply_pins
-
-    async def apply(self, settings: BaseModel) -> Applied:
-        assert isinstance(settings, ModelsSettings)
-        return await self._apply(settings)
+    settings_type = ModelsSettings
 
 
-class TrainingHandler:
+class TrainingHandler(RuntimeHandler):
     """training: on/off and the privacy flag go to the training runtime (gateway/federated/service.py),
     which decides "upload raw" or "train locally" from the link and the flag, and acts on it."""
 
-    def __init__(self, apply_training: Callable[[TrainingSettings], Awaitable[Applied]]) -> None:
-        self._apply = apply_training
-
-    async def apply(self, settings: BaseModel) -> Applied:
-        assert isinstance(settings, TrainingSettings)
-        return await self._apply(settings)
+    settings_type = TrainingSettings
 
 
 class PlacementHandler:
@@ -151,6 +141,7 @@ class PlacementHandler:
 class HandlerSet:
     def __init__(self) -> None:
         self._handlers: dict[str, ServiceHandler] = {s: UnconnectedHandler(s) for s in SERVICE_NAMES}
+        self._listener: Callable[[str, Applied], Awaitable[None]] | None = None
 
     def connect(self, service: str, handler: ServiceHandler) -> None:
         if service not in self._handlers:
@@ -166,3 +157,12 @@ class HandlerSet:
         except Exception as exc:  # a handler bug must not take the control plane down
             log.exception("control: applying %s failed", service)
             return Applied("failed", False, f"{type(exc).__name__}: {exc}")
+
+    def listen(self, listener: Callable[[str, Applied], Awaitable[None]]) -> None:
+        """The control plane hears here of the states services reach on their own, after an ``apply``."""
+        self._listener = listener
+
+    async def report(self, service: str, applied: Applied) -> None:
+        """``service`` is now in ``applied`` (no apply asked for it); nobody listening: nothing to do."""
+        if self._listener is not None:
+            await self._listener(service, applied)

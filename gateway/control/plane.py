@@ -7,7 +7,8 @@ to a copy of the config (pure, gateway/control/ops.py), persisted (atomic file w
 then made current and handed to the service handlers. Every request is answered: on its MQTT v5
 Response Topic with its Correlation Data, else on the ``response_topic``/``correlation_id`` of its
 payload (the MQTT 3.1.1 fallback), else on ``edgefed/<gw>/control/response/<op>`` (Zigbee2MQTT's
-convention). On each (re)connect the retained service topics are published again (a birth).
+convention). On each (re)connect the retained service topics are published again (a birth), and a
+state a service reaches on its own (``HandlerSet.report``) is published again when it comes.
 
 Invariant: a refused request changes nothing (config, revision, file) and is answered with an
 error naming the field; an accepted change is on disk before it is current, answered, or applied.
@@ -16,7 +17,6 @@ error naming the field; an accepted change is on disk before it is current, answ
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -37,6 +37,7 @@ from gateway.control.recent import RecentErrors
 from gateway.control.store import ControlStore
 from gateway.mqtt import InboundMessage, MqttAdapter, MqttError
 from gateway.ratelimit import RateLimitedLog
+from gateway.tasks import cancel_and_wait
 from protocol.control import (
     READ_ONLY_OPS,
     SERVICE_NAMES,
@@ -84,6 +85,7 @@ class ControlPlane:
         self._digest = digest(base)
         self._service_revision: dict[str, int] = dict.fromkeys(SERVICE_NAMES, 0)
         self._applied: dict[str, Applied] = {}
+        self._applying: set[str] = set()  # services whose apply is running: its answer is the newer state
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._births_for = 0  # the adapter's connect count the retained topics were last published for
@@ -91,6 +93,7 @@ class ControlPlane:
         self.counters = {"requests": 0, "ok": 0, "changes": 0, "births": 0, "internal_errors": 0,
                          "publish_failures": 0}
         self.refused: dict[str, int] = {}
+        handlers.listen(self.report)
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -110,7 +113,7 @@ class ControlPlane:
         self._digest = digest(self.config)
         self._service_revision = dict.fromkeys(SERVICE_NAMES, self.revision)
         for service in SERVICE_NAMES:
-            self._applied[service] = await self.handlers.apply(service, getattr(self.config, service))
+            await self._apply(service, getattr(self.config, service))
         log.info("control: config revision %d (%d services overridden over MQTT)", self.revision,
                  len(self._overrides))
 
@@ -121,9 +124,7 @@ class ControlPlane:
 
     async def stop(self, timeout_s: float = 3.0) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         await self.adapter.stop(timeout_s=timeout_s)
 
@@ -216,7 +217,7 @@ class ControlPlane:
         self.counters["changes"] += 1
         for service in changed:
             self._service_revision[service] = self.revision
-            self._applied[service] = await self.handlers.apply(service, getattr(new, service))
+            await self._apply(service, getattr(new, service))
             await self._publish_service(service)
             event = {"v": 1, "service": service, "revision": self.revision, "op": why,
                      "ts": round(self._clock(), 3), **self._applied[service].as_dict()}
@@ -224,6 +225,25 @@ class ControlPlane:
                                 retain=False)
         log.info("control: revision %d (%s): %s", self.revision, why, ", ".join(
             f"{s} {self._applied[s].state}" for s in changed))
+
+    async def _apply(self, service: str, settings: Any) -> None:
+        self._applying.add(service)
+        try:
+            self._applied[service] = await self.handlers.apply(service, settings)
+        finally:
+            self._applying.discard(service)
+
+    async def report(self, service: str, applied: Applied) -> None:
+        """A service reached ``applied`` on its own: keep it and publish its retained state again.
+
+        A report that comes while the service's apply runs is older than that apply's answer: dropped.
+        Not connected: kept only; the birth on the next connect publishes it."""
+        if service in self._applying or self._applied.get(service) == applied:
+            return
+        self._applied[service] = applied
+        log.info("control: %s is now %s: %s", service, applied.state, applied.detail)
+        if self.adapter.connected:
+            await self._publish_service(service)
 
     async def reload_base(self, base: DesiredConfig) -> list[str]:
         """A new config file (SIGHUP); the overrides stay on top. ControlError if the result is invalid."""

@@ -11,12 +11,13 @@ raised: the service manager's absence or hiccup must not stop the gateway.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
 import time
 from collections.abc import Callable, Mapping
+
+from gateway.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,5 @@ class SystemdNotifier:
 
     async def stop_watchdog(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None

@@ -15,7 +15,6 @@ stops the pass (counted in ``uplink_full``) and the next pass retries from the c
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -23,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gateway.storage.interface import LogFull, RecordLog
+from gateway.tasks import cancel_and_wait
 from protocol.federated import SAMPLE_EVENT_TYPE
 
 log = logging.getLogger(__name__)
@@ -78,9 +78,7 @@ class RawForwarder:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
 
     async def _run(self) -> None:

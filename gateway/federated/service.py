@@ -15,7 +15,8 @@ the same time; a decision that changes the mode is logged and kept in a bounded 
 evictions counted). torch is imported only when local training is first decided, by a background task
 in a thread (seconds on a small box): the event loop, the control plane and the daemon's start never
 wait for it. Meanwhile the service is ``pending`` ("loading torch"); once loaded, the runtime
-re-decides and starts the client.
+re-decides and starts the client. A state reached that way, without an ``apply`` (torch loaded, the
+mode changed with the link), goes to ``report``, so the control plane's retained state follows it.
 
 Invariant: whenever the lock is free, with training enabled exactly one of {client, forwarder} runs,
 and it is the one the current decision (``status()["mode"]``) names; disabled, neither runs. While a
@@ -31,7 +32,7 @@ import logging
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from gateway.federated.choice import LinkLike, TrainingChoice, choose_training_m
 from gateway.federated.forward import RawForwarder
 from gateway.storage.epoch_log import EpochLog
 from gateway.storage.interface import RecordLog
+from gateway.tasks import cancel_and_wait
 from protocol.config import TrainingConfig
 from protocol.control import TrainingSettings
 
@@ -69,6 +71,7 @@ class TrainingRuntime:
     def __init__(self, config: TrainingConfig, *, gateway_id: str, data_dir: Path, cloud_url: str,
                  token: str | None, uplink_log: RecordLog, link_view: Callable[[], LinkLike],
                  wake_uplink: Callable[[], None] | None = None,
+                 report: Callable[[Applied], Awaitable[None]] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.config = config
         self.gateway_id = gateway_id
@@ -78,6 +81,8 @@ class TrainingRuntime:
         self._uplink_log = uplink_log
         self._link_view = link_view
         self._wake_uplink = wake_uplink
+        self._report = report
+        self._reported: tuple[str, bool, str | None] | None = None  # what the control plane last heard
         self._clock = clock
         self.raw_Bps = config.raw_Bps if config.raw_Bps is not None else declared_raw_Bps()
         self.settings: TrainingSettings | None = None
@@ -106,7 +111,9 @@ class TrainingRuntime:
             self._ensure_watch()  # lives until stop(): a later disable leaves it idle
         async with self._lock:
             self.settings = settings
-            return await self._converge("config")
+            applied = await self._converge("config")
+            self._reported = self._report_key(applied)  # the control plane has this answer
+            return applied
 
     def poke(self) -> None:
         """Re-decide now (a new placement plan: the link changed)."""
@@ -114,10 +121,7 @@ class TrainingRuntime:
 
     async def stop(self) -> None:
         for task in (self._watch_task, self._load_task):  # the load's thread finishes its import alone
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel_and_wait(task)
         self._watch_task = self._load_task = None
         async with self._lock:
             await self._stop_workers()
@@ -140,10 +144,22 @@ class TrainingRuntime:
             async with self._lock:
                 if self.settings is not None and self.settings.enabled:
                     try:
-                        await self._converge("link")
+                        applied = await self._converge("link")
+                        await self._tell(applied)
                     except Exception as exc:  # the watch must outlive a failed start; say why
                         self.last_error = f"{type(exc).__name__}: {exc}"
                         log.exception("training: acting on the decision failed")
+
+    def _report_key(self, applied: Applied) -> tuple[str, bool, str | None]:
+        """What makes a new state worth reporting: not the reason's figures, which move with the link."""
+        return applied.state, applied.applied, self.choice.mode if self.choice is not None else None
+
+    async def _tell(self, applied: Applied) -> None:
+        """Report a state the service reached on its own (under the lock, so reports keep their order)."""
+        key = self._report_key(applied)
+        if key != self._reported and self._report is not None:
+            self._reported = key
+            await self._report(applied)
 
     # --- decide and act (under the lock) ------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from gateway.ingest.recent import RecentSamples, SampleKey
 from gateway.mqtt import InboundMessage, MqttAdapter
 from gateway.ratelimit import RateLimitedLog
 from gateway.storage.interface import LogFailed, LogFull, RecordLog
+from gateway.tasks import cancel_and_wait
 from protocol.errors import ProtocolError
 from protocol.records import telemetry_record
 from protocol.telemetry import parse_telemetry
@@ -117,9 +118,7 @@ class SensorIngest:
         unacked in the adapter's queue and the broker redelivers them to the next run.
         """
         if self._intake is not None:
-            self._intake.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._intake
+            await cancel_and_wait(self._intake)
         self._stopping = True
         self._flush_now.set()
         if self._flusher is not None:

@@ -4,42 +4,17 @@ announced, retained, to every gateway; a dead broker costs nothing but counters.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from pathlib import Path
 
-import paho.mqtt.client as paho
 from camtest_util import scene_artifact
 from conftest import free_port
-from paho.mqtt.enums import CallbackAPIVersion
+from gwtest_util import retained
 
 from cloud.notify import ModelNotifier, NotifyConfig
 from cloud.registry import ModelRegistry
 from protocol.events import parse_model_notice
 from protocol.topics import model_notice_topic
-
-
-def retained(broker_port: int, topics: list[str], timeout_s: float = 10.0) -> dict[str, bytes]:
-    """What a late subscriber gets on ``topics`` (retained messages)."""
-    got: dict[str, bytes] = {}
-    done = threading.Event()
-    client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
-
-    def on_message(client, userdata, message) -> None:
-        got[message.topic] = bytes(message.payload)
-        if set(got) >= set(topics):
-            done.set()
-
-    client.on_message = on_message
-    client.on_connect = lambda c, *a: [c.subscribe(t, qos=1) for t in topics]
-    client.connect("127.0.0.1", broker_port)
-    client.loop_start()
-    try:
-        done.wait(timeout_s)
-    finally:
-        client.disconnect()
-        client.loop_stop()
-    return got
 
 
 async def test_stored_version_is_announced_retained_to_every_gateway(tmp_path: Path, mosquitto) -> None:

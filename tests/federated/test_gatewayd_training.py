@@ -2,8 +2,9 @@
 
 A real mosquitto, a real cloudd (whose /healthz and /v1/probe make the link good), a real gatewayd
 with digits samples in its private data log. ``private=false`` on a good link -> upload raw: torch is
-never loaded and the samples reach cloudd as records; ``private=true`` -> train locally: updates go up
-and cloudd applies them. The decision and its reason are in /status and on /metrics."""
+never loaded and the samples reach cloudd as records; ``private=true`` -> train locally: the service
+is ``pending`` while torch loads, then its retained ``services/training/state`` says ``running``;
+updates go up and cloudd applies them. The decision and its reason are in /status and on /metrics."""
 
 from __future__ import annotations
 
@@ -16,13 +17,14 @@ from pathlib import Path
 
 import pytest
 from conftest import cloudd_token, start_cloudd
-from gwtest_util import Gatewayd, wait_until, write_config
+from gwtest_util import Gatewayd, retained, wait_until, write_config
 
 from gateway.federated.samples import sample_record
 from gateway.federated.service import open_sample_log
 from models.digits import load_digits_split
 from protocol.config import TrainingConfig
 from protocol.federated import FederatedJob, ModelArch, RoundConfig
+from protocol.topics import service_topic
 
 pytestmark = pytest.mark.timeout(180)
 N_SAMPLES = 120
@@ -53,6 +55,12 @@ def operator(cloudd, method: str, path: str, body: bytes | None = None) -> dict:
                                               "Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=20) as response:
         return json.loads(response.read())
+
+
+def retained_training_state(broker_port: int) -> dict:
+    """What a subscriber that comes now sees on the retained ``services/training/state``."""
+    topic = service_topic("gw1", "training", "state")
+    return json.loads(retained(broker_port, [topic], timeout_s=2.0)[topic])
 
 
 async def write_samples(data_dir: Path) -> None:
@@ -94,7 +102,16 @@ def test_privacy_flag_over_the_control_plane_decides_raw_or_local(mosquitto, tmp
                    "raw samples stored by cloudd")
 
         answer = gatewayctl(mosquitto.url, "config", "patch", "training", '{"private": true}')
-        assert answer["data"]["services"]["training"]["detail"].startswith("train_locally: private")
+        view = answer["data"]["services"]["training"]
+        assert view["detail"].startswith("train_locally: private"), view
+        assert view["state"] == "pending" and "loading torch" in view["detail"], view  # torch was not loaded
+        # once torch has loaded, the retained state says so (no new request: the runtime reported it)
+        wait_until(lambda: retained_training_state(mosquitto.port)["state"] == "running", 60,
+                   "retained training state running after torch loaded")
+        state = retained_training_state(mosquitto.port)
+        assert state["applied"] is True and state["detail"].startswith("train_locally: private"), state
+        assert state["revision"] == view["revision"], (state, view)
+        assert gw.status()["control"]["services"]["training"] == "running"
         wait_until(lambda: gw.status()["training"]["client"]["updates_sent"] >= 1, 60, "an update sent")
         training = gw.status()["training"]
         assert training["mode"] == "train_locally" and training["reason"].startswith("private"), training

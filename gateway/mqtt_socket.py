@@ -1,0 +1,138 @@
+"""Paho's socket driven by the asyncio loop: what replaces paho's network thread for the MQTT adapter.
+
+Built the way aiomqtt is. Paho's socket callbacks attach its socket to the loop (``add_reader`` and
+``add_writer`` call ``loop_read`` and ``loop_write``) and a misc task calls ``loop_misc`` every second
+(keepalive). The blocking TCP/TLS connect runs in an executor thread, so the socket callbacks fired
+from it reach the loop through ``call_soon_threadsafe``. The owner (gateway/mqtt.py) pauses reading
+when its inbound queue is full and resumes it once the queue has room.
+
+Invariant: the socket is registered for reading exactly when it is attached, open and not paused
+(``reading_paused`` is False). A socket paho closes on the loop thread leaves the loop before it is
+closed (a closed socket has no fd left to remove); one closed from another thread (a client collected
+after its loop) leaves it by fd, and only while that loop is still open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import ssl
+import threading
+from typing import Any
+
+import paho.mqtt.client as paho
+
+from gateway.tasks import cancel_and_wait
+
+MISC_INTERVAL_S = 1.0
+
+
+class SocketDriver:
+    """Drives one paho client's socket from the running loop; ``start`` on the loop, ``stop`` at the end."""
+
+    def __init__(self, client: paho.Client) -> None:
+        self._client = client
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        self._sock: Any = None
+        self._misc_task: asyncio.Task[None] | None = None
+        self.reading_paused = False
+        self.closing = False  # set by the owner when it stops: a socket attached from then on is not read
+        client.on_socket_open = self._on_socket_open
+        client.on_socket_close = self._on_socket_close
+        client.on_socket_register_write = self._on_socket_register_write
+        client.on_socket_unregister_write = self._on_socket_unregister_write
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._misc_task = asyncio.create_task(self._misc_loop(), name="mqtt-misc")
+
+    async def stop(self) -> None:
+        """End the misc task and close the socket (paho's close also detaches it from the loop)."""
+        await cancel_and_wait(self._misc_task)
+        self._misc_task = None
+        self.close_socket()
+
+    def close_socket(self) -> None:
+        self._client._sock_close()
+
+    async def _misc_loop(self) -> None:
+        while True:
+            await asyncio.sleep(MISC_INTERVAL_S)
+            if self._sock is not None:
+                self._client.loop_misc()
+
+    def set_reading(self, on: bool) -> None:
+        """Read the socket (True) or leave what the broker sends in the socket and at the broker (False)."""
+        if self._sock is None or self._loop is None or self._sock.fileno() < 0:
+            self.reading_paused = not on
+            return
+        if on and self.reading_paused:
+            self._loop.add_reader(self._sock, self._readable)
+            if isinstance(self._sock, ssl.SSLSocket) and self._sock.pending() > 0:
+                self._loop.call_soon(self._readable)
+        elif not on and not self.reading_paused:
+            self._loop.remove_reader(self._sock)
+        self.reading_paused = not on
+
+    def _readable(self) -> None:
+        self._client.loop_read()
+        # TLS can hold decrypted bytes the selector cannot see; drain them now.
+        while (not self.reading_paused and isinstance(self._sock, ssl.SSLSocket)
+               and self._sock.pending() > 0):
+            self._client.loop_read()
+
+    # --- paho's socket callbacks (on the loop thread, except open/write during connect) ---------
+
+    def _in_loop(self, fn: Any, *args: Any) -> None:
+        assert self._loop is not None
+        if threading.get_ident() == self._loop_thread:
+            fn(*args)
+        else:
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def _on_socket_open(self, client: paho.Client, userdata: Any, sock: Any) -> None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._in_loop(self._attach, sock)
+
+    def _attach(self, sock: Any) -> None:
+        self._sock = sock
+        self.reading_paused = True
+        self.set_reading(not self.closing)
+
+    def _on_socket_close(self, client: paho.Client, userdata: Any, sock: Any) -> None:
+        # Detach before paho closes the socket: a closed socket has no fd to remove.
+        if threading.get_ident() == self._loop_thread:
+            self._detach(sock)
+        elif self._loop is not None and not self._loop.is_closed():  # a client collected after its loop ended
+            self._loop.call_soon_threadsafe(self._detach_fd, sock.fileno())
+
+    def _detach(self, sock: Any) -> None:
+        if self._sock is sock:
+            self._sock = None
+        with contextlib.suppress(ValueError, OSError):
+            self._loop.remove_reader(sock)  # type: ignore[union-attr]
+            self._loop.remove_writer(sock)  # type: ignore[union-attr]
+
+    def _detach_fd(self, fd: int) -> None:
+        self._sock = None
+        if fd >= 0:
+            self._loop.remove_reader(fd)  # type: ignore[union-attr]
+            self._loop.remove_writer(fd)  # type: ignore[union-attr]
+
+    def _on_socket_register_write(self, client: paho.Client, userdata: Any, sock: Any) -> None:
+        self._in_loop(self._add_writer, sock)
+
+    def _add_writer(self, sock: Any) -> None:
+        if sock.fileno() >= 0:
+            self._loop.add_writer(sock, self._client.loop_write)  # type: ignore[union-attr]
+
+    def _on_socket_unregister_write(self, client: paho.Client, userdata: Any, sock: Any) -> None:
+        self._in_loop(self._remove_writer, sock)
+
+    def _remove_writer(self, sock: Any) -> None:
+        with contextlib.suppress(ValueError, OSError):
+            self._loop.remove_writer(sock)  # type: ignore[union-attr]
