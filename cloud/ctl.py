@@ -1,6 +1,7 @@
 """cloudctl: the operator's command line for a running cloudd.
 
     cloudctl [--url URL] [--token TOK] status|jobs|models|fleet|datasets [--json]
+                                         (status: also a progress bar per live job)
     cloudctl train [--file job.toml | --model M --nproc N --epochs E ...] [--wait] [--json]
     cloudctl watch JOB [--json]          live progress bar and figures (plain lines when not a TTY)
     cloudctl job JOB | cancel JOB [--json]
@@ -56,7 +57,9 @@ def _num(value: float | None, digits: int = 4) -> str | None:
     return None if value is None else f"{value:.{digits}g}"
 
 
-def format_status(doc: dict[str, Any], now: float) -> str:
+def format_status(doc: dict[str, Any], now: float, jobs: dict[str, Any] | None = None) -> str:
+    """Gateways, devices, totals; with ``jobs`` (GET /v1/jobs) also a progress bar per running or
+    queued job and for the latest finished one."""
     gateways = format_table(
         ["GATEWAY", "LAST SEEN", "RECORDS", "BATCHES", "DUPLICATES"],
         [[g["id"], _when(g["last_seen"], now), g["records"], g["batches"], g["duplicates"]]
@@ -65,8 +68,26 @@ def format_status(doc: dict[str, Any], now: float) -> str:
         ["GATEWAY", "DEVICE", "RECORDS", "LAST TS"],
         [[d["gateway"], d["device"], d["records"], _when(d["last_ts"], now)] for d in doc["devices"]])
     totals = doc["totals"]
-    return (f"{gateways}\n\n{devices}\n\n"
-            f"total: {totals['records']} records in {totals['batches']} batches")
+    text = f"{gateways}\n\n{devices}\n\ntotal: {totals['records']} records in {totals['batches']} batches"
+    return text + ("\n\n" + format_job_progress(jobs) if jobs is not None else "")
+
+
+def format_job_progress(doc: dict[str, Any]) -> str:
+    """``job-00003  running  scene_cnn  [####......] 2/6  loss 1.1`` per live job and the latest ended."""
+    live = [j for j in doc["jobs"] if j["state"] in ("running", "queued")]
+    ended = [j for j in doc["jobs"] if j["state"] not in ("running", "queued")][-1:]
+    if not live and not ended:
+        return "jobs: none"
+    width = max(len(j["id"]) for j in ended + live)
+    lines = []
+    for job in ended + live:
+        bar = progress_line(job.get("progress") or {})
+        line = f"{job['id'].ljust(width)}  {job['state']:<9}  {job['spec']['model']}  {bar}"
+        if job.get("model"):
+            line += f"  -> {job['model']['name']}@{job['model']['version']}"
+        lines.append(line)
+    counts = doc.get("counts", {})
+    return "\n".join(lines) + f"\njobs: {counts.get('running', 0)} running, {counts.get('queued', 0)} queued"
 
 
 def format_jobs(doc: dict[str, Any]) -> str:
@@ -273,7 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("job_id")
     train = commands.add_parser("train", parents=[common], help="submit a training job; prints its id")
     train.add_argument("--file", help="a job spec as TOML (the other flags are then ignored)")
-    train.add_argument("--model", default="digits_cnn", choices=["digits_cnn", "anomaly_autoencoder"])
+    train.add_argument("--model", default="digits_cnn",
+                       choices=["digits_cnn", "anomaly_autoencoder", "scene_cnn"])
     train.add_argument("--nproc", type=int, default=2)
     train.add_argument("--epochs", type=int, default=1)
     train.add_argument("--schedule", default="1f1b-flush", choices=["gpipe", "1f1b-flush", "1f1b-stash"])
@@ -281,8 +303,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--batch-size", type=int)
     train.add_argument("--microbatches", type=int)
     train.add_argument("--max-steps", type=int)
-    train.add_argument("--registry-name", help="model name in the registry (default: digits / anomaly)")
-    train.add_argument("--gateway", action="append", default=[], help="sensor windows from this gateway only")
+    train.add_argument("--registry-name",
+                       help="model name in the registry (default: digits / anomaly / scene)")
+    train.add_argument("--gateway", action="append", default=[],
+                       help="uploaded data (sensor windows, camera frames) of this gateway only")
     train.add_argument("--wait", action="store_true",
                        help="follow the job to its end (exit 1 unless it succeeded)")
     return parser
@@ -290,7 +314,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     base, token, now = args.url.rstrip("/"), args.token, time.time()
-    simple = {"status": ("/v1/status", format_status), "models": ("/v1/models", format_models),
+    if args.command == "status":
+        doc = get_json(base + "/v1/status", token, args.timeout)
+        if args.json:
+            print(json.dumps(doc, indent=2))
+            return 0
+        print(format_status(doc, now, get_json(base + "/v1/jobs", token, args.timeout)))
+        return 0
+    simple = {"models": ("/v1/models", format_models),
               "fleet": ("/v1/fleet", format_fleet), "datasets": ("/v1/datasets", format_datasets)}
     if args.command in simple:
         path, formatter = simple[args.command]

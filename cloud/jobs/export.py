@@ -74,6 +74,24 @@ def export_anomaly(workdir: Path, spec: JobSpec, version: str, lineage: dict[str
                            notes={"step": step, "train_windows": len(x), "lineage": lineage})
 
 
+def export_scene(workdir: Path, spec: JobSpec, version: str, lineage: dict[str, Any]):
+    from models.export import export_artifact
+    from models.scene import INPUT_SPEC, LABELS, SceneData, accuracy, scene_cnn
+
+    model = scene_cnn()
+    step = assemble(model, workdir / "checkpoints")
+    data = torch.load(workdir / "dataset.pt", weights_only=True)
+    # the share of uploaded frames whose label (the gateway model's verdict) the new model repeats
+    agreement = accuracy(model, SceneData(data["x"], data["y"]))
+    return export_artifact(model, data["x"][:1], name=spec.model_name, version=version, input_spec=INPUT_SPEC,
+                           postprocess="softmax_labels", labels=list(LABELS),
+                           notes={"step": step, "train_frames": len(data["x"]), "label_agreement": agreement,
+                                  "lineage": lineage})
+
+
+EXPORTERS = {"digits_cnn": export_digits, "anomaly_autoencoder": export_anomaly, "scene_cnn": export_scene}
+
+
 def main(argv: list[str] | None = None) -> int:
     from models.artifact import ArtifactError, save_artifact
 
@@ -86,8 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = JobSpec.model_validate_json((args.workdir / "spec.json").read_text())
     lineage = json.loads((args.workdir / "lineage.json").read_text())
     try:
-        exporter = export_digits if spec.model == "digits_cnn" else export_anomaly
-        artifact = exporter(args.workdir, spec, args.version, lineage)
+        artifact = EXPORTERS[spec.model](args.workdir, spec, args.version, lineage)
     except (ValueError, ArtifactError, OSError) as exc:
         print(f"export failed: {exc}", file=sys.stderr)
         return 1

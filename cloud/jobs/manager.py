@@ -2,7 +2,8 @@
 time, one owner task per running job, state persisted in ``JobTable``.
 
 A job runs in ``<data_dir>/jobs/<id>/`` as a chain of processes, each with a deadline: build the
-dataset (sensor windows only; ``cloud.jobs.datasets``), train (``torchrun``), export
+dataset from uploads (sensor windows, camera frames: ``cloud.jobs.datasets`` writes the tensor file
+the job TOML names), train (``torchrun ... -m cloud.training.run``, as for digits), export
 (``cloud.jobs.export``); then the artifact is stored in the model registry as version ``<id>``
 with the job's lineage. The owner task tails ``progress.jsonl`` into the job's ``JobEvents``.
 
@@ -54,15 +55,6 @@ class JobFailure(Exception):
 def _env() -> dict[str, str]:
     return dict(os.environ, OMP_NUM_THREADS="1",
                 PYTHONPATH=os.pathsep.join(filter(None, [str(_REPO_ROOT), os.environ.get("PYTHONPATH")])))
-
-
-def launch_window_job(job_path: Path, nproc: int, workdir: Path) -> subprocess.Popen:
-    """As ``cloud.training.jobs.launch_job``, with the sensor-window entry point."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-               "-m", "cloud.jobs.window_run", "--job", str(job_path.resolve())]
-    with open(workdir / "torchrun.log", "ab") as out:
-        return subprocess.Popen(command, cwd=workdir, env=_env(), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
 
 
 def _prepare_workdir(workdir: Path, spec: JobSpec) -> None:
@@ -272,16 +264,13 @@ class JobManager:
     async def _run(self, job_id: str, spec: JobSpec, workdir: Path,
                    events: JobEvents) -> tuple[str, dict[str, Any]]:
         await asyncio.to_thread(_prepare_workdir, workdir, spec)
-        if spec.dataset_name == "sensor_windows":
-            # a resumed job keeps the windows it started with
-            if not await asyncio.to_thread((workdir / "dataset.pt").exists):
-                gateways = [arg for gw in spec.gateways for arg in ("--gateway", gw)]
-                await self._step("dataset", [sys.executable, "-m", "cloud.jobs.datasets", "--data-dir",
-                                             str(self.data_dir), "--out", str(workdir), *gateways], workdir)
-            launcher = launch_window_job
-        else:
-            launcher = launch_job
-        proc = await asyncio.to_thread(launcher, workdir / "job.toml", spec.nproc, workdir)
+        # a resumed job keeps the rows it started with
+        if spec.dataset_name != "digits" and not await asyncio.to_thread((workdir / "dataset.pt").exists):
+            gateways = [arg for gw in spec.gateways for arg in ("--gateway", gw)]
+            await self._step("dataset", [sys.executable, "-m", "cloud.jobs.datasets", "--kind",
+                                         spec.dataset_name, "--data-dir", str(self.data_dir), "--out",
+                                         str(workdir), "--min-rows", str(spec.min_rows), *gateways], workdir)
+        proc = await asyncio.to_thread(launch_job, workdir / "job.toml", spec.nproc, workdir)
         self._procs[job_id] = proc
         code = await self._follow(proc, workdir / "progress.jsonl", events)
         if code != 0:

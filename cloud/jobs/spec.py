@@ -7,6 +7,7 @@ microbatches); ``parse_spec`` turns anything else into ``SpecError`` whose messa
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from typing import Any, Literal
 
@@ -15,11 +16,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from protocol.topics import ID_PATTERN
 
 # Which dataset each trainable model learns from, and the registry name its versions get.
-MODEL_DATASETS = {"digits_cnn": "digits", "anomaly_autoencoder": "sensor_windows"}
-REGISTRY_NAMES = {"digits_cnn": "digits", "anomaly_autoencoder": "anomaly"}
+MODEL_DATASETS = {"digits_cnn": "digits", "anomaly_autoencoder": "sensor_windows",
+                  "scene_cnn": "camera_frames"}
+REGISTRY_NAMES = {"digits_cnn": "digits", "anomaly_autoencoder": "anomaly", "scene_cnn": "scene"}
 # What the job file's [model] name says (a name run.py knows, or a dotted path to the factory).
 TRAINER_MODEL_NAMES = {"digits_cnn": "digits_cnn",
-                       "anomaly_autoencoder": "models.anomaly.anomaly_autoencoder"}
+                       "anomaly_autoencoder": "models.anomaly.anomaly_autoencoder",
+                       "scene_cnn": "models.scene.scene_cnn"}
+# Datasets built from gateways' uploads (cloud/jobs/datasets.py writes them as a tensor file), the
+# loss each trains with, and the share of rows held out for the eval lines.
+UPLOADED_DATASETS = {"sensor_windows": ("reconstruction", 0.0), "camera_frames": ("cross_entropy", 0.2)}
+DEFAULT_LR = {"digits_cnn": 0.05, "anomaly_autoencoder": 0.01, "scene_cnn": 0.05}
 
 
 class SpecError(ValueError):
@@ -29,9 +36,9 @@ class SpecError(ValueError):
 class JobSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model: Literal["digits_cnn", "anomaly_autoencoder"] = "digits_cnn"
-    dataset: Literal["digits", "sensor_windows"] | None = None  # None: the model's own dataset
-    gateways: list[str] = Field(default_factory=list, max_length=1000)  # sensor_windows: [] = all
+    model: Literal["digits_cnn", "anomaly_autoencoder", "scene_cnn"] = "digits_cnn"
+    dataset: Literal["digits", "sensor_windows", "camera_frames"] | None = None  # None: the model's own
+    gateways: list[str] = Field(default_factory=list, max_length=1000)  # uploaded datasets: [] = all
     registry_name: str | None = Field(None, pattern=f"^{ID_PATTERN}$")
     schedule: Literal["gpipe", "1f1b-flush", "1f1b-stash"] = "1f1b-flush"
     nproc: int = Field(2, ge=1, le=64)
@@ -51,8 +58,9 @@ class JobSpec(BaseModel):
             raise ValueError(f"model {self.model} trains on dataset {wanted!r}, not {self.dataset!r}")
         if self.batch_size % self.microbatches:
             raise ValueError("batch_size must be a multiple of microbatches")
-        if self.gateways and wanted != "sensor_windows":
-            raise ValueError("gateways applies only to dataset sensor_windows")
+        if self.gateways and wanted not in UPLOADED_DATASETS:
+            raise ValueError(f"gateways applies only to datasets built from uploads "
+                             f"({', '.join(UPLOADED_DATASETS)}), not {wanted!r}")
         return self
 
     @property
@@ -65,7 +73,13 @@ class JobSpec(BaseModel):
 
     @property
     def learning_rate(self) -> float:
-        return self.lr if self.lr is not None else (0.05 if self.model == "digits_cnn" else 0.01)
+        return self.lr if self.lr is not None else DEFAULT_LR[self.model]
+
+    @property
+    def min_rows(self) -> int:
+        """Rows an uploaded dataset needs so that one minibatch is left after the held-out share."""
+        _, test_fraction = UPLOADED_DATASETS[self.dataset_name]
+        return math.ceil(self.batch_size / (1 - test_fraction))
 
 
 def _first_error(exc: ValidationError) -> str:
@@ -110,4 +124,8 @@ def job_toml(spec: JobSpec) -> str:
     ]
     if spec.dataset_name == "digits":
         lines[3:3] = ["[data]", 'dataset = "digits"', ""]
+    else:  # cloud.jobs.datasets wrote the uploads as dataset.pt in the job's folder
+        loss, test_fraction = UPLOADED_DATASETS[spec.dataset_name]
+        lines[3:3] = ["[data]", 'dataset = "tensor_file"', 'path = "dataset.pt"', f'loss = "{loss}"',
+                      f"test_fraction = {test_fraction}", ""]
     return "\n".join(lines)

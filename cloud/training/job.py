@@ -31,7 +31,24 @@ class ModelSection(_Section):
 
 
 class DataSection(_Section):
-    dataset: Literal["digits"] = "digits"
+    """``digits``: scikit-learn's bundled digits. ``tensor_file``: ``torch.save({"x": ..., "y": ...})``
+    at ``path`` (cloudd exports gateways' uploads this way; docs/training.md). ``loss``:
+    ``cross_entropy`` (y: class indices), ``mse`` (y: float targets shaped as the output) or
+    ``reconstruction`` (MSE against the input itself: y = x, the file needs no y)."""
+
+    dataset: Literal["digits", "tensor_file"] = "digits"
+    path: str = ""  # tensor_file only
+    loss: Literal["cross_entropy", "mse", "reconstruction"] = "cross_entropy"
+    test_fraction: float = Field(0.0, ge=0, lt=1)  # tensor_file: rows held out for eval (seeded split)
+
+    @model_validator(mode="after")
+    def _check(self) -> DataSection:
+        if self.dataset == "tensor_file" and not self.path:
+            raise ValueError('dataset "tensor_file" needs path = "<file written by torch.save>"')
+        if self.dataset == "digits" and (self.path or self.loss != "cross_entropy" or self.test_fraction):
+            raise ValueError("dataset digits takes no path, loss or test_fraction (it is cross_entropy on "
+                             "its own 80/20 split)")
+        return self
 
 
 class TrainSection(_Section):
@@ -145,10 +162,12 @@ def load_job(path: str | Path) -> JobConfig:
 
     checkpoint = job.checkpoint.model_copy(update={"dir": resolve(job.checkpoint.dir)})
     progress = job.progress.model_copy(update={"file": resolve(job.progress.file)})
+    data = job.data.model_copy(update={"path": resolve(job.data.path)}) if job.data.path else job.data
     cache = job.partition.profile_cache
     partition = job.partition.model_copy(
         update={"profile_cache": resolve(cache) if cache else str(Path(checkpoint.dir) / "profile.json")})
-    return job.model_copy(update={"checkpoint": checkpoint, "progress": progress, "partition": partition})
+    return job.model_copy(update={"checkpoint": checkpoint, "progress": progress, "partition": partition,
+                                  "data": data})
 
 
 def build_model(name: str) -> nn.Sequential:

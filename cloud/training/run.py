@@ -1,16 +1,19 @@
 """Entry point of a training job: ``torchrun ... -m cloud.training.run --job job.toml``.
 
-Every rank loads the job, builds the same model from the same seed, agrees on one plan (rank 0
+Every rank loads the job and its data (scikit-learn's digits, or a tensor file with the loss the
+job names: cross-entropy, MSE, or reconstruction MSE with y = x), checks one forward of the model
+against the loss, builds the same model from the same seed, agrees on one plan (rank 0
 profiles and partitions, then broadcasts), builds its stage, resumes from the last complete
-checkpoint, and runs steps with ``StageExecutor``. Rank 0 appends JSON lines to the progress file:
-``start``, ``resume``, ``step`` (loss, samples/s, per-stage busy/idle seconds; with compression on,
-also ``compression``: activation and wire bytes, formats), ``compression_decision`` (one per
-adaptive format change), ``eval``, ``checkpoint`` (written only once every stage's file is on
-disk), ``done`` or ``error``.
+checkpoint, and runs steps with ``StageExecutor``. Rank 0 appends JSON lines to the progress
+file: ``start`` (plan, dataset, loss, rows), ``resume``, ``step`` (loss, samples/s, per-stage
+busy/idle seconds; with compression on, also ``compression``: activation and wire bytes,
+formats), ``compression_decision`` (one per adaptive format change), ``eval`` (classification
+with held-out rows only), ``checkpoint`` (written only once every stage's file is on disk),
+``done`` or ``error``.
 
 Exit codes (of each worker; torchrun itself exits 1 when any worker fails):
-0 done, 2 invalid job file, 3 plan does not fit the world size, 4 training diverged (loss not
-finite), 5 checkpoint belongs to a different plan or schedule.
+0 done, 2 invalid job file (or a data file that does not fit it), 3 plan does not fit the world
+size, 4 training diverged (loss not finite), 5 checkpoint belongs to a different plan or schedule.
 
 Invariant: the data order depends only on (seed, step), so a resumed job trains on exactly the
 minibatches an uninterrupted one would have.
@@ -22,6 +25,7 @@ import argparse
 import json
 import math
 import os
+import pickle
 import sys
 import time
 from datetime import timedelta
@@ -34,7 +38,7 @@ from torch import nn
 from cloud.training import checkpoint, comm
 from cloud.training.compression.stage import StageCompression
 from cloud.training.compression.wire_codec import register_wire_codecs
-from cloud.training.job import JobConfig, JobError, build_model, load_job
+from cloud.training.job import DataSection, JobConfig, JobError, build_model, load_job
 from cloud.training.partition import Plan, StagePlan, even_plan, partition
 from cloud.training.profiler import cached_profile
 from cloud.training.runtime import StageExecutor
@@ -68,29 +72,93 @@ class ProgressLog:
         print(f"[train] {event} {human}", flush=True)
 
 
-class DigitsStream:
-    """Minibatches in the order of ``models.digits.train_single_process`` (one randperm per epoch
-    from one generator seeded with the job seed); a trailing partial minibatch is dropped."""
+class MinibatchStream:
+    """Minibatches of a training set in the order of ``models.digits.train_single_process`` (one
+    randperm per epoch from one generator seeded with the job seed); a trailing partial minibatch is
+    dropped. ``test_x``/``test_y`` are the held-out rows (possibly none)."""
 
-    def __init__(self, seed: int, batch_size: int):
-        from models.digits import load_digits_split
-        self.split = load_digits_split(seed)
+    def __init__(self, train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor,
+                 test_y: torch.Tensor, seed: int, batch_size: int):
+        if len(train_x) < batch_size:
+            raise JobError(f"train.batch_size: {batch_size} > the {len(train_x)} training rows of the data")
+        self.train_x, self.train_y, self.test_x, self.test_y = train_x, train_y, test_x, test_y
         self.seed, self.batch_size = seed, batch_size
-        self.steps_per_epoch = len(self.split.train_y) // batch_size
+        self.steps_per_epoch = len(train_y) // batch_size
         self._epoch, self._order = -1, None
 
     def _order_of(self, epoch: int) -> torch.Tensor:
         if epoch != self._epoch:
             generator = torch.Generator().manual_seed(self.seed)
             for _ in range(epoch + 1):
-                order = torch.randperm(len(self.split.train_y), generator=generator)
+                order = torch.randperm(len(self.train_y), generator=generator)
             self._epoch, self._order = epoch, order
         return self._order
 
     def minibatch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         epoch, index = divmod(step, self.steps_per_epoch)
         rows = self._order_of(epoch)[index * self.batch_size:(index + 1) * self.batch_size]
-        return self.split.train_x[rows], self.split.train_y[rows]
+        return self.train_x[rows], self.train_y[rows]
+
+
+class DigitsStream(MinibatchStream):
+    def __init__(self, seed: int, batch_size: int):
+        from models.digits import load_digits_split
+        split = load_digits_split(seed)
+        super().__init__(split.train_x, split.train_y, split.test_x, split.test_y, seed, batch_size)
+
+
+def tensor_file_stream(data: DataSection, seed: int, batch_size: int) -> MinibatchStream:
+    """The job's tensor file, checked against its loss, split by a generator seeded with ``seed``."""
+    try:
+        tensors = torch.load(data.path, weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+        raise JobError(f"data.path: cannot load {data.path}: {exc}") from exc
+    x = tensors.get("x") if isinstance(tensors, dict) else None
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < 2 or not len(x):
+        raise JobError(f"data.path: {data.path} must hold {{'x': float tensor (N, ...), 'y': ...}}")
+    if data.loss == "reconstruction":
+        y = x
+    else:
+        y = tensors.get("y")
+        if not isinstance(y, torch.Tensor) or len(y) != len(x):
+            raise JobError(f"data.path: loss {data.loss} needs 'y' with one row per row of x ({len(x)})")
+        if data.loss == "cross_entropy" and (y.is_floating_point() or y.dim() != 1):
+            raise JobError("data.loss: cross_entropy needs y as integer class indices of shape (N,)")
+        if data.loss == "mse" and not y.is_floating_point():
+            raise JobError("data.loss: mse needs y as float targets")
+        y = y.long() if data.loss == "cross_entropy" else y
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
+    test, train = order[:int(len(x) * data.test_fraction)], order[int(len(x) * data.test_fraction):]
+    return MinibatchStream(x[train], y[train], x[test], y[test], seed, batch_size)
+
+
+def loss_function(data: DataSection) -> nn.Module:
+    return nn.CrossEntropyLoss() if data.loss == "cross_entropy" else nn.MSELoss()
+
+
+def check_loss_fits(model: nn.Sequential, loss_fn: nn.Module, data: DataSection, x: torch.Tensor,
+                    y: torch.Tensor) -> None:
+    """One forward of the whole model on a few rows (eval mode, no grad: no state changes), so that a
+    model that does not take x, or whose output does not fit y, fails as a bad job naming the shapes."""
+    model.eval()
+    try:
+        with torch.no_grad():
+            output = model(x)
+    except RuntimeError as exc:
+        raise JobError(f"model.name: the model does not take x of shape {tuple(x.shape)}: {exc}") from exc
+    finally:
+        model.train()
+    problem = ""
+    if data.loss != "cross_entropy" and output.shape != y.shape:
+        problem = "shapes differ"  # MSELoss would broadcast them and train on nonsense
+    else:
+        try:
+            loss_fn(output, y)
+        except (RuntimeError, IndexError) as exc:
+            problem = str(exc)
+    if problem:
+        raise JobError(f"data.loss: {data.loss} of the model's output {tuple(output.shape)} against y "
+                       f"{tuple(y.shape)}: {problem}")
 
 
 def choose_plan(job: JobConfig, model: nn.Sequential, sample: torch.Tensor, world: int) -> Plan:
@@ -139,9 +207,14 @@ def train(job: JobConfig) -> int:
     progress = ProgressLog(job.progress.file, rank == 0)
     torch.manual_seed(t.seed)
     model = build_model(job.model.name)
-    stream = DigitsStream(t.seed, t.batch_size)
+    data = job.data
+    stream = (DigitsStream(t.seed, t.batch_size) if data.dataset == "digits"
+              else tensor_file_stream(data, t.seed, t.batch_size))
+    loss_fn = loss_function(data)
     micro = t.batch_size // t.microbatches
-    plan = choose_plan(job, model, stream.minibatch(0)[0][:micro], world)
+    sample_x, sample_y = stream.minibatch(0)
+    check_loss_fits(model, loss_fn, data, sample_x[:micro], sample_y[:micro])
+    plan = choose_plan(job, model, sample_x[:micro], world)
     schedule = build_schedule(t.schedule, plan.replicas, t.microbatches, vertical_sync=t.vertical_sync)
     topology = schedule.topology
     groups = [dist.new_group(topology.stage_ranks(s)) for s in range(topology.n_stages)]
@@ -156,14 +229,17 @@ def train(job: JobConfig) -> int:
                                    window=c.window, min_numel=c.min_numel)
     reports_compression = c.activations != "none" or t.wire_codec != "fp32"
     executor = StageExecutor(compression.module, topology, rank, optimizer=optimizer,
-                             loss_fn=nn.CrossEntropyLoss(), codec=comm.codec_by_name(t.wire_codec),
+                             loss_fn=loss_fn, codec=comm.codec_by_name(t.wire_codec),
                              replica_group=groups[stage], timeout_s=t.comm_timeout_s,
                              activation_context=compression.context)
     identity = {"plan": [[s.first, s.last, s.replicas] for s in plan.stages], "schedule": t.schedule,
-                "microbatches": t.microbatches, "batch_size": t.batch_size, "seed": t.seed}
+                "microbatches": t.microbatches, "batch_size": t.batch_size, "seed": t.seed,
+                "dataset": data.dataset, "loss": data.loss}
     total = stream.steps_per_epoch * t.epochs
     total = min(total, t.max_steps) if t.max_steps else total
-    progress.write("start", plan=plan.text(), schedule=t.schedule, world=world, total_steps=total)
+    progress.write("start", plan=plan.text(), schedule=t.schedule, world=world, total_steps=total,
+                   dataset=data.dataset, loss=data.loss, train_rows=len(stream.train_y),
+                   test_rows=len(stream.test_y))
 
     step = 0
     resume = checkpoint.latest_complete_step(job.checkpoint.dir, topology.n_stages)
@@ -179,6 +255,8 @@ def train(job: JobConfig) -> int:
     dist.barrier()  # nobody writes a checkpoint before every rank has chosen where to resume
 
     eval_every = job.progress.eval_every or stream.steps_per_epoch
+    # accuracy needs classes; regression losses report their training loss only
+    evaluates = data.loss == "cross_entropy" and len(stream.test_y) > 0
     window_start, window_samples = time.perf_counter(), 0
     window = [0.0] * 7
     last_stage_ranks = set(topology.stage_ranks(topology.n_stages - 1))
@@ -211,7 +289,7 @@ def train(job: JobConfig) -> int:
             for decision in decisions:
                 progress.write("compression_decision", **decision)
             window, window_samples, window_start = [0.0] * 7, 0, time.perf_counter()
-        if step % eval_every == 0 or step == total:
+        if evaluates and (step % eval_every == 0 or step == total):
             evaluate(executor, stream, topology, micro, progress, step, last_stage_ranks)
         if (job.checkpoint.every and step % job.checkpoint.every == 0) or step == total:
             if replica == 0:
@@ -248,9 +326,9 @@ def _compression_window(compression: StageCompression, table: torch.Tensor, stag
     return summary, list(unique.values())
 
 
-def evaluate(executor: StageExecutor, stream: DigitsStream, topology, micro: int, progress: ProgressLog,
+def evaluate(executor: StageExecutor, stream: MinibatchStream, topology, micro: int, progress: ProgressLog,
              step: int, last_stage_ranks: set[int]) -> None:
-    test_x, test_y = stream.split.test_x, stream.split.test_y
+    test_x, test_y = stream.test_x, stream.test_y
     chunk = max(micro, 64)
     xs, ys = test_x.split(chunk), test_y.split(chunk)
     loss_sum, correct, count = executor.evaluate(xs, ys, len(xs))
