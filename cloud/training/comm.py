@@ -1,9 +1,18 @@
 """Point-to-point transport between pipeline stages: tensors cross as packed uint8 payloads.
 
-A message is two ``torch.distributed`` messages with the same tag base: a fixed-size int64 header
-(magic, codec id, dtype, shape, payload bytes) and the uint8 payload a ``WireCodec`` produced.
-Because the payload is bytes, compressed activations (BFP, integer codes) cross stages as easily as
-fp32 ones; torch's own pipelining forces ``requires_grad`` on boundary tensors and cannot.
+A message is a fixed-size int64 header (magic, codec id, dtype, shape, payload bytes) followed by
+the uint8 payload a ``WireCodec`` produced. Because the payload is bytes, compressed activations
+(BFP, integer codes) cross stages as easily as fp32 ones; torch's own pipelining forces
+``requires_grad`` on boundary tensors and cannot.
+
+One ``torch.distributed`` message per tensor: gloo moves a message only once its receive is posted,
+and every message costs both ends a hand-shake, so the receiver posts, at the start of a step, a
+receive big enough for the header and the payload the same slot (peer, tag) carried last time (a
+schedule repeats its messages every step); ``SlotSizes`` remembers those sizes on both ends. The
+sender puts the header and up to that capacity of payload in one message (gloo accepts a shorter
+message than the receive) and anything beyond it in a second message on the overflow tag, which the
+receiver posts once the header tells it the size. Both ends update their tables with the same sizes
+in the same order, so their capacities always agree; a slot's first message carries the header only.
 
 Invariant: a receive returns exactly the tensor the codec decodes from the bytes that were sent
 (for ``Fp32Codec``: the sent tensor, bit for bit); every wait is bounded by ``timeout_s``.
@@ -21,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 HEADER_LEN = 12
+HEADER_BYTES = HEADER_LEN * 8
 MAX_DIMS = HEADER_LEN - 5
 _MAGIC = 0x7E1D
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
@@ -72,8 +82,22 @@ def codec_by_name(name: str) -> WireCodec:
 
 
 def message_tag(kind: int, microbatch: int) -> int:
-    """Header tag; the payload uses tag + 1. Distinct per (kind, microbatch) within a step."""
+    """The message's tag; its overflow uses tag + 1. Distinct per (kind, microbatch) within a step."""
     return (microbatch * 3 + kind) * 2
+
+
+class SlotSizes:
+    """Payload bytes last carried per (peer rank, tag): the capacity of the next eager receive.
+    A sender and its receiver each keep one and update it with the same sizes."""
+
+    def __init__(self) -> None:
+        self._sizes: dict[tuple[int, int], int] = {}
+
+    def capacity(self, peer: int, tag: int) -> int:
+        return self._sizes.get((peer, tag), 0)
+
+    def record(self, peer: int, tag: int, n_bytes: int) -> None:
+        self._sizes[(peer, tag)] = n_bytes
 
 
 def pack_header(codec: WireCodec, tensor: torch.Tensor, n_bytes: int) -> torch.Tensor:
@@ -109,46 +133,64 @@ class PendingSends:
         self.buffers.clear()
 
 
-def send_tensor(tensor: torch.Tensor, dst: int, tag: int, codec: WireCodec, pending: PendingSends) -> None:
+def send_tensor(tensor: torch.Tensor, dst: int, tag: int, codec: WireCodec, pending: PendingSends,
+                sizes: SlotSizes | None = None) -> None:
     payload = codec.encode(tensor)
-    header = pack_header(codec, tensor, payload.numel())
-    pending.works.append(dist.isend(header, dst, tag=tag))
-    pending.works.append(dist.isend(payload, dst, tag=tag + 1))
-    pending.buffers += [header, payload]
-    pending.bytes_sent += payload.numel() + header.numel() * 8
-    pending.payload_bytes += payload.numel()
+    n_bytes = payload.numel()
+    capacity = sizes.capacity(dst, tag) if sizes is not None else 0
+    header = pack_header(codec, tensor, n_bytes).view(torch.uint8)
+    message = torch.cat([header, payload[:capacity]])
+    pending.works.append(dist.isend(message, dst, tag=tag))
+    pending.buffers += [message, payload]
+    if n_bytes > capacity:
+        pending.works.append(dist.isend(payload[capacity:], dst, tag=tag + 1))
+    if sizes is not None:
+        sizes.record(dst, tag, n_bytes)
+    pending.bytes_sent += n_bytes + HEADER_BYTES
+    pending.payload_bytes += n_bytes
     pending.raw_bytes += tensor.numel() * tensor.element_size()
 
 
 class PendingRecv:
-    """A receive posted early: the header ``irecv`` at once, the payload's as soon as the header is in."""
+    """A receive posted early, for the header and the slot's expected payload; an overflow is posted
+    as soon as the header shows one."""
 
-    def __init__(self, src: int, tag: int):
-        self.src, self.tag = src, tag
-        self.header = torch.empty(HEADER_LEN, dtype=torch.int64)
-        self.header_work = dist.irecv(self.header, src, tag=tag)
-        self.payload: torch.Tensor | None = None
-        self.payload_work = None
+    def __init__(self, src: int, tag: int, sizes: SlotSizes | None = None):
+        self.src, self.tag, self.sizes = src, tag, sizes
+        self.capacity = sizes.capacity(src, tag) if sizes is not None else 0
+        self.message = torch.empty(HEADER_BYTES + self.capacity, dtype=torch.uint8)
+        self.work = dist.irecv(self.message, src, tag=tag)
+        self.overflow: torch.Tensor | None = None
+        self.overflow_work = None
         self.meta: tuple[WireCodec, torch.dtype, tuple[int, ...], int] | None = None
 
-    def _post_payload(self) -> None:
-        self.meta = unpack_header(self.header)
-        self.payload = torch.empty(self.meta[3], dtype=torch.uint8)
-        self.payload_work = dist.irecv(self.payload, self.src, tag=self.tag + 1)
+    def _read_header(self) -> None:
+        self.meta = unpack_header(self.message[:HEADER_BYTES].view(torch.int64))
+        n_bytes = self.meta[3]
+        if self.sizes is not None:
+            self.sizes.record(self.src, self.tag, n_bytes)
+        if n_bytes > self.capacity:
+            self.overflow = torch.empty(n_bytes - self.capacity, dtype=torch.uint8)
+            self.overflow_work = dist.irecv(self.overflow, self.src, tag=self.tag + 1)
 
     def poll(self) -> None:
-        """Post the payload receive if the header has arrived (lets the payload overlap compute)."""
-        if self.payload_work is None and self.header_work.is_completed():
-            self.header_work.wait()
-            self._post_payload()
+        """Read the header if the message is in, so that an overflow transfer overlaps compute."""
+        if self.meta is None and self.work.is_completed():
+            self.work.wait()
+            self._read_header()
 
     def wait(self, timeout_s: float) -> torch.Tensor:
-        if self.payload_work is None:
-            self.header_work.wait(timedelta(seconds=timeout_s))
-            self._post_payload()
-        self.payload_work.wait(timedelta(seconds=timeout_s))
-        codec, dtype, shape, _ = self.meta  # type: ignore[misc]
-        return codec.decode(self.payload, shape, dtype)  # type: ignore[arg-type]
+        if self.meta is None:
+            self.work.wait(timedelta(seconds=timeout_s))
+            self._read_header()
+        codec, dtype, shape, n_bytes = self.meta  # type: ignore[misc]
+        inline = self.message[HEADER_BYTES:HEADER_BYTES + min(n_bytes, self.capacity)]
+        if self.overflow_work is None:
+            payload = inline
+        else:
+            self.overflow_work.wait(timedelta(seconds=timeout_s))
+            payload = torch.cat([inline, self.overflow])
+        return codec.decode(payload, shape, dtype)
 
 
 def measure_bandwidth(n_bytes: int = 4 << 20, rounds: int = 3) -> float:

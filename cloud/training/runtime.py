@@ -5,6 +5,11 @@ posted at the start of the step (header first, payload as soon as the header is 
 overlap compute), ``F``/``B`` compute, ``SEND_*`` posts an ``isend``. Backward uses
 ``torch.autograd.grad`` with explicit inputs, so gradients land only where the executor puts them.
 
+On every stage but the first, a plain ``nn.Sequential`` stage without activation compression splits
+its backward (``backward.py``): ``B`` computes the input gradient, ``SEND_B`` ships it, and the weight
+gradients follow before the next action, so the previous stage stops waiting one weight-gradient pass
+sooner. (With compression a split would decompress each saved activation twice.)
+
 Weight updates follow ``schedule.update``:
 - ``flush`` (GPipe, 1F1B-flush): gradients of all microbatches accumulate (each loss scaled by
   1/microbatches), replicas of a stage all-reduce them in their own process group, then one
@@ -32,7 +37,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.func import functional_call
 
-from cloud.training import comm
+from cloud.training import backward, comm
 from cloud.training.schedules import Schedule, Topology
 
 
@@ -53,6 +58,7 @@ class _InFlight:
     output: torch.Tensor  # stage output, or the scaled loss on the last stage
     params: dict[str, torch.Tensor] | None  # the stashed weight version (per_microbatch only)
     version: int
+    tape: backward.LayerTape | None  # split backward: the layer outputs its weight pass needs
 
 
 class StageExecutor:
@@ -69,6 +75,8 @@ class StageExecutor:
         self.codec = codec or comm.Fp32Codec()
         self.replica_group, self.timeout_s = replica_group, timeout_s
         self.params = dict(module.named_parameters())
+        self.split_backward = not self.is_first and activation_context is None and backward.splittable(module)
+        self.slot_sizes = comm.SlotSizes()  # capacities of eager payload receives, per peer and tag
         # Entered around every training forward: e.g. ActivationCompressor.active, whose
         # saved-tensor hooks store what backward needs compressed.
         self.activation_context = activation_context or contextlib.nullcontext
@@ -108,9 +116,32 @@ class StageExecutor:
         needed = Counter(tags[a.microbatch] for a in order if a.kind == "F") if tags else Counter()
         if stashing and (not tags or needed[0]):
             snapshots[0] = self._snapshot()
+        deferred: tuple[_InFlight, list] | None = None  # a split backward's weight pass, still to run
+
+        def apply_weight_grads(weight_grads: Sequence[torch.Tensor | None]) -> None:
+            nonlocal version
+            if stashing:
+                self._apply_update(weight_grads)
+                version += 1
+                if not tags or needed[version]:
+                    snapshots[version] = self._snapshot()
+                self._drop_unused(snapshots, in_flight, needed, version if not tags else None)
+            else:
+                self._accumulate(weight_grads)
+
+        def run_deferred() -> None:
+            nonlocal deferred
+            start = time.perf_counter()
+            state, output_grads = deferred
+            deferred = None
+            apply_weight_grads(backward.weight_gradients(state.tape, output_grads))
+            stats.busy_s += time.perf_counter() - start
+
         for action in order:
             for pending in recvs.values():
                 pending.poll()
+            if deferred is not None and action.kind != "SEND_B":
+                run_deferred()
             b = action.microbatch
             start = time.perf_counter()
             if action.kind in ("RECV_F", "RECV_B"):
@@ -118,44 +149,52 @@ class StageExecutor:
                 stats.idle_s += time.perf_counter() - start
             elif action.kind == "SEND_F":
                 comm.send_tensor(in_flight[b].output.detach(), self.topology.rank_for(self.stage + 1, b),
-                                 comm.message_tag(comm.KIND_ACTIVATION, b), self.codec, sends)
+                                 comm.message_tag(comm.KIND_ACTIVATION, b), self.codec, sends,
+                                 self.slot_sizes)
             elif action.kind == "F":
                 x = inputs[b] if self.is_first else received.pop(("RECV_F", b)).requires_grad_(True)
                 use = tags.get(b, version) if stashing else version
                 params = snapshots.get(use) if stashing else None
                 if stashing and params is None:
                     raise RuntimeError(f"stage {self.stage}: weight version {use} of microbatch {b} not kept")
+                tape = None
                 with self.activation_context():
-                    out = functional_call(self.module, params, (x,)) if params is not None else self.module(x)
+                    if self.split_backward:
+                        tape = backward.LayerTape(self.module, x, params)
+                        out = tape.output
+                    elif params is not None:
+                        out = functional_call(self.module, params, (x,))
+                    else:
+                        out = self.module(x)
                     loss = self.loss_fn(out, targets[b]) if self.is_last else None
                 if self.is_last:
                     stats.loss_sum, stats.n_losses = stats.loss_sum + float(loss.detach()), stats.n_losses + 1
                     out = loss * scale
-                in_flight[b] = _InFlight(x, out, params, use)
+                in_flight[b] = _InFlight(x, out, params, use, tape)
                 if tags:
                     needed[use] -= 1
                 stats.busy_s += time.perf_counter() - start
             elif action.kind == "B":
                 state = in_flight.pop(b)
-                weights = list((state.params or self.params).values())
-                wrt = ([] if self.is_first else [state.inputs]) + weights
                 grad_out = None if self.is_last else received.pop(("RECV_B", b))
-                grads = torch.autograd.grad(state.output, wrt, grad_out, allow_unused=True) if wrt else ()
-                input_grad, weight_grads = (None, grads) if self.is_first else (grads[0], grads[1:])
-                if stashing:
-                    self._apply_update(weight_grads)
-                    version += 1
-                    if not tags or needed[version]:
-                        snapshots[version] = self._snapshot()
-                    self._drop_unused(snapshots, in_flight, needed, version if not tags else None)
+                if state.tape is not None:
+                    input_grads[b], output_grads = backward.input_gradient(state.tape, state.output,
+                                                                           state.inputs, grad_out)
+                    deferred = (state, output_grads)
                 else:
-                    self._accumulate(weight_grads)
-                if input_grad is not None:
-                    input_grads[b] = input_grad
+                    weights = list((state.params or self.params).values())
+                    wrt = ([] if self.is_first else [state.inputs]) + weights
+                    grads = torch.autograd.grad(state.output, wrt, grad_out, allow_unused=True) if wrt else ()
+                    input_grad, weight_grads = (None, grads) if self.is_first else (grads[0], grads[1:])
+                    apply_weight_grads(weight_grads)
+                    if input_grad is not None:
+                        input_grads[b] = input_grad
                 stats.busy_s += time.perf_counter() - start
             elif action.kind == "SEND_B":
                 comm.send_tensor(input_grads.pop(b), self.topology.rank_for(self.stage - 1, b),
-                                 comm.message_tag(comm.KIND_GRADIENT, b), self.codec, sends)
+                                 comm.message_tag(comm.KIND_GRADIENT, b), self.codec, sends, self.slot_sizes)
+        if deferred is not None:
+            run_deferred()
         start = time.perf_counter()
         sends.wait_all(self.timeout_s)
         if in_flight or recvs:
@@ -178,10 +217,12 @@ class StageExecutor:
             b = action.microbatch
             if action.kind == "RECV_F":
                 src = self.topology.rank_for(self.stage - 1, b)
-                recvs[(action.kind, b)] = comm.PendingRecv(src, comm.message_tag(comm.KIND_ACTIVATION, b))
+                recvs[(action.kind, b)] = comm.PendingRecv(src, comm.message_tag(comm.KIND_ACTIVATION, b),
+                                                           self.slot_sizes)
             elif action.kind == "RECV_B":
                 src = self.topology.rank_for(self.stage + 1, b)
-                recvs[(action.kind, b)] = comm.PendingRecv(src, comm.message_tag(comm.KIND_GRADIENT, b))
+                recvs[(action.kind, b)] = comm.PendingRecv(src, comm.message_tag(comm.KIND_GRADIENT, b),
+                                                           self.slot_sizes)
         return recvs
 
     @staticmethod

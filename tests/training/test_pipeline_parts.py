@@ -118,3 +118,46 @@ def test_one_stage_executor_equals_plain_sgd(schedule_name):
             reference_optimizer.zero_grad()
     for name, value in reference.state_dict().items():
         assert torch.allclose(ours.state_dict()[name], value, rtol=1e-5, atol=1e-7), name
+
+
+@pytest.mark.parametrize("stashed", [False, True])
+def test_split_backward_equals_one_backward(stashed):
+    """Input gradient first, weight gradients after: the same numbers as one autograd.grad over the
+    stage, on a slice of the digits CNN (layer names that do not start at 0, parameterless layers)."""
+    from torch.func import functional_call
+
+    from cloud.training import backward
+
+    torch.manual_seed(0)
+    stage = digits_cnn()[2:]
+    assert backward.splittable(stage)
+    x = torch.randn(8, 16, 8, 8).requires_grad_(True)  # what layer 1 (ReLU after conv 0) passes on
+    params = {name: p.detach().clone().requires_grad_(True) for name, p in stage.named_parameters()}
+    if not stashed:
+        params_used, weights = None, list(stage.parameters())
+    else:
+        params_used, weights = params, list(params.values())
+    grad_out = torch.randn(8, 10)
+
+    tape = backward.LayerTape(stage, x, params_used)
+    input_grad, output_grads = backward.input_gradient(tape, tape.output, x, grad_out)
+    weight_grads = backward.weight_gradients(tape, output_grads)
+
+    out = functional_call(stage, params, (x,)) if stashed else stage(x)
+    expected = torch.autograd.grad(out, [x, *weights], grad_out)
+    assert torch.equal(tape.output, out)
+    assert torch.allclose(input_grad, expected[0], rtol=1e-6, atol=1e-7)
+    assert len(weight_grads) == len(weights)
+    for got, want in zip(weight_grads, expected[1:], strict=True):
+        assert torch.allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_split_backward_refuses_in_place_and_shared_layers():
+    from torch import nn
+
+    from cloud.training import backward
+
+    assert not backward.splittable(nn.Sequential(nn.Linear(4, 4), nn.ReLU(inplace=True)))
+    shared = nn.Linear(4, 4)
+    assert not backward.splittable(nn.Sequential(shared, nn.ReLU(), shared))
+    assert not backward.splittable(torch.fx.symbolic_trace(nn.Sequential(nn.Linear(4, 4))))

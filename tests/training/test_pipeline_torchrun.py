@@ -14,6 +14,7 @@ from pipetest_util import (
     max_relative_difference,
     merged_checkpoint,
     reference_grad_accumulation,
+    reference_pipedream,
     run_job,
     wait_for_event,
     write_job,
@@ -38,6 +39,18 @@ def test_flush_schedules_equal_gradient_accumulation(tmp_path, schedule, stages,
     assert events[-1]["event"] == "done"
     got = merged_checkpoint(tmp_path / "ckpt", len(stages), steps)
     want = reference_grad_accumulation(steps, batch, micro).state_dict()
+    assert max_relative_difference(got, want) <= 1e-5
+
+
+@pytest.mark.parametrize("vertical_sync", [False, True], ids=["stash-3proc", "stash-vertical-sync-3proc"])
+def test_stash_schedule_follows_pipedreams_update_rule(tmp_path, vertical_sync):
+    stages, steps, batch, micro = [(0, 2), (3, 5), (6, 8)], 3, 32, 4
+    job = write_job(tmp_path, schedule="1f1b-stash", microbatches=micro, batch_size=batch, steps=steps,
+                    stages=stages, extra_train=f"vertical_sync = {str(vertical_sync).lower()}")
+    events = run_job(job, len(stages))
+    assert events[-1]["event"] == "done"
+    got = merged_checkpoint(tmp_path / "ckpt", len(stages), steps)
+    want = reference_pipedream(steps, batch, micro, stages, vertical_sync=vertical_sync).state_dict()
     assert max_relative_difference(got, want) <= 1e-5
 
 
