@@ -77,5 +77,7 @@ async def get_datasets(request: web.Request) -> web.Response:
                               "totals": {"records": counts.records, "batches": counts.batches,
                                          "devices": len(counts.devices)},
                               "trainable": {"digits": "sklearn's bundled digits (always)",
-                                            "sensor_windows": "windows of uploaded telemetry"}})
+                                            "sensor_windows": "windows of uploaded telemetry",
+                                            "camera_frames": "uploaded camera frames, labelled by "
+                                                             "the gateway model's verdicts"}})
 

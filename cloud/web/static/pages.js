@@ -97,7 +97,7 @@ function fleetPage(page) {
 function jobsPage(page) {
   page.innerHTML = `<h1>Jobs</h1>
     <form class="submit" id="job-form">model <select id="job-model"><option>digits_cnn</option>
-    <option>anomaly_autoencoder</option></select> nproc <input id="job-nproc" type="number" value="2" min="1" size="3">
+    <option>anomaly_autoencoder</option><option>scene_cnn</option></select> nproc <input id="job-nproc" type="number" value="2" min="1" size="3">
     epochs <input id="job-epochs" type="number" value="1" min="1" size="3">
     schedule <select id="job-schedule"><option>1f1b-flush</option><option>gpipe</option><option>1f1b-stash</option></select>
     <button type="submit">Train</button><span id="job-submitted"></span></form><div id="jobs-table"></div>`;
