@@ -255,8 +255,7 @@ def train(job: JobConfig) -> int:
     dist.barrier()  # nobody writes a checkpoint before every rank has chosen where to resume
 
     eval_every = job.progress.eval_every or stream.steps_per_epoch
-    # accuracy needs classes; regression losses report their training loss only
-    evaluates = data.loss == "cross_entropy" and len(stream.test_y) > 0
+    evaluates = len(stream.test_y) > 0
     window_start, window_samples = time.perf_counter(), 0
     window = [0.0] * 7
     last_stage_ranks = set(topology.stage_ranks(topology.n_stages - 1))
@@ -290,7 +289,8 @@ def train(job: JobConfig) -> int:
                 progress.write("compression_decision", **decision)
             window, window_samples, window_start = [0.0] * 7, 0, time.perf_counter()
         if evaluates and (step % eval_every == 0 or step == total):
-            evaluate(executor, stream, topology, micro, progress, step, last_stage_ranks)
+            evaluate(executor, stream, topology, micro, progress, step, last_stage_ranks,
+                     classify=data.loss == "cross_entropy")
         if (job.checkpoint.every and step % job.checkpoint.every == 0) or step == total:
             if replica == 0:
                 checkpoint.save_stage(job.checkpoint.dir, stage, step, {
@@ -327,14 +327,15 @@ def _compression_window(compression: StageCompression, table: torch.Tensor, stag
 
 
 def evaluate(executor: StageExecutor, stream: MinibatchStream, topology, micro: int, progress: ProgressLog,
-             step: int, last_stage_ranks: set[int]) -> None:
+             step: int, last_stage_ranks: set[int], *, classify: bool) -> None:
     test_x, test_y = stream.test_x, stream.test_y
     chunk = max(micro, 64)
     xs, ys = test_x.split(chunk), test_y.split(chunk)
-    loss_sum, correct, count = executor.evaluate(xs, ys, len(xs))
+    loss_sum, correct, count = executor.evaluate(xs, ys, len(xs), classify=classify)
     totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64)
     dist.all_reduce(totals)
-    loss, accuracy = float(totals[0] / totals[2]), float(totals[1] / totals[2])
+    loss = float(totals[0] / totals[2])
+    accuracy = float(totals[1] / totals[2]) if classify else None  # a regression has no accuracy
     progress.write("eval", step=step, loss=loss, accuracy=accuracy)
 
 

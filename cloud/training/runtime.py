@@ -253,9 +253,10 @@ class StageExecutor:
     # -- evaluation ---------------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, chunks: Sequence[torch.Tensor] | None, targets: Sequence[torch.Tensor] | None,
-                 n_chunks: int) -> tuple[float, int, int]:
+                 n_chunks: int, *, classify: bool = True) -> tuple[float, int, int]:
         """Forward-only pass over ``n_chunks`` chunks (chunk c on replica c % r of each stage).
-        Returns (loss sum, correct, count) on the last stage's ranks, zeros elsewhere."""
+        Returns (loss sum, correct, count) on the last stage's ranks, zeros elsewhere; ``correct``
+        counts argmax hits when ``classify`` (class targets), else stays 0."""
         self.module.eval()
         loss_sum, correct, count, sends = 0.0, 0, 0, comm.PendingSends()
         try:
@@ -270,7 +271,8 @@ class StageExecutor:
                 out = self.module(x)
                 if self.is_last:
                     loss_sum += float(self.loss_fn(out, targets[c])) * len(targets[c])
-                    correct += int((out.argmax(dim=1) == targets[c]).sum())
+                    if classify:
+                        correct += int((out.argmax(dim=1) == targets[c]).sum())
                     count += len(targets[c])
                 else:
                     comm.send_tensor(out, self.topology.rank_for(self.stage + 1, c), tag, self.codec, sends)

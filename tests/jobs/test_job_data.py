@@ -145,3 +145,23 @@ def test_cloudctl_status_shows_a_progress_bar_per_live_job():
     assert any(line.startswith("job-00002  succeeded") for line in lines)
     assert not any("job-00001" in line for line in lines)  # only the latest finished job
     assert lines[-1] == "jobs: 1 running, 0 queued"
+
+
+def test_a_regression_job_reports_held_out_loss_without_accuracy(tmp_path):
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 48, generator=generator)
+    torch.save({"x": x, "y": x[:, :8].sum(dim=1, keepdim=True)}, tmp_path / "d.pt")
+    path = write_job(tmp_path, 'dataset = "tensor_file"\npath = "d.pt"\nloss = "mse"\ntest_fraction = 0.25',
+                     train="batch_size = 8\nmicrobatches = 2\nmax_steps = 3\n")
+    model = 'name = "tests.jobs.test_job_data:tiny_regressor"'
+    path.write_text(path.read_text() + f"[model]\n{model}\n")
+    run = subprocess.run([sys.executable, "-m", "cloud.training.run", "--job", str(path)], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    events = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    evals = [e for e in events if e["event"] == "eval"]
+    assert evals and all(e["accuracy"] is None and e["loss"] > 0 for e in evals)
+
+
+def tiny_regressor() -> torch.nn.Sequential:
+    return torch.nn.Sequential(torch.nn.Linear(48, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
