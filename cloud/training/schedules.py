@@ -104,17 +104,23 @@ class Schedule:
     def compute_order(self, rank: int) -> list[Action]:
         return [a for a in self.orders[rank] if a.kind in COMPUTE_KINDS]
 
+    def updates_before_forward(self, rank: int) -> dict[int, int]:
+        """Microbatch -> how many backwards (per-microbatch updates) ``rank`` runs before its
+        forward: the weight version that forward sees under 1F1B-stash."""
+        applied, versions = 0, {}
+        for action in self.compute_order(rank):
+            if action.kind == "F":
+                versions[action.microbatch] = applied
+            else:
+                applied += 1
+        return versions
+
     def stash_versions(self) -> dict[int, int]:
         """Vertical sync: microbatch -> weight version, the number of updates stage 0 had applied
         (on the microbatch's replica) when it ran the microbatch's forward."""
         versions: dict[int, int] = {}
         for rank in self.topology.stage_ranks(0):
-            applied = 0
-            for action in self.compute_order(rank):
-                if action.kind == "F":
-                    versions[action.microbatch] = applied
-                else:
-                    applied += 1
+            versions.update(self.updates_before_forward(rank))
         return versions
 
 

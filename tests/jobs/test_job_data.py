@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import torch
 from cloud.ctl import format_status
 from cloud.jobs.datasets import frames_from_records
 from cloud.jobs.spec import JobSpec, SpecError, job_toml, parse_spec
+from cloud.store.dataset import StoredRecord
 from cloud.training.job import JobError, load_job
 from cloud.training.run import check_loss_fits, loss_function, tensor_file_stream
 from models.anomaly import anomaly_autoencoder
@@ -103,19 +103,12 @@ def test_a_bad_data_file_fails_the_job_with_exit_2_and_an_error_line(tmp_path):
     assert last["event"] == "error" and last["code"] == 2 and "needs 'y'" in last["message"]
 
 
-@dataclass
-class FakeStored:  # the shape of cloud.store.dataset.StoredRecord
-    gateway: str
-    log_id: str
-    lsn: int
-    record: dict
-
-
-def _event(gateway: str, lsn: int, label: str, blob: str | None, kind: str = "classification") -> FakeStored:
+def _event(gateway: str, lsn: int, label: str, blob: str | None,
+           kind: str = "classification") -> StoredRecord:
     body = {"type": kind, "source": "cam1", "label": label, "score": 0.9}
     if blob is not None:
         body["blob"] = {"id": blob, "size": 10, "sha256": "0" * 64, "content_type": "image/jpeg"}
-    return FakeStored(gateway, "log1", lsn, {"kind": "event", "device": "cam1", "body": body})
+    return StoredRecord(gateway, "log1", lsn, {"kind": "event", "device": "cam1", "body": body})
 
 
 def test_camera_frames_and_lineage_name_exactly_the_frames_used():

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
 from cloud.jobs.datasets import lsn_runs, windows_from_records
 from cloud.jobs.events import JobEvents, tail_lines
 from cloud.jobs.table import JobTable
+from cloud.store.dataset import StoredRecord
 
 
 def test_tail_lines_keeps_a_partial_line_and_skips_torn_ones():
@@ -39,18 +38,10 @@ def test_job_table_moves_only_forward(tmp_path):
     assert again.get("job-00001").model == {"name": "digits"} and again.insert({}).id == "job-00002"
 
 
-@dataclass
-class FakeStored:  # the shape of cloud.store.dataset.StoredRecord
-    gateway: str
-    log_id: str
-    lsn: int
-    record: dict
-
-
 def _reading(gateway: str, lsn: int, device: str = "d1", status: str = "ok", humidity: float | None = 50.0):
     body = {"v": 1, "device": device, "seq": lsn, "ts": float(lsn), "status": status,
             "readings": {"temperature_c": 20.0, "humidity_pct": humidity, "soil_moisture_pct": 30.0}}
-    return FakeStored(gateway, "log1", lsn, {"kind": "telemetry", "device": device, "body": body})
+    return StoredRecord(gateway, "log1", lsn, {"kind": "telemetry", "device": device, "body": body})
 
 
 def test_windows_and_lineage_name_exactly_the_records_used():

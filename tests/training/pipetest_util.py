@@ -13,7 +13,7 @@ from torch.func import functional_call
 from cloud.training import checkpoint
 from cloud.training.jobs import launch_job, read_progress
 from cloud.training.run import DigitsStream
-from cloud.training.schedules import Schedule, build_schedule
+from cloud.training.schedules import build_schedule
 from models.digits import digits_cnn
 
 
@@ -108,7 +108,7 @@ def reference_pipedream(steps: int, batch_size: int, microbatches: int, stages: 
     optimizers = [torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9) if _detached(m) else None
                   for m in modules]
     schedule = build_schedule("1f1b-stash", [1] * len(stages), microbatches, vertical_sync=vertical_sync)
-    uses = [schedule.stash_versions() if vertical_sync else _updates_before_forward(schedule, s)
+    uses = [schedule.stash_versions() if vertical_sync else schedule.updates_before_forward(s)
             for s in range(len(stages))]
     loss_fn = nn.CrossEntropyLoss()
     for step in range(steps):
@@ -128,16 +128,6 @@ def reference_pipedream(steps: int, batch_size: int, microbatches: int, stages: 
                     optimizer.step()
                 stage_versions.append(_detached(module))
     return model
-
-
-def _updates_before_forward(schedule: Schedule, rank: int) -> dict[int, int]:
-    applied, uses = 0, {}
-    for action in schedule.compute_order(rank):
-        if action.kind == "F":
-            uses[action.microbatch] = applied
-        else:
-            applied += 1
-    return uses
 
 
 def _detached(module: nn.Module) -> dict[str, torch.Tensor]:
