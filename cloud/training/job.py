@@ -113,7 +113,7 @@ class CompressionSection(_Section):
     format: str = "bfp(b=32,m=4,e=8,r=nearest,l=uniform,o=0.0)"  # "bfp": every layer's format
     gist: bool = True  # Gist fx pass on each stage module (binarize ReLU->MaxPool, sparse ReLU->conv)
     window: int = Field(20, ge=1)  # "adaptive": steps per decision; a multiple of progress.log_every
-    min_numel: int = Field(16384, ge=0)  # smaller saved tensors stay as they are
+    min_numel: int = Field(32768, ge=0)  # smaller saved tensors stay as they are (as the compressor)
 
     @model_validator(mode="after")
     def _check(self) -> CompressionSection:

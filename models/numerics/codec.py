@@ -12,12 +12,14 @@ non-finite element. Behaviour by value:
 - huge dynamic range: each block has its own exponent; values far below their block's top flush
   to zero, within the bound below. Blocks whose top is below 2**exponent_floor use that floor.
 
-Speed (why the code looks the way it does): on a CPU each elementwise pass over an activation
-costs about as much as a small convolution, and a fresh output tensor costs page faults. So the
-encoder makes ~10 passes, all into per-thread scratch buffers (``out=``): |x| once, block maxima by
-``amax`` on a (blocks, B) view, ``frexp`` once per block, scale + round + clamp + sign in place,
-one float->int8 conversion, and the codes are packed with uint8 shift-ors. Non-uniform levels use
-a 32768-entry table indexed by the top 16 bits of the float (no ``log2``/``bucketize`` per element).
+Speed (why the code looks the way it does): on a loaded CPU every torch op costs 10-25 us of
+dispatch, about as much as an elementwise pass over an activation, and a fresh output tensor
+costs page faults; so the cost is the number of ops. The encoder makes ~10 passes, all into
+per-thread scratch buffers and their cached views (``out=``): |x| once, block maxima by ``amax``
+on a (blocks, B) view, ``frexp`` once per block, the scale by one gather from a per-format table,
+scale + round + clamp + sign in place; the signed float codes go straight to ``pack_signed``.
+Outliers touch only the k chosen blocks. Non-uniform levels use a 32768-entry table indexed by
+the top 16 bits of the float (no ``log2``/``bucketize`` per element).
 
 Invariant (error bound): for every finite element not in side storage,
 |x - decode(encode(x))| <= fmt.max_error_fraction() * 2**E_block, with E_block the stored shared
@@ -28,12 +30,20 @@ exponent bits saturate blocks whose top reaches 2**exponent_range[1]; the bound 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 
-from models.numerics.bitpack import code_capacity, pack_bits, pack_u8, unpack_bits, unpack_u8
+from models.numerics.bitpack import (
+    code_capacity,
+    pack_bits,
+    pack_signed,
+    unpack_bits,
+    unpack_signed,
+    unpack_u8,
+)
 from models.numerics.format import BfpFormat, packed_nbytes
 from models.numerics.levels import LevelTables, level_tables
 from models.numerics.scratch import scratch
@@ -104,17 +114,16 @@ class BfpCodec:
         side = None
         # NaN and inf propagate through the maxima: one reduction over the blocks checks them all.
         top = block_max.max().item()
-        if fmt.outlier_fraction > 0 or not math.isfinite(top) or top >= self._special_at:
-            if not owned:
+        special = not math.isfinite(top) or top >= self._special_at
+        if special or fmt.outlier_fraction > 0:
+            if special and not owned:  # non-finite values must leave the blocks the codes are made of
                 blocks = self._padded_copy(flat, n_pad, work).view_as(blocks)
-            side = self._side_indices(blocks, magnitude, block_max, n)
-            # Outliers and non-finite values must not set their block's exponent.
-            blocks.view(-1)[side] = 0.0
-            magnitude.view(-1)[side] = 0.0
-            block_max = magnitude.amax(dim=1)
+            side, block_max = self._side_indices(blocks, magnitude, block_max, n, special)
         exponent = torch.frexp(block_max).exponent.clamp_(fmt.exponent_floor, fmt.exponent_range[1])
-        codes = self._mantissa_codes(blocks, magnitude, exponent, n, work)
-        biased = exponent.sub_(fmt.exponent_range[0])
+        q = self._mantissa_codes(blocks, magnitude, exponent, n, work)
+        mantissas = pack_signed(q, fmt.mantissa_bits, n, fmt.max_code,
+                                work.get("codes", q.numel(), torch.uint8))
+        biased = exponent if fmt.levels == "uniform" else exponent.sub_(fmt.exponent_range[0])
         if fmt.exponent_bits == 8:
             exponents = biased.to(torch.uint8)
         else:
@@ -123,9 +132,8 @@ class BfpCodec:
             side_index, side_value = _EMPTY_INDEX if flat.device.type == "cpu" else torch.zeros(
                 0, dtype=torch.int32, device=flat.device), flat.new_empty(0)
         else:
-            side_index, side_value = side.to(torch.int32), flat[side]
-        return Packed(fmt, tuple(tensor.shape), tensor.dtype, pack_u8(codes, fmt.mantissa_bits, n), exponents,
-                      side_index, side_value)
+            side_index, side_value = side.to(torch.int32), flat.index_select(0, side)
+        return Packed(fmt, tuple(tensor.shape), tensor.dtype, mantissas, exponents, side_index, side_value)
 
     def decode(self, packed: Packed) -> torch.Tensor:
         fmt = packed.fmt
@@ -134,23 +142,24 @@ class BfpCodec:
         n_pad = n_blocks * fmt.block_size
         device = packed.mantissas.device
         work = scratch(device)
-        codes = work.get("codes", max(n_pad, code_capacity(n)), torch.uint8)
-        unpack_u8(packed.mantissas, fmt.mantissa_bits, n, codes)
-        if n_pad != n:
-            codes = codes[:n_pad]
-            codes[n:].fill_(fmt.max_code)  # padding decodes to zero
-        out = torch.empty(n_blocks, fmt.block_size, dtype=torch.float32, device=device)
+        capacity = max(n_pad, code_capacity(n))
+        codes = work.get("codes", capacity, torch.uint8)
+        out = torch.empty(capacity, dtype=torch.float32, device=device)
+        blocks = out[:n_pad].view(n_blocks, fmt.block_size)
         if fmt.levels == "uniform":
-            out.copy_(codes[:n_pad].sub_(fmt.max_code).view(torch.int8).view(n_blocks, fmt.block_size))
-            out.mul_(_power_of_two(packed, 1 - fmt.mantissa_bits).unsqueeze(1))
+            unpack_signed(packed.mantissas, fmt.mantissa_bits, n, fmt.max_code, out, codes)
+            if n_pad != n:
+                out[n:n_pad].zero_()  # padding decodes to zero
+            blocks.mul_(_power_of_two(packed).unsqueeze(1))
         else:
+            unpack_u8(packed.mantissas, fmt.mantissa_bits, n, codes)
+            if n_pad != n:
+                codes[n:n_pad].fill_(fmt.max_code)  # padding decodes to zero
             index = work.get("index", n_pad, torch.int32)
             index.copy_(codes[:n_pad])
-            torch.index_select(self._tables_on(device, fmt).signed_levels, 0, index, out=out.view(-1))
-            out.mul_(_power_of_two(packed, 0).unsqueeze(1))
-        result = out.view(-1)
-        if n_pad != n:
-            result = result[:n]
+            torch.index_select(self._tables_on(device, fmt).signed_levels, 0, index, out=out[:n_pad])
+            blocks.mul_(_power_of_two(packed).unsqueeze(1))
+        result = out[:n]
         if packed.dtype != torch.float32:
             result = result.to(packed.dtype)
         if packed.side_index.numel():
@@ -177,47 +186,61 @@ class BfpCodec:
         buffer[flat.numel():].zero_()
         return buffer
 
-    def _side_indices(self, blocks: torch.Tensor, magnitude: torch.Tensor, block_max: torch.Tensor,
-                      n: int) -> torch.Tensor:
-        """Non-finite elements (and, for log levels, |x| >= 2**127) plus the outlier budget
-        k = floor(fraction * n), chosen by how large an element is relative to the mean magnitude
-        of its block (so one spike cannot flatten the rest of its block). When k <= n_blocks: the
-        largest element of each of the k blocks whose max/mean is highest (at most one outlier per
-        block); otherwise the k elements with the highest |x|/mean. Zeroes the special entries of
-        ``blocks`` and ``magnitude``. Sorted, unique."""
+    def _side_indices(self, blocks: torch.Tensor, magnitude: torch.Tensor, block_max: torch.Tensor, n: int,
+                      special: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sorted unique flat indices, block maxima without them). Non-finite elements (and, for
+        log levels, |x| >= 2**127) plus the outlier budget k = floor(fraction * n), chosen by how
+        large an element is relative to the mean magnitude of its block (so one spike cannot
+        flatten the rest of its block). When k <= n_blocks: the largest element of each of the k
+        blocks whose max/mean is highest (at most one outlier per block); otherwise the k elements
+        with the highest |x|/mean. Zeroes the special entries in ``blocks`` (which must then be a
+        copy) and ``magnitude``; outliers may stay: their codes clamp to the top code and decode
+        overwrites them from side storage anyway."""
         parts = []
-        if not bool((block_max < self._special_at).all()):  # NaN compares False: caught too
-            special = ~(magnitude.view(-1) < self._special_at)  # padding is 0: never special
-            special = special.nonzero().view(-1)
-            parts.append(special)
-            blocks.view(-1)[special] = 0.0
-            magnitude.view(-1)[special] = 0.0
+        if special:
+            found = (~(magnitude.view(-1) < self._special_at)).nonzero().view(-1)  # NaN compares False
+            parts.append(found)
+            blocks.view(-1)[found] = 0.0
+            magnitude.view(-1)[found] = 0.0
+            block_max = magnitude.amax(dim=1)
         k = int(self.fmt.outlier_fraction * n)
         if k > 0:
-            mean = magnitude.mean(dim=1) + _TINY
+            mean = magnitude.mean(dim=1).add_(_TINY)
             n_blocks = magnitude.shape[0]
             if k <= n_blocks:
-                top_blocks = torch.topk(magnitude.amax(dim=1) / mean, k, sorted=False).indices
+                top_blocks = torch.topk(block_max / mean, k, sorted=False).indices
+                rows = magnitude.index_select(0, top_blocks)
                 # argmax of a row is a real element: padding is 0 and comes after the block's first
                 # element, and argmax returns the first maximum.
-                position = magnitude[top_blocks].argmax(dim=1)
-                parts.append(top_blocks * self.fmt.block_size + position)
+                position = rows.argmax(dim=1, keepdim=True)
+                outliers = torch.add(position.view(-1), top_blocks, alpha=self.fmt.block_size)
+                # Only those blocks' maxima change; ``magnitude`` keeps the outliers (their codes
+                # clamp to the top code and are never read).
+                block_max.index_copy_(0, top_blocks, rows.scatter_(1, position, 0.0).amax(dim=1))
             else:
                 score = (magnitude / mean[:, None]).view(-1)[:n]
-                parts.append(torch.topk(score, k, sorted=False).indices)
+                outliers = torch.topk(score, k, sorted=False).indices
+                magnitude.view(-1)[outliers] = 0.0
+                block_max = magnitude.amax(dim=1)
+            parts.append(outliers)
         if not parts:
-            return torch.zeros(0, dtype=torch.int64, device=blocks.device)
-        return torch.unique(torch.cat(parts))
+            return torch.zeros(0, dtype=torch.int64, device=blocks.device), block_max
+        side = torch.unique(torch.cat(parts)) if len(parts) > 1 else torch.sort(parts[0]).values
+        return side, block_max
 
     def _mantissa_codes(self, blocks: torch.Tensor, magnitude: torch.Tensor, exponent: torch.Tensor,
                         n: int, work) -> torch.Tensor:
-        """uint8 codes (code - max_code is the signed mantissa or level) in a scratch buffer of
-        ``max(n_pad, code_capacity(n))`` codes, zero past n (what ``pack_u8`` wants).
-        ``magnitude`` is consumed (reused as scratch)."""
+        """Signed codes as float32 in [-max_code, max_code] (a 1-D scratch buffer of
+        ``max(n_pad, code_capacity(n))`` values; what ``pack_signed`` reads). ``magnitude`` is
+        consumed (reused as scratch)."""
         fmt = self.fmt
-        q = work.get2d("q", blocks.shape[0], blocks.shape[1], torch.float32)
+        rows, columns = blocks.shape
+        codes = work.get("q", max(rows * columns, code_capacity(n)), torch.float32)
+        q = codes[:rows * columns].view(rows, columns)
         if fmt.levels == "uniform":
-            scale = _from_exponent(exponent, fmt.mantissa_bits - 1, negate=True)
+            # In place: the caller stores the biased exponent codes this leaves behind.
+            biased = exponent.sub_(fmt.exponent_range[0])
+            scale = _scale_table(fmt, "encode", q.device).index_select(0, biased)
             torch.mul(magnitude, scale.unsqueeze(1), out=q)
             if fmt.rounding == "stochastic":
                 q.add_(self._uniform_noise(q, work)).floor_()
@@ -229,15 +252,6 @@ class BfpCodec:
             self._level_index(relative, magnitude, work)
         # Sign-preserving: a non-zero value never decodes to zero (sign(0) == 0 keeps zeros).
         q.clamp_(1, fmt.max_code).mul_(torch.sign(blocks, out=magnitude))
-        capacity = max(q.numel(), code_capacity(n))
-        codes = work.get("codes", capacity, torch.int8)
-        if capacity == n:
-            codes.view(q.shape).copy_(q)  # exact: integral values in [-127, 127]
-            return codes.view(torch.uint8).add_(fmt.max_code)  # uint8 wraps: q + max_code in [0, 254]
-        codes[:q.numel()].copy_(q.view(-1))
-        codes = codes.view(torch.uint8)
-        codes[:n].add_(fmt.max_code)
-        codes[n:].zero_()
         return codes
 
     def _level_index(self, relative: torch.Tensor, spare: torch.Tensor, work) -> None:
@@ -295,15 +309,30 @@ def _from_exponent(exponent: torch.Tensor, offset: int, *, negate: bool) -> torc
     return power.clamp_(1, 255).bitwise_left_shift_(23).view(torch.float32)
 
 
-def _power_of_two(packed: Packed, offset: int) -> torch.Tensor:
-    """2**(E + offset) per block, float32, from the stored exponent codes."""
+@functools.lru_cache(maxsize=64)
+def _scale_table(fmt: BfpFormat, use: str, device: torch.device) -> torch.Tensor:
+    """float32 per biased exponent code c (E = exponent_range[0] + c), the same values
+    ``_from_exponent`` builds: "encode" 2**(m-1-E) (uniform), "decode" 2**(E+1-m) (uniform) or
+    2**E (log levels). One gather per block replaces five small ops per tensor."""
+    codes = torch.arange(1 << fmt.exponent_bits, dtype=torch.int32)
+    low = fmt.exponent_range[0]
+    if use == "encode":
+        table = _from_exponent(codes + low, fmt.mantissa_bits - 1, negate=True)
+    else:
+        offset = 1 - fmt.mantissa_bits if fmt.levels == "uniform" else 0
+        table = _from_exponent(codes, low + offset, negate=False)
+    return table.to(device)
+
+
+def _power_of_two(packed: Packed) -> torch.Tensor:
+    """The decode scale per block (``_scale_table(fmt, "decode")``), from the stored exponent codes."""
     fmt = packed.fmt
     n_blocks = max(1, -(-packed.numel // fmt.block_size))
     if fmt.exponent_bits == 8:
         codes = packed.exponents.to(torch.int32)
     else:
         codes = unpack_bits(packed.exponents, fmt.exponent_bits, n_blocks).to(torch.int32)
-    return _from_exponent(codes, fmt.exponent_range[0] + offset, negate=False)
+    return _scale_table(fmt, "decode", codes.device).index_select(0, codes)
 
 
 def _exponents(packed: Packed, n_blocks: int) -> torch.Tensor:

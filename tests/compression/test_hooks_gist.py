@@ -37,15 +37,18 @@ def grads_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
 
 
 def test_parameters_are_not_touched_or_counted() -> None:
-    model = nn.Sequential(nn.Linear(64, 32))
-    compressor = ActivationCompressor(model, LayerPolicy.uniform(BfpFormat(mantissa_bits=4)), min_numel=64)
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 32))
+    fmt = BfpFormat(mantissa_bits=4)
+    compressor = ActivationCompressor(model, LayerPolicy.uniform(fmt), min_numel=64)
     x = torch.randn(16, 64)
     with compressor.active():
         model(x).sum().backward()
-    # Only the input activation (16x64) is saved besides the weight, which is a parameter.
-    assert compressor.counters["0"].original == 16 * 64 * 4
-    assert compressor.counters["0"].stored == packed_nbytes(16 * 64, BfpFormat(mantissa_bits=4), 0, 4)
-    assert compressor.kinds["bfp"] == 1
+    # Besides the weights (parameters), "0" saves the batch, which the caller holds: kept raw and
+    # counted; "1" saves "0"'s output, an activation: encoded.
+    assert compressor.counters["0"].original == compressor.counters["0"].stored == 16 * 64 * 4
+    assert compressor.counters["1"].original == 16 * 64 * 4
+    assert compressor.counters["1"].stored == packed_nbytes(16 * 64, fmt, 0, 4)
+    assert compressor.kinds == {"raw": 1, "bfp": 1, "sparse": 0}
     # A leaf that requires grad (a stashed weight version, a pipeline stage's input) is its owner's.
     compressor.reset_counters()
     stashed_weight = model[0].weight.detach().clone().requires_grad_(True)
@@ -78,6 +81,20 @@ def test_bytes_counted_once_per_tensor_and_released(batch) -> None:
     assert compressor.live_bytes == 0 and compressor.peak_live_bytes > 0
 
 
+def test_tensor_saved_by_two_ops_is_decoded_once(batch) -> None:
+    x, y = batch
+    model = digits_cnn()
+    fmt = BfpFormat(mantissa_bits=4)
+    compressor = ActivationCompressor(model, LayerPolicy.uniform(fmt), min_numel=64)
+    codec = compressor._codec(fmt)
+    decode, decoded = codec.decode, []
+    codec.decode = lambda packed: decoded.append(packed) or decode(packed)
+    grads_of(model, x, y, compressor)
+    # Every ReLU output is also saved by the next layer: each encoding is still decoded once.
+    assert compressor.kinds["bfp"] >= 3 and len(decoded) == compressor.kinds["bfp"]
+    assert len({id(p) for p in decoded}) == len(decoded)
+
+
 def test_lossy_policy_gradients_close_and_per_layer_none(batch) -> None:
     x, y = batch
     torch.manual_seed(0)
@@ -87,11 +104,11 @@ def test_lossy_policy_gradients_close_and_per_layer_none(batch) -> None:
     fine = ActivationCompressor(model, LayerPolicy.uniform(BfpFormat(mantissa_bits=8)), min_numel=64)
     grads_of(model, x, y, fine)
     assert relative_grad_error(reference, params) < 0.05
-    only_conv = ActivationCompressor(model, LayerPolicy.from_mapping({"0": BfpFormat(mantissa_bits=4)}),
+    only_relu = ActivationCompressor(model, LayerPolicy.from_mapping({"1": BfpFormat(mantissa_bits=4)}),
                                      min_numel=64)
-    grads_of(model, x, y, only_conv)
-    assert only_conv.kinds["bfp"] == 1 and set(only_conv.counters) >= {"0", "1"}
-    assert only_conv.counters["1"].stored == only_conv.counters["1"].original
+    grads_of(model, x, y, only_relu)
+    assert only_relu.kinds["bfp"] == 1 and set(only_relu.counters) >= {"1", "3"}
+    assert only_relu.counters["3"].stored == only_relu.counters["3"].original
 
 
 def test_gist_plan_on_digits_cnn() -> None:
@@ -113,6 +130,8 @@ def test_gist_lossless_gradients_bit_identical(batch) -> None:
     assert all(torch.equal(a, b) for a, b in zip(reference, got, strict=True))
     assert compressor.kinds["sparse"] >= 1
     assert compressor.total().stored < compressor.total().original
+    # Binarize: one 4-bit code per 2x2 window of the (48, 32, 8, 8) ReLU output, 1 bit per element.
+    assert compressor.counters["gist_3_4"].stored == 48 * 32 * 8 * 8 // 8
 
 
 def test_binarize_exact_with_odd_sizes_nan_and_overlap_falls_back() -> None:

@@ -1,8 +1,10 @@
 """Gist (ISCA'18) layer-pair encodings, chosen by a ``torch.fx`` pass over the model.
 
 - ReLU -> MaxPool2d (non-overlapping windows): **binarize**. The pair becomes one module whose
-  backward keeps only a 1-bit "ReLU output > 0" mask and the pool's argmax as a position inside
-  its window (log2(kh*kw) bits), instead of the fp32 ReLU output and int64 pool indices. Lossless.
+  backward keeps, per pooling window, the argmax as a position inside the window (log2(kh*kw)
+  bits) and one bit "the pooled ReLU output is <= 0", in a planar width of 2, 4 or 8 bits, instead
+  of the fp32 ReLU output and int64 pool indices: 4 bits per 2x2 window, 1 bit per ReLU output.
+  Lossless.
 - ReLU -> Conv/Linear: **sparse storage, dense compute (SSDC)**. The ReLU output (saved by both
   layers) is stored as bitmask + non-zero values when that is smaller than the alternative.
   Lossless; applied by ``ActivationCompressor`` for the layers the plan lists.
@@ -20,7 +22,6 @@ import functools
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.fx
 from torch import nn
@@ -59,11 +60,13 @@ def _pair(value: int | tuple[int, ...]) -> tuple[int, int]:
 
 
 def binarizable(pool: nn.MaxPool2d) -> bool:
-    """Non-overlapping, unpadded, undilated windows: each input feeds at most one output."""
+    """Non-overlapping, unpadded, undilated windows (each input feeds at most one output) of at
+    most 128 elements."""
     kernel = _pair(pool.kernel_size)
     stride = _pair(pool.stride if pool.stride is not None else pool.kernel_size)
     return (kernel == stride and _pair(pool.padding) == (0, 0) and _pair(pool.dilation) == (1, 1)
-            and not pool.ceil_mode and not pool.return_indices)
+            and not pool.ceil_mode and not pool.return_indices
+            and kernel[0] * kernel[1] <= 128)  # position + blocked bit fit one byte
 
 
 @functools.lru_cache(maxsize=64)
@@ -71,59 +74,77 @@ def _window_tables(h: int, w: int,
                    kernel: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For disjoint kh x kw windows over an h x w plane: the flat index of each window's corner
     (out_h, out_w), the in-window position of each offset from the corner (uint8, indexed by
-    ``index - corner``), and the inverse: the offset of each in-window position (int64)."""
+    ``index - corner``), and the inverse: the offset from the corner of each window code (int64,
+    indexed by code; a blocked code maps to the offset of its position, never used)."""
     kh, kw = kernel
     out_h, out_w = h // kh, w // kw
     corner = (torch.arange(out_h).view(-1, 1) * kh * w + torch.arange(out_w).view(1, -1) * kw)
     offsets = torch.tensor([r * w + c for r in range(kh) for c in range(kw)], dtype=torch.int64)
     position = torch.zeros((kh - 1) * w + kw, dtype=torch.uint8)
     position[offsets] = torch.arange(kh * kw, dtype=torch.uint8)
-    return corner, position, offsets
+    blocked = 1 << _position_bits(kernel)
+    by_code = torch.zeros(2 * blocked, dtype=torch.int64)
+    by_code[:kh * kw] = offsets
+    by_code[blocked:blocked + kh * kw] = offsets
+    return corner, position, by_code
 
 
 class _ReluMaxPoolBinarized(torch.autograd.Function):
+    """Stores one code per pooling window: the argmax position inside the window plus a "blocked"
+    bit, in the narrowest planar width (2, 4 or 8 bits) that holds both.
+
+    ReLU's backward zeroes the gradient where its result is <= 0, and the pool's backward sends
+    each window's gradient only to its argmax, so the only ReLU result backward ever needs is the
+    one at the argmax: the pooled value itself. A window is blocked when ``pooled <= 0`` (not
+    ``not pooled > 0``: a NaN result passes its gradient, as in ``threshold_backward``).
+    """
+
     @staticmethod
     def forward(ctx, x: torch.Tensor, kernel: tuple[int, int]) -> torch.Tensor:
         y = torch.relu(x)
         pooled, indices = F.max_pool2d(y, kernel, kernel, return_indices=True)
-        n, c, h, w = y.shape
-        corner, position, _ = _window_tables(h, w, kernel)
+        corner, position, _ = _window_tables(y.shape[2], y.shape[3], kernel)
         # Position of the argmax inside its window: a table lookup on (index - window corner).
-        local = position.index_select(0, indices.sub_(corner).view(-1))
-        bits = max(1, math.ceil(math.log2(kernel[0] * kernel[1])))
-        ctx.meta = (tuple(y.shape), tuple(pooled.shape), kernel, bits, x.dtype)
-        # Not "y > 0": threshold_backward zeroes where result <= 0, so a NaN result passes its gradient.
-        if y.device.type == "cpu":
-            passes = torch.from_numpy(np.packbits(~(y.numpy() <= 0), bitorder="little"))
-        else:
-            passes = pack_bits(~(y <= 0), 1)
-        ctx.save_for_backward(passes, pack_bits(local, bits))
+        code = position.index_select(0, indices.sub_(corner).view(-1))
+        blocked_bit = _position_bits(kernel)
+        code.add_(torch.le(pooled, 0).view(-1).view(torch.uint8), alpha=1 << blocked_bit)
+        width = _code_width(kernel)
+        ctx.meta = (tuple(y.shape), tuple(pooled.shape), kernel)
+        ctx.save_for_backward(pack_bits(code, width))
         return pooled
 
     @staticmethod
     def backward(ctx, grad_pooled: torch.Tensor) -> tuple[torch.Tensor, None]:
-        mask_packed, local_packed = ctx.saved_tensors
-        shape, pooled_shape, kernel, bits, dtype = ctx.meta
-        n, c, h, w = shape
-        corner, _, offsets = _window_tables(h, w, kernel)
-        local = unpack_bits(local_packed, bits, math.prod(pooled_shape)).to(torch.int32)
-        indices = offsets.to(grad_pooled.device).index_select(0, local).view(pooled_shape)
-        indices.add_(corner.to(grad_pooled.device))
-        # The very kernel max_pool2d's own backward runs: bit-identical gradients.
+        (packed,) = ctx.saved_tensors
+        shape, pooled_shape, kernel = ctx.meta
+        corner, _, offsets = _window_tables(shape[2], shape[3], kernel)
+        code = unpack_bits(packed, _code_width(kernel), math.prod(pooled_shape))
+        blocked = torch.ge(code, 1 << _position_bits(kernel)).view(pooled_shape)
+        device = grad_pooled.device
+        # offsets has an entry for every code: blocked codes map to their window's corner.
+        indices = offsets.to(device).index_select(0, code.to(torch.int32)).view(pooled_shape)
+        indices.add_(corner.to(device))
+        # A blocked window sends +0.0, what threshold_backward gives; the pool's backward adds the
+        # rest into zeros (0 + g), so this is the very arithmetic of the unfused pair: bit-identical.
         grad_y = torch.ops.aten.max_pool2d_with_indices_backward(
-            grad_pooled, grad_pooled.new_empty(shape), list(kernel), list(kernel), [0, 0], [1, 1], False,
-            indices)
-        passes = unpack_bits(mask_packed, 1, n * c * h * w)
-        if grad_y.dtype == torch.float32 and grad_y.is_contiguous():
-            # threshold_backward's "result <= 0 -> 0" as a bitwise AND with 0 or ~0: exact, branch-free.
-            grad_y.view(torch.int32).view(-1).bitwise_and_(passes.to(torch.int32).neg_())
-        else:
-            grad_y.masked_fill_(passes.view(shape) == 0, 0)
+            grad_pooled.masked_fill(blocked, 0.0), grad_pooled.new_empty(shape), list(kernel), list(kernel),
+            [0, 0], [1, 1], False, indices)
         return grad_y, None
 
 
+def _position_bits(kernel: tuple[int, int]) -> int:
+    return max(1, math.ceil(math.log2(kernel[0] * kernel[1])))
+
+
+def _code_width(kernel: tuple[int, int]) -> int:
+    """Position bits + the blocked bit, rounded up to a planar width (one or two passes to pack)."""
+    needed = _position_bits(kernel) + 1
+    return next(width for width in (2, 4, 8) if width >= needed)
+
+
 class ReluMaxPoolBinarized(nn.Module):
-    """ReLU followed by a non-overlapping MaxPool2d, storing 1 bit + the window argmax for backward."""
+    """ReLU followed by a non-overlapping MaxPool2d, storing per window its argmax position and a
+    blocked bit for backward (lossless)."""
 
     def __init__(self, pool: nn.MaxPool2d) -> None:
         super().__init__()

@@ -8,11 +8,21 @@ and when it is smaller), or as-is. The unpack hook decodes it in backward.
 - Parameters and views of them (same storage), and any other leaf that requires grad (stashed
   weight versions, a pipeline stage's received input), are returned untouched and not counted:
   they are not activations the hooks could free, their owner keeps them alive anyway.
-- Floating tensors below ``min_numel`` elements are kept as they are (counted): encoding one
-  costs a fixed ~0.3 ms of op dispatch on a CPU, more than its bytes are worth.
+- Floating tensors below ``min_numel`` elements (default 32768, 128 KiB in fp32) are kept as they
+  are (counted): encoding and decoding one costs a fixed ~0.5-1 ms of op dispatch on a CPU
+  whatever its size (about 5% of a small CNN's training step) to save under 100 KiB, under 2% of
+  the fp32 bytes saved for backward in either benchmark CNN.
+- The model's own inputs (the batch, found by a forward pre-hook on the model) are kept as they
+  are (counted): the caller holds the batch through backward, so an encoded copy would add
+  memory, not save it.
 - Non-float tensors (max-pool indices, Gist masks) are kept as they are and counted.
 - A tensor saved by two ops (a ReLU's output is saved by the ReLU and by the next conv) is encoded
-  once and shared; the cache holds only weak references, so it never keeps memory alive.
+  once and shared; the cache holds only weak references, so it never keeps memory alive. Its
+  decoded form is shared too: the first unpack keeps it until the last of its users unpacks it
+  (fp32 keeps the original alive that long anyway), so backward decodes it once.
+- The per-layer forward hooks that tell the pack hook which layer is running are registered on
+  the first ``active()`` and stay (they only record while active): registering them per step
+  cost about a millisecond.
 
 Invariant: ``counters[layer].stored`` is the sum of the real bytes held for backward by that
 layer's saved tensors (each distinct tensor counted once), and ``live_bytes`` returns to zero once
@@ -49,10 +59,17 @@ class LayerBytes:
 class _Stored:
     """What the pack hook hands autograd: an encoded (or raw) saved tensor."""
 
-    __slots__ = ("kind", "payload", "nbytes", "__weakref__")
+    __slots__ = ("kind", "payload", "nbytes", "users", "decoded", "owner", "__weakref__")
 
     def __init__(self, kind: str, payload: torch.Tensor | Packed | SparsePacked, nbytes: int) -> None:
         self.kind, self.payload, self.nbytes = kind, payload, nbytes
+        self.users = 1  # saved-tensor slots that hold this encoding and have not unpacked it yet
+        self.decoded: torch.Tensor | None = None
+        self.owner: ActivationCompressor | None = None  # whose live_bytes count it
+
+    def __del__(self) -> None:  # cheaper than a weakref.finalize per saved tensor
+        if self.owner is not None:
+            self.owner.live_bytes -= self.nbytes
 
 
 def _relative_error(reference: torch.Tensor, approx: torch.Tensor) -> float:
@@ -72,7 +89,7 @@ class ActivationCompressor:
     """Owns the hooks for one model. Not thread-safe: one forward/backward at a time per instance."""
 
     def __init__(self, model: nn.Module, policy: LayerPolicy, *, ssdc_layers: Collection[str] = (),
-                 generator: torch.Generator | None = None, min_numel: int = 16384) -> None:
+                 generator: torch.Generator | None = None, min_numel: int = 32768) -> None:
         self.model = model
         self.policy = policy
         self.ssdc_layers = frozenset(ssdc_layers)
@@ -88,6 +105,12 @@ class ActivationCompressor:
         self.encode_s = 0.0
         self.decode_s = 0.0
         self._stack: list[str] = []
+        self._recording = False
+        self._leaves = [(name, module) for name, module in model.named_modules()
+                        if name and not any(True for _ in module.children())]
+        self._layer_hooks: list = []
+        self._params = list(model.parameters())
+        self._input_storages: set[int] = set()
         self._cache: dict[tuple, tuple[weakref.ref, weakref.ref]] = {}
         self._codecs: dict[BfpFormat, BfpCodec] = {}
         self._param_storages: set[int] = set()
@@ -109,49 +132,67 @@ class ActivationCompressor:
 
     @contextlib.contextmanager
     def active(self) -> Iterator[ActivationCompressor]:
-        self._param_storages = {p.untyped_storage().data_ptr() for p in self.model.parameters()}
-        handles = []
-        for name, module in self.model.named_modules():
-            if name and not any(True for _ in module.children()):
-                handles.append(module.register_forward_pre_hook(self._enter_layer(name)))
-                handles.append(module.register_forward_hook(self._leave_layer, always_call=True))
+        self._param_storages = {p.untyped_storage().data_ptr() for p in self._params}
+        if not self._layer_hooks:
+            self._layer_hooks.append(self.model.register_forward_pre_hook(self._note_inputs))
+            for name, module in self._leaves:
+                self._layer_hooks.append(module.register_forward_pre_hook(self._enter_layer(name)))
+                self._layer_hooks.append(module.register_forward_hook(self._leave_layer, always_call=True))
+        self._recording = True
         try:
             with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
                 yield self
         finally:
-            for handle in handles:
-                handle.remove()
+            self._recording = False
             self._stack.clear()
             self._cache.clear()
+            self._input_storages.clear()
+
+    def remove_hooks(self) -> None:
+        """Detach the per-layer hooks from the model (``active()`` registers them again)."""
+        for handle in self._layer_hooks:
+            handle.remove()
+        self._layer_hooks.clear()
 
     # Hooks -------------------------------------------------------------------------------------
 
+    def _note_inputs(self, module: nn.Module, args: tuple) -> None:
+        if self._recording:
+            self._input_storages.update(a.untyped_storage().data_ptr() for a in args
+                                        if isinstance(a, torch.Tensor))
+
     def _enter_layer(self, name: str):
         def hook(module: nn.Module, args: tuple) -> None:
-            self._stack.append(name)
+            if self._recording:
+                self._stack.append(name)
         return hook
 
     def _leave_layer(self, module: nn.Module, args: tuple, output: object) -> None:
-        if self._stack:
+        if self._recording and self._stack:
             self._stack.pop()
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor | _Stored:
         # Leaves that require grad (parameters, stashed weight versions, a pipeline stage's
         # received input) are held alive by their owner: encoding them would save nothing.
-        if (tensor.requires_grad and tensor.grad_fn is None) or \
-                tensor.untyped_storage().data_ptr() in self._param_storages:
+        if tensor.requires_grad and tensor.grad_fn is None:
             return tensor
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
-               tensor.stride(), tensor.dtype, tensor._version)
+        storage = tensor.untyped_storage().data_ptr()
+        if storage in self._param_storages:
+            return tensor
+        key = (storage, tensor.storage_offset(), tensor.shape, tensor.stride(), tensor.dtype, tensor._version)
         cached = self._cache.get(key)
         if cached is not None:
             source, stored = cached[0](), cached[1]()
             # A live source with the same storage, view and version has the same bytes.
             if source is not None and stored is not None:
+                stored.users += 1
                 return stored
         layer = self._stack[-1] if self._stack else OUTSIDE_LAYERS
         started = time.process_time()
-        stored = self._encode(tensor, layer)
+        if storage in self._input_storages:
+            stored = _Stored("raw", tensor, _tensor_nbytes(tensor))
+        else:
+            stored = self._encode(tensor, layer)
         self.encode_s += time.process_time() - started
         if len(self._cache) >= _CACHE_PRUNE_AT:
             self._cache = {k: v for k, v in self._cache.items() if v[0]() is not None and v[1]() is not None}
@@ -163,23 +204,24 @@ class ActivationCompressor:
         self.kinds[stored.kind] += 1
         self.live_bytes += stored.nbytes
         self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
-        weakref.finalize(stored, self._release, stored.nbytes)
+        stored.owner = self
         return stored
-
-    def _release(self, nbytes: int) -> None:
-        self.live_bytes -= nbytes
 
     def _unpack(self, stored: torch.Tensor | _Stored) -> torch.Tensor:
         if isinstance(stored, torch.Tensor):
             return stored
         if stored.kind == "raw":
             return stored.payload
-        started = time.process_time()
-        if stored.kind == "sparse":
-            tensor = decode_sparse(stored.payload)
-        else:
-            tensor = self._codec(stored.payload.fmt).decode(stored.payload)
-        self.decode_s += time.process_time() - started
+        tensor = stored.decoded
+        if tensor is None:
+            started = time.process_time()
+            if stored.kind == "sparse":
+                tensor = decode_sparse(stored.payload)
+            else:
+                tensor = self._codec(stored.payload.fmt).decode(stored.payload)
+            self.decode_s += time.process_time() - started
+        stored.users -= 1
+        stored.decoded = tensor if stored.users > 0 else None
         return tensor
 
     # Encoding choice ---------------------------------------------------------------------------
@@ -201,10 +243,14 @@ class ActivationCompressor:
         if fmt is None:
             return _Stored("raw", tensor, _tensor_nbytes(tensor))
         packed = self._codec(fmt).encode(tensor)
+        stored = _Stored("bfp", packed, packed.nbytes)
         if self.measure_errors:
-            error = _relative_error(tensor.detach(), self._codec(fmt).decode(packed))
+            # The probe's decode is the one backward would make: keep it for backward (probe
+            # steps hold the decoded tensor from forward on, as fp32 would hold the original).
+            stored.decoded = self._codec(fmt).decode(packed)
+            error = _relative_error(tensor.detach(), stored.decoded)
             self.layer_errors[layer] = max(error, self.layer_errors.get(layer, 0.0))
-        return _Stored("bfp", packed, packed.nbytes)
+        return stored
 
     def _codec(self, fmt: BfpFormat) -> BfpCodec:
         codec = self._codecs.get(fmt)
