@@ -14,9 +14,12 @@ Systems, interleaved in each repetition so a change in the box's load hits all o
   messages as ours, so it overlaps its all-reduces with backward as ours does;
 - ``sync_fifo``: ours with the engine off (per-layer, sent as ready, FIFO);
 - ``sync_scheduler``: ours, adaptive (the engine measures blockage and re-decides every window).
-``--quick`` runs only the two DDP baselines and ours. Each system keeps its model across rounds;
-after a warm-up (for ours, the engine's first windows), rounds run a few iterations of each system
-in turn and drop the first two of each (cold after the switch).
+``--quick`` runs only the two DDP baselines and ours. Each system keeps its model across rounds.
+After a warm-up of every system, ours runs until its engine has kept one policy for three windows
+(at most 60 iterations in ``--quick``): the settling cost, reported as its iteration count and
+mean iteration time. Then rounds run a few iterations of each system in turn and drop the first of
+each (cold after the switch: ours drained its syncs when the previous round ended). The engine stays
+on while measured; the decisions it made then are counted in the output.
 Where ours can win by design: each layer's sync overlaps the rest of backward and, with the lazy
 per-layer step, the next forward; the engine sends the layers the next forward needs first.
 Figure: median wall time per iteration after warm-up (forward + backward + step); ratio ``vs_ddp``
@@ -117,10 +120,26 @@ class System:
         return self.sync.status()
 
 
+def settle(system: System, min_windows: int, max_iterations: int) -> dict:
+    """Run ours until its engine has kept one policy for ``min_windows`` windows (bounded); the
+    time this takes is the settling cost, reported beside the settled figure."""
+    assert system.sync is not None
+    times: list[float] = []
+    while len(times) < max_iterations:
+        times += system.run(system.sync.window)
+        decided = [d["window"] for d in system.sync.engine.decisions]
+        if system.sync.window_index - (max(decided) + 1 if decided else 0) >= min_windows:
+            break
+    mean = torch.tensor(statistics.mean(times))
+    dist.all_reduce(mean, op=dist.ReduceOp.MAX)
+    return {"iterations": len(times), "mean_iteration_s": float(mean), "policy": system.sync.policy.text(),
+            "decisions": len(system.sync.engine.decisions)}
+
+
 def worker(quick: bool) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    warmup, rounds, per_round, skip = (10, 4, 5, 2) if quick else (40, 10, 10, 2)
+    warmup, rounds, per_round, skip = (6, 10, 3, 1) if quick else (20, 30, 4, 1)
     # --quick keeps the baselines and ours; the floor and the engine-off variant only in the full run
     systems_run = SYSTEMS if not quick else ("ddp_default", "ddp_layer_buckets", "sync_scheduler")
     generator = torch.Generator().manual_seed(dist.get_rank())
@@ -128,13 +147,16 @@ def worker(quick: bool) -> None:
             torch.randint(0, 10, (BATCH,), generator=generator))
     initial = make_model()
     systems = [System(name, initial, data) for name in systems_run]
-    for system in systems:  # warm-up; for ours, the engine's first windows
+    for system in systems:
         system.run(warmup)
+    ours = next(system for system in systems if system.name == "sync_scheduler")
+    settling = settle(ours, min_windows=3, max_iterations=60 if quick else 200)
+    decisions_settled = len(ours.sync.engine.decisions)
     medians: dict[str, list[float]] = {system.name: [] for system in systems}
     for _ in range(rounds):  # interleaved, so a change in the box's load hits every system
         for system in systems:
             dist.barrier()
-            times = system.run(per_round)[skip:]  # the first iterations after a switch start cold
+            times = system.run(per_round)[skip:]  # the first iteration after a switch starts cold
             median = torch.tensor(statistics.median(times))
             dist.all_reduce(median, op=dist.ReduceOp.MAX)  # the slower rank sets the pace
             medians[system.name].append(float(median))
@@ -142,8 +164,9 @@ def worker(quick: bool) -> None:
     if dist.get_rank() == 0:
         status = statuses["sync_scheduler"]
         write_rank_result({"medians": medians, "policy": status["policy"], "decisions": status["decisions"],
-                           "last_window": status["last_window"], "warmup": warmup, "rounds": rounds,
-                           "per_round": per_round, "skip": skip}, 0)
+                           "decisions_while_measured": len(status["decisions"]) - decisions_settled,
+                           "settling": settling, "last_window": status["last_window"], "warmup": warmup,
+                           "rounds": rounds, "per_round": per_round, "skip": skip}, 0)
     dist.destroy_process_group()
 
 
@@ -173,6 +196,10 @@ def main() -> None:
         results.ratios[name] = statistics.median(per_round)
         results.add(case, name, "ratio_min_round", min(per_round))
         results.add(case, name, "ratio_max_round", max(per_round))
+    settling = figures["settling"]
+    results.add(case, "sync_scheduler", "settling_iterations", settling["iterations"])
+    results.add(case, "sync_scheduler", "settling_iteration_ms_mean", settling["mean_iteration_s"] * 1e3)
+    results.add(case, "sync_scheduler", "decisions_while_measured", figures["decisions_while_measured"])
     results.add(case, "all", "bench_seconds", time.perf_counter() - started)
     results.write()
     print(f"sync_scheduler final policy: {figures['policy']}")

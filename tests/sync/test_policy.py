@@ -124,3 +124,19 @@ def test_backlog_rule_looks_past_a_layer_already_sent_first() -> None:
     window = queued_table(0, {"0": 0.06, "2": 0.02}, {"2": 0.02})
     proposal = propose(window, current, EngineConfig(merge_bytes=0))
     assert proposal.policy.first == proposal.policy.held == {"0", "2"}
+
+
+def test_merge_cap_comes_from_the_measured_link() -> None:
+    """A 30 KB message costs nearly a whole round trip; 2.3 MB ones are mostly transfer: merge the
+    small one (sizes and times from the benchmark's link), never two big ones."""
+    sizes = {"0": 2300 * KB, "2": 2300 * KB, "4": 2300 * KB, "6": 30 * KB}
+    sync = {name: 0.016 + size * 6e-9 for name, size in sizes.items()}
+    layers = tuple(LayerWindow(name, i, sizes[name], 0.03 if name == "0" else 0.0, sync[name])
+                   for i, name in enumerate(ORDER))
+    window = WindowTable(0, 4, 0.2, "", layers)
+    proposal = propose(window, SyncPolicy.per_layer(ORDER))
+    assert proposal.policy.buckets == (("6", "4"), ("2",), ("0",)), proposal.reason
+    again = propose(window, proposal.policy)  # the merged bucket and the next are both big
+    assert again.policy == proposal.policy
+    assert propose(window, SyncPolicy.per_layer(ORDER), EngineConfig(merge_bytes=0)).policy.buckets == \
+        SyncPolicy.per_layer(ORDER).buckets

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from cloud.training.data.sampler import ToggleSampler, item_scores, select_items
+from cloud.training.data.sampler import (
+    ToggleSampler,
+    item_scores,
+    select_items,
+    select_unsettled,
+    settled_items,
+)
 from cloud.training.data.toggle import ToggleTracker
 
 
@@ -57,3 +63,35 @@ def test_once_seen_items_are_not_yet_stable_and_warmup_takes_everything() -> Non
     assert sorted(sampler) == list(range(10)) and len(sampler) == 10
     sampler.set_epoch(1)
     assert len(list(sampler)) == len(sampler) == 3
+
+
+def test_learned_and_never_forgotten_items_settle_after_a_streak() -> None:
+    tracker = ToggleTracker(5)
+    # columns: learned, forgotten and relearned, forgotten, learned late, always right
+    epochs = ([0, 1, 1, 0, 1], [1, 0, 1, 0, 1], [1, 1, 0, 1, 1])
+    for bits in epochs:
+        tracker.record(torch.arange(5), torch.tensor(bits, dtype=torch.bool))
+        state = tracker.merge()
+    assert state.forgets.tolist() == [0, 1, 1, 0, 0]
+    assert state.streak.tolist() == [2, 1, 0, 1, 3]
+    assert settled_items(state).tolist() == [True, False, False, False, True]
+    assert settled_items(state, settle_after=3).tolist() == [False, False, False, False, True]
+    tracker.record(torch.tensor([3]), torch.tensor([True]))  # two presentations in one epoch
+    tracker.record(torch.tensor([3]), torch.tensor([True]))
+    assert tracker.merge().streak[3] == 3
+
+
+def test_unsettled_selection_keeps_every_unsettled_item_and_explores_settled_ones() -> None:
+    tracker = ToggleTracker(1000)
+    unsettled = torch.arange(1000) < 50  # wrong on the second pass
+    for bits in (torch.ones(1000, dtype=torch.bool), ~unsettled):
+        tracker.record(torch.arange(1000), bits)
+        state = tracker.merge()
+    chosen = select_unsettled(state, floor=0.1, seed=1, epoch=4)
+    assert torch.equal(chosen, select_unsettled(state, floor=0.1, seed=1, epoch=4))
+    assert set(range(50)) <= set(chosen.tolist())
+    explored = int((chosen >= 50).sum())
+    assert 50 < explored < 150  # about a tenth of the 950 settled items
+    sampler = ToggleSampler(1000, fraction=None, floor=0.1, seed=1, warmup_epochs=1)
+    sampler.set_epoch(4, state)
+    assert len(list(sampler)) == len(sampler) == len(chosen)

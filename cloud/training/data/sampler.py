@@ -1,16 +1,22 @@
 """Choosing the next epoch's items by toggle rate, the same choice on every rank.
 
-``select_items`` is pure: from the merged ``ToggleState`` it draws ``budget`` items without
-replacement, item i with weight ``floor + (1 - floor) * score_i``, where the score is the toggle
-rate, raised to 1 for items whose stability is not known yet (fewer than two presentations: no
-chance to toggle) and for items whose last prediction was wrong (an item never learned is the most
-forgettable, as in Toneva et al.). The floor is the exploration term: stable items keep a chance to
-be re-checked. The draw is seeded by (seed, epoch), so every rank computes the same list;
-``ToggleSampler`` then hands rank r every world-th item of it. For the first ``warmup_epochs``
-epochs the sampler takes every item in a seeded random order (the toggle record needs a few
-presentations per item before it means anything).
+An item is *settled* when it was never forgotten (no right -> wrong toggle: its only toggle, if
+any, was being learned) and its last ``settle_after`` (at least 2) predictions were right.
+Two selections, both pure and seeded by (seed, epoch) so every rank computes the same list:
 
-Invariant: the list depends only on (state, budget, floor, seed, epoch); each rank's shard has
+- ``select_unsettled`` (``fraction=None``, the patent's rule): every unsettled item, plus a
+  ``floor`` share of the settled ones drawn at random (the exploration floor: a settled item that
+  turns out forgotten when re-checked is unsettled from then on). The epoch's size follows the
+  state: it shrinks as items settle.
+- ``select_items`` (a fixed ``fraction``): ``budget`` items drawn without replacement, item i with
+  weight ``floor + (1 - floor) * score_i``; the score is 0 for settled items, 1 for items wrong or
+  not yet known (fewer than two presentations), and the toggle rate for the rest (forgotten once
+  and right again).
+
+``ToggleSampler`` hands rank r every world-th item of the list. For the first ``warmup_epochs``
+epochs it takes every item in a seeded random order (the record needs presentations first).
+
+Invariant: the list depends only on (state, fraction, floor, seed, epoch); each rank's shard has
 the same length (the list is cut to a multiple of the world size), so ranks take equal steps.
 """
 
@@ -24,57 +30,86 @@ from torch.utils.data import Sampler
 from cloud.training.data.toggle import UNSEEN, ToggleState
 
 
-def item_scores(state: ToggleState) -> torch.Tensor:
+def settled_items(state: ToggleState, settle_after: int = 2) -> torch.Tensor:
+    return (state.streak >= max(2, settle_after)) & (state.forgets == 0)
+
+
+def item_scores(state: ToggleState, settle_after: int = 2) -> torch.Tensor:
     score = state.toggle_rate().clamp(max=1.0)
-    unknown = state.presentations < 2  # no chance to toggle yet: not known to be stable
-    needs_work = unknown | (state.last == UNSEEN) | (state.last == 0)
-    return torch.where(needs_work, torch.ones_like(score), score)
+    needs_work = (state.presentations < 2) | (state.last == UNSEEN) | (state.last == 0)
+    score = torch.where(needs_work, torch.ones_like(score), score)
+    return torch.where(settled_items(state, settle_after), torch.zeros_like(score), score)
 
 
-def select_items(state: ToggleState, budget: int, floor: float, seed: int, epoch: int) -> torch.Tensor:
+def _generator(seed: int, epoch: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+
+
+def select_items(state: ToggleState, budget: int, floor: float, seed: int, epoch: int,
+                 settle_after: int = 2) -> torch.Tensor:
     n = state.presentations.numel()
     if not 0 < budget <= n:
         raise ValueError(f"budget {budget} must be in 1..{n}")
     if not 0 < floor <= 1:
         raise ValueError(f"floor {floor} must be in (0, 1]")
-    weights = floor + (1 - floor) * item_scores(state)
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    return torch.multinomial(weights, budget, replacement=False, generator=generator)
+    weights = floor + (1 - floor) * item_scores(state, settle_after)
+    return torch.multinomial(weights, budget, replacement=False, generator=_generator(seed, epoch))
+
+
+def select_unsettled(state: ToggleState, floor: float, seed: int, epoch: int,
+                     settle_after: int = 2) -> torch.Tensor:
+    if not 0 < floor <= 1:
+        raise ValueError(f"floor {floor} must be in (0, 1]")
+    generator = _generator(seed, epoch)
+    settled = settled_items(state, settle_after)
+    explored = settled & (torch.rand(settled.shape, generator=generator) < floor)
+    chosen = (~settled | explored).nonzero().view(-1)
+    return chosen[torch.randperm(len(chosen), generator=generator)]
 
 
 class ToggleSampler(Sampler[int]):
     """This rank's share of the epoch's selection; call ``set_epoch(epoch, state)`` each epoch."""
 
-    def __init__(self, n_items: int, *, fraction: float, floor: float = 0.1, seed: int = 0,
-                 rank: int = 0, world_size: int = 1, warmup_epochs: int = 0) -> None:
+    def __init__(self, n_items: int, *, fraction: float | None, floor: float = 0.1, seed: int = 0,
+                 rank: int = 0, world_size: int = 1, warmup_epochs: int = 0, settle_after: int = 2) -> None:
         self.n_items = n_items
         self.warmup_epochs = warmup_epochs  # epochs over every item before selection starts
-        self.budget = max(world_size, int(round(fraction * n_items)))
+        self.budget = None if fraction is None else max(world_size, int(round(fraction * n_items)))
         self.floor = floor
+        self.settle_after = settle_after  # right answers in a row (never forgotten) that settle an item
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
         self.epoch = 0
         self._state = ToggleState(torch.zeros(n_items, dtype=torch.int64),
                                   torch.zeros(n_items, dtype=torch.int64),
-                                  torch.full((n_items,), UNSEEN, dtype=torch.int8))
+                                  torch.full((n_items,), UNSEEN, dtype=torch.int8),
+                                  torch.zeros(n_items, dtype=torch.int64),
+                                  torch.zeros(n_items, dtype=torch.int64))
+        self._selection: torch.Tensor | None = None  # cached for the current (epoch, state)
 
     def set_epoch(self, epoch: int, state: ToggleState | None = None) -> None:
         self.epoch = epoch
         if state is not None:
             self._state = state
+        self._selection = None
 
     def selection(self) -> torch.Tensor:
-        if self.epoch < self.warmup_epochs:
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-            chosen = torch.randperm(self.n_items, generator=generator)
-            return chosen[:len(chosen) - len(chosen) % self.world_size]
-        chosen = select_items(self._state, self.budget, self.floor, self.seed, self.epoch)
-        return chosen[:len(chosen) - len(chosen) % self.world_size]
+        if self._selection is None:
+            if self.epoch < self.warmup_epochs:
+                chosen = torch.randperm(self.n_items, generator=_generator(self.seed, self.epoch))
+            elif self.budget is None:
+                chosen = select_unsettled(self._state, self.floor, self.seed, self.epoch, self.settle_after)
+            else:
+                chosen = select_items(self._state, self.budget, self.floor, self.seed, self.epoch,
+                                      self.settle_after)
+            if len(chosen) < self.world_size:  # everything settled and none drawn: re-check them all
+                chosen = torch.randperm(self.n_items, generator=_generator(self.seed, self.epoch))
+            self._selection = chosen[:len(chosen) - len(chosen) % self.world_size]
+        return self._selection
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.selection()[self.rank::self.world_size].tolist())
 
     def __len__(self) -> int:
-        size = self.n_items if self.epoch < self.warmup_epochs else self.budget
-        return (size - size % self.world_size) // self.world_size
+        return len(self.selection()) // self.world_size

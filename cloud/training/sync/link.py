@@ -97,6 +97,11 @@ class PendingSync:
         return self.tensor
 
     @property
+    def done(self) -> bool:
+        """The all-reduce has completed (``wait`` returns at once)."""
+        return self.done_at is not None
+
+    @property
     def queue_s(self) -> float | None:
         """Time queued in the lane behind earlier messages, from hand-off to the comm thread picking it."""
         if self.picked_at is None:

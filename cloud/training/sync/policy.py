@@ -128,7 +128,11 @@ class EngineConfig:
     block_threshold_s: float = 0.002  # a layer blocked less than this per iteration is fine
     heavy_factor: float = 3.0  # a sync is heavy when it takes this many times the median sync...
     heavy_min_s: float = 0.004  # ...and at least this long
-    merge_bytes: int = 256 * 1024  # adjacent buckets both below this may be merged
+    # An ordinary bucket this small or smaller may be merged with its neighbour. None sizes it from
+    # the window: the bytes whose transfer takes as long as one message's fixed cost on the measured
+    # link (fit sync = a + b * bytes over the buckets), i.e. a message that is mostly round trip;
+    # merging it saves that round trip and delays little. 0 disables merging.
+    merge_bytes: int | None = None
     keep_rel_tol: float = 0.10  # keep a trial unless blocked time grew by more than this fraction...
     keep_abs_tol_s: float = 0.001  # ...plus this absolute slack (noise on a shared box)
     # A trial that releases (moves back towards the plain policy) is kept unless clearly worse: with
@@ -137,7 +141,9 @@ class EngineConfig:
     # A layer blocked while its message sat at least this long in the lane behind messages of layers
     # the next forward needs later is queued behind a backlog: send the first-needed layers first.
     backlog_min_s: float = 0.004
-    tabu_windows: int = 4  # a reverted policy is not proposed again for this many windows
+    # A reverted policy is not proposed again for this many windows, doubled at each further revert
+    # of the same policy, so a remedy that keeps failing costs ever fewer trial windows.
+    tabu_windows: int = 4
 
 
 @dataclass(frozen=True)
@@ -165,7 +171,8 @@ def propose(table: WindowTable, current: SyncPolicy, cfg: EngineConfig = EngineC
     needs later (no single one heavy: a link slower than backward), send the first-needed layers
     first, held to the end of backward and launched in forward order on the priority lane (P3,
     ByteScheduler), doubling how many per trial; (5) if still blocked, merge the two smallest
-    adjacent ordinary buckets (fewer messages); otherwise keep the current policy.
+    adjacent ordinary buckets of which one is within the merge cap (``_merge_cap``: a message that
+    is mostly round trip on the measured link); otherwise keep the current policy.
     Policies in ``tabu`` (text form) are never proposed.
     """
     by_name = {layer.name: layer for layer in table.layers}
@@ -225,7 +232,7 @@ def propose(table: WindowTable, current: SyncPolicy, cfg: EngineConfig = EngineC
     if backlog is not None:
         return backlog
 
-    merged = _merge_smallest(current, by_name, cfg, tabu)
+    merged = _merge_smallest(current, by_name, _merge_cap(table, current, cfg), tabu)
     if merged is not None:
         return merged
     return Proposal(current, f"{worst.name} blocked {worst.blocked_s * 1e3:.1f} ms; no untried remedy")
@@ -258,7 +265,27 @@ def _send_first_in_forward_order(table: WindowTable, current: SyncPolicy, main_l
                                "behind syncs needed later)")
 
 
-def _merge_smallest(current: SyncPolicy, by_name: dict[str, LayerWindow], cfg: EngineConfig,
+def _merge_cap(table: WindowTable, current: SyncPolicy, cfg: EngineConfig) -> int:
+    """Largest bucket worth merging: ``cfg.merge_bytes``, or the measured link's latency-bandwidth
+    product (fixed cost / cost per byte) from a least-squares fit over this window's buckets."""
+    if cfg.merge_bytes is not None:
+        return cfg.merge_bytes
+    by_name = {layer.name: layer for layer in table.layers}
+    points = [(sum(by_name[n].nbytes for n in bucket), statistics.mean(by_name[n].sync_s for n in bucket))
+              for bucket in current.buckets]
+    sizes = [size for size, _ in points]
+    if len(set(sizes)) < 2:
+        return 0  # one message size: fixed cost and cost per byte cannot be told apart
+    mean_size, mean_time = statistics.mean(sizes), statistics.mean(t for _, t in points)
+    spread = sum((size - mean_size) ** 2 for size in sizes)
+    per_byte = sum((size - mean_size) * (t - mean_time) for size, t in points) / spread
+    fixed = mean_time - per_byte * mean_size
+    if per_byte <= 0 or fixed <= 0:
+        return 0  # noise, not a link model
+    return int(fixed / per_byte)
+
+
+def _merge_smallest(current: SyncPolicy, by_name: dict[str, LayerWindow], cap: int,
                     tabu: frozenset[str]) -> Proposal | None:
     def size(bucket: tuple[str, ...]) -> int:
         return sum(by_name[name].nbytes for name in bucket)
@@ -268,14 +295,15 @@ def _merge_smallest(current: SyncPolicy, by_name: dict[str, LayerWindow], cfg: E
         first, second = current.buckets[i], current.buckets[i + 1]
         if any(current.bucket_held(b) or current.bucket_first(b) for b in (first, second)):
             continue
-        if size(first) < cfg.merge_bytes and size(second) < cfg.merge_bytes:
+        if min(size(first), size(second)) <= cap:
             pairs.append((size(first) + size(second), i))
     for _, i in sorted(pairs):
         pair = current.buckets[i] + current.buckets[i + 1]
         buckets = current.buckets[:i] + (pair,) + current.buckets[i + 2:]
         candidate = replace(current, buckets=buckets)
         if candidate.text() not in tabu:
-            return Proposal(candidate, f"merge {'+'.join(buckets[i])} into one message")
+            return Proposal(candidate, f"merge {'+'.join(buckets[i])} into one message "
+                                       f"({size(pair) / 2**20:.2f} MiB; cap {cap / 2**20:.2f} MiB)")
     return None
 
 
@@ -313,6 +341,8 @@ class PolicyEngine:
     decisions: list[dict] = field(default_factory=list)
     _trial_from: tuple[SyncPolicy, WindowTable, bool] | None = None  # (policy before, its table, releases)
     _tabu: dict[str, int] = field(default_factory=dict)  # policy text -> window it may be retried after
+    _reverts: dict[str, int] = field(default_factory=dict)  # policy text -> times it was reverted
+    _merge_caps: list[int] = field(default_factory=list)  # the last windows' link fits (merge_bytes=None)
 
     def end_window(self, table: WindowTable) -> SyncPolicy:
         if not self.adaptive:
@@ -323,17 +353,29 @@ class PolicyEngine:
             self._trial_from = None
             decision = judge(baseline, table, self.cfg, releases)
             if not decision.keep:
-                self._tabu[self.policy.text()] = table.window + self.cfg.tabu_windows
+                text = self.policy.text()
+                self._reverts[text] = self._reverts.get(text, 0) + 1
+                self._tabu[text] = table.window + self.cfg.tabu_windows * 2 ** (self._reverts[text] - 1)
                 self.policy = previous
                 self._log(table.window, "revert", decision.reason, decision)
                 return self.policy  # measure the restored policy again before the next trial
             self._log(table.window, "keep", decision.reason, decision)
-        proposal = propose(table, self.policy, self.cfg, frozenset(self._tabu))
+        proposal = propose(table, self.policy, self._link_sized(table), frozenset(self._tabu))
         if proposal.policy != self.policy:
             self._trial_from = (self.policy, table, proposal.releases)
             self.policy = proposal.policy
             self._log(table.window, "try", proposal.reason, None)
         return self.policy
+
+    def _link_sized(self, table: WindowTable) -> EngineConfig:
+        """The config with the merge cap fixed to the smallest of the last five windows' link fits:
+        one window's fit swings with the box's load, and every swing up would be a merge trial; a
+        bucket is merged only when every recent window agrees it is mostly round trip (a merge
+        missed costs one round trip, a wrong one delays a whole layer's launch)."""
+        if self.cfg.merge_bytes is not None:
+            return self.cfg
+        self._merge_caps = [*self._merge_caps[-4:], _merge_cap(table, self.policy, self.cfg)]
+        return replace(self.cfg, merge_bytes=min(self._merge_caps))
 
     def _log(self, window: int, action: str, reason: str, decision: Decision | None) -> None:
         entry = {"window": window, "action": action, "policy": self.policy.text(), "reason": reason}

@@ -5,8 +5,10 @@ How an iteration runs. A post-accumulate-grad hook on every parameter notices wh
 gradients are all ready and hands the bucket (flattened, scaled by the sample weight) to the comm
 thread, unless the policy holds it behind the barrier. When backward ends, held and incomplete
 buckets are handed over in forward order. The optimizer step is lazy and per layer: a forward
-pre-hook on each layer waits for that layer's sync, writes the summed gradient back, steps that
-layer's optimizer and clears its gradients. The time spent in that wait is the layer's blockage.
+pre-hook on each layer waits for that layer's sync, writes the summed gradient back (views of the
+received message), steps that layer's optimizer and clears its gradients; before it waits, it
+steps the layers whose syncs already arrived, so their steps fill the wait instead of following
+it. The time spent in that wait is the layer's blockage.
 Every ``window`` iterations the ranks combine their tables (blockage: max over ranks; sync and
 queue time: min, since a rank that launched early also counts the time it waited for its peers) and
 feed the same ``PolicyEngine``, so every rank switches to the same policy at the same iteration.
@@ -77,6 +79,9 @@ class SyncScheduler:
         self._exchange: tuple[PendingSync, str] | None = None  # window stats in flight, policy text
 
         self._pending: dict[str, PendingSync] = {}
+        # one message buffer per bucket of the current policy, reused every iteration as DDP reuses
+        # its bucket buffers (a fresh 2 MB tensor per layer per iteration costs page faults)
+        self._buffers: dict[tuple[str, ...], torch.Tensor] = {}
         self._in_backward = False
         self._ready: dict[tuple[str, ...], int] = {}
         self._launched: set[tuple[str, ...]] = set()
@@ -160,13 +165,23 @@ class SyncScheduler:
             self._consume(name, record=False)  # a layer the last forward skipped: step it before reuse
         params = [p for name in bucket for p in self.layers[name]]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([grad.reshape(-1) for grad in grads])
+        flat = self._buffer(bucket, sum(grad.numel() for grad in grads), grads[0].dtype)
+        torch.cat([grad.reshape(-1) for grad in grads], out=flat)
         flat.mul_(self.sample_weight)
         lane = self.priority_comm if self.policy.bucket_first(bucket) else self.comm
         pending = lane.submit(flat, bucket)
         self._launched.add(bucket)
         for name in bucket:
             self._pending[name] = pending
+
+    def _buffer(self, bucket: tuple[str, ...], numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """The bucket's reusable message (free: the bucket's last sync was consumed before launch)."""
+        buffer = self._buffers.get(bucket)
+        if buffer is None or buffer.numel() != numel or buffer.dtype != dtype:
+            if len(self._buffers) >= 2 * len(self.forward_order):  # buckets of old policies
+                self._buffers.clear()
+            buffer = self._buffers[bucket] = torch.empty(numel, dtype=dtype)
+        return buffer
 
     # ------------------------------------------------------------------ forward side
 
@@ -179,16 +194,29 @@ class SyncScheduler:
         pending = self._pending.get(name)
         if pending is None:
             return
+        if record and not pending.done:
+            self._step_synced()  # use the wait: step the layers whose syncs already arrived
         started = time.monotonic()
-        flat = pending.wait(self.timeout_s)
+        pending.wait(self.timeout_s)
         if record:
             self._blocked[name] += time.monotonic() - started
+        self._step(pending)
+
+    def _step_synced(self) -> None:
+        for name in self.forward_order:
+            pending = self._pending.get(name)
+            if pending is not None and pending.done:
+                self._step(pending)
+
+    def _step(self, pending: PendingSync) -> None:
+        """Write the summed gradient back (views of the received message, no copy) and step its layers."""
+        flat = pending.tensor
         offset = 0
         with torch.no_grad():
             for layer in pending.layers:
                 for param in self.layers[layer]:
                     count = param.numel()
-                    param.grad = flat[offset:offset + count].view_as(param).clone()
+                    param.grad = flat[offset:offset + count].view_as(param)
                     offset += count
                 self.optimizers[layer].step()
                 self.optimizers[layer].zero_grad(set_to_none=True)
