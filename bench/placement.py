@@ -3,8 +3,11 @@
 Systems, all fed the same connectivity trace and the same seeded inputs:
 - ``planner``: PlacementPlanner + LinkMonitor. It sees only what a gateway can measure: a probe every
   ``PROBE_S`` (its RTT, or a failure while the link is down), a 32 kB payload probe every 2nd probe
-  (sent through the same uplink queue, its bytes counted), and the real uploads of the simulation
-  (size, time, ok) -- so its estimates lag the link. Hysteresis as in production.
+  (sent through the same uplink queue, its bytes counted; skipped when real uploads measured
+  goodput since the last one), a confirmation probe ``CONFIRM_S`` after a suspect failure, and the
+  real uploads of the simulation (size, time, ok) -- so its estimates lag the link. It re-plans
+  when a check every ``REPLAN_S`` finds the estimate outside the band, as PlacementController
+  does. Hysteresis as in production.
 - ``always-edge`` / ``always-cloud``: every unpinned task at the edge / in the cloud, always.
 - ``oracle``: the same planner math fed the *true* link at every change of the trace, without lag
   or hysteresis (perfect knowledge of when the link changes).
@@ -50,6 +53,8 @@ from gateway.services import (  # noqa: E402
 )
 
 PROBE_S = 5.0
+CONFIRM_S = 1.0  # LinkProber's confirm_after_s: a suspect failure is re-probed this soon
+REPLAN_S = 1.0  # PlacementController's check interval (placement.replan_interval_s)
 GOODPUT_EVERY = 2  # every 2nd probe also uploads PROBE_BYTES (LinkProber's goodput probe)
 PROBE_BYTES = 32 * 1024
 EDGE_CORES = 2
@@ -156,6 +161,8 @@ class Sim:
         self.monitor = LinkMonitor(
             clock=lambda: self.now, alpha=0.5, window_s=120, prior_goodput_Bps=250_000
         )
+        self.monitor.add_suspect_listener(self._confirm_soon)
+        self.confirm_pending = False
         self.planner = PlacementPlanner(services, BUDGETS, clock=lambda: self.now)
         self.sides: dict[tuple[str, str], str] = {}
 
@@ -191,6 +198,8 @@ class Sim:
         if self.system == "planner":
             for k in range(int(self.link.end / PROBE_S)):
                 self.push(k * PROBE_S, "probe")
+            for k in range(int(self.link.end / REPLAN_S)):
+                self.push(k * REPLAN_S, "replan_check")  # after the probe at the same instant
         elif self.system == "oracle":
             for seg in self.link.segs:
                 self.push(seg.start, "truth", seg)
@@ -209,11 +218,23 @@ class Sim:
         # measured goodput since the last one.
         if seg.up and self.probes % GOODPUT_EVERY == 0 and self._payload_probe_needed():
             self._upload(None, 0, self.now, PROBE_BYTES, delivery=False)
+
+    def _on_replan_check(self) -> None:
         plan = self.planner.update(self.monitor.snapshot().view())
         if plan is not None:
             self.stats.replans += 1
             self._apply(plan)
             self._reroute()
+
+    def _confirm_soon(self) -> None:
+        if not self.confirm_pending:
+            self.confirm_pending = True
+            self.push(self.now + CONFIRM_S, "confirm")
+
+    def _on_confirm(self) -> None:
+        self.confirm_pending = False
+        seg = self.link.at(self.now)
+        self.monitor.observe_probe(seg.rtt_s if seg.up else None)
 
     def _payload_probe_needed(self) -> bool:
         needed = self.monitor.large_goodput_samples == self.samples_seen
@@ -334,8 +355,10 @@ class Sim:
         rtt = self.link.at(self.now).rtt_s
         if self.system == "planner":
             self.monitor.observe_upload(size, self.now - started + rtt, ok=True)
-        if s is not None:  # None: a goodput probe, nothing more to do
+        if s is not None:
             self.push(self.now + rtt, "stage", s, i, "cloud", born)
+        else:  # a goodput probe: as LinkProber, its own sample is not a real upload's
+            self.samples_seen = self.monitor.large_goodput_samples
         self._up_start()
 
 

@@ -63,11 +63,20 @@ def segments(conn: sqlite3.Connection, gateway: str | None = None) -> list[tuple
 
 
 def ranges_near(conn: sqlite3.Connection, gateway: str, log_id: str, first: int, last: int) -> list[Interval]:
-    """Stored intervals that overlap or touch [first, last] (those a merge may join), sorted."""
-    rows = conn.execute(
-        "SELECT lo, hi FROM lsn_ranges WHERE gateway=? AND log_id=? AND lo<=? AND hi>=? ORDER BY lo",
-        (gateway, log_id, last + 1, first - 1))
-    return [(lo, hi) for lo, hi in rows]
+    """Stored intervals that overlap or touch [first, last] (those a merge may join), sorted.
+
+    Two seeks on the primary key (gateway, log_id, lo), never a scan: the stored intervals are
+    disjoint, so of those starting before ``first - 1`` only the last can reach into the span, and
+    every other candidate starts inside [first - 1, last + 1]. (``lo<=last+1 AND hi>=first-1`` as
+    one condition walks every interval below the span: 100k rows per batch while a backlog that
+    was drained by class leaves one interval per alert and summary record.)"""
+    before = conn.execute(
+        "SELECT lo, hi FROM lsn_ranges WHERE gateway=? AND log_id=? AND lo<? ORDER BY lo DESC LIMIT 1",
+        (gateway, log_id, first - 1)).fetchall()
+    inside = conn.execute(
+        "SELECT lo, hi FROM lsn_ranges WHERE gateway=? AND log_id=? AND lo>=? AND lo<=? ORDER BY lo",
+        (gateway, log_id, first - 1, last + 1)).fetchall()
+    return [(lo, hi) for lo, hi in before if hi >= first - 1] + [(lo, hi) for lo, hi in inside]
 
 
 def all_ranges(conn: sqlite3.Connection, gateway: str, log_id: str) -> list[Interval]:

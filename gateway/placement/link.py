@@ -3,11 +3,18 @@
 Invariants:
 - Estimates come only from observations (``observe_probe``, ``observe_upload``) stamped with the
   injected clock; goodput is ``prior_goodput_Bps`` until a large enough upload has been seen.
+- RTT and goodput are EWMAs that jump on a *confirmed level shift*: two samples in a row beyond
+  ``shift_ratio`` times the estimate, on the same side, replace it with their geometric mean (a
+  link that changed is believed within two samples; a single outlier only moves it by alpha).
 - Availability: the link is *down* after ``down_after_failures`` consecutive failures and *up*
   after one success; it is *flapping* while the window holds ``flap_transitions`` or more
-  up/down transitions, whatever its instantaneous state.
+  up/down transitions, whatever its instantaneous state, unless it has *settled*: its current
+  up or down stretch has lasted ``settle_factor`` times the longest stretch between the window's
+  transitions (the flaps are over; the window need not age out first).
 - Every sample store is bounded (``window_samples``); nothing here does I/O (see ``probe.py``).
-- Listeners (``add_listener``) are called synchronously on each up/down transition, in order.
+- Listeners (``add_listener``) are called synchronously on each up/down transition, in order;
+  suspect listeners (``add_suspect_listener``) on each failure that leaves the link believed up
+  (so that a prober can confirm or clear it now, not one probe interval later).
 """
 
 from __future__ import annotations
@@ -47,6 +54,42 @@ class LinkEstimate:
         return LinkView(self.state, rtt, self.goodput_Bps, self.up_fraction)
 
 
+class ShiftingEwma:
+    """An EWMA (linear or in log space) that jumps to a new level once two samples in a row confirm it.
+
+    A sample more than ``shift_ratio`` times above (or below) the estimate is *suspect*; when the
+    next sample is suspect on the same side too, the estimate becomes the two samples' geometric
+    mean and ``shifts`` counts it. Otherwise samples are averaged with weight ``alpha``.
+    """
+
+    def __init__(self, alpha: float, shift_ratio: float, *, log_space: bool,
+                 initial: float | None = None) -> None:
+        self.alpha = alpha
+        self.shift_ratio = shift_ratio
+        self.log_space = log_space
+        self.value = initial
+        self.shifts = 0
+        self._suspect: tuple[int, float] | None = None  # (side: +1 above / -1 below, sample)
+
+    def add(self, sample: float) -> float:
+        old = self.value
+        if old is None:
+            self.value = sample
+            return sample
+        side = 1 if sample > old * self.shift_ratio else -1 if sample * self.shift_ratio < old else 0
+        if side and self._suspect is not None and self._suspect[0] == side:
+            self.value = math.sqrt(self._suspect[1] * sample)
+            self.shifts += 1
+            self._suspect = None
+            return self.value
+        self._suspect = (side, sample) if side else None
+        if self.log_space:
+            self.value = math.exp((1 - self.alpha) * math.log(old) + self.alpha * math.log(sample))
+        else:
+            self.value = (1 - self.alpha) * old + self.alpha * sample
+        return self.value
+
+
 class LinkMonitor:
     def __init__(
         self,
@@ -57,6 +100,8 @@ class LinkMonitor:
         window_samples: int = 256,
         down_after_failures: int = 2,
         flap_transitions: int = 4,
+        settle_factor: float = 1.5,
+        shift_ratio: float = 2.0,
         prior_goodput_Bps: float = 125_000.0,
         min_goodput_bytes: int = 4096,
         large_upload_bytes: int = 32 * 1024,
@@ -64,14 +109,18 @@ class LinkMonitor:
     ) -> None:
         if not 0 < alpha <= 1:
             raise ValueError("alpha must be in (0, 1]")
+        if shift_ratio <= 1 or settle_factor <= 0:
+            raise ValueError("shift_ratio must be > 1 and settle_factor > 0")
         self._clock = clock
-        self._alpha = alpha
         self.window_s = window_s
         self._down_after = down_after_failures
         self._flap_transitions = flap_transitions
+        self._settle_factor = settle_factor
         self._min_goodput_bytes = min_goodput_bytes
-        self._rtt_ewma: float | None = None
-        self._goodput_ewma = prior_goodput_Bps
+        self._rtt = ShiftingEwma(alpha, shift_ratio, log_space=False)
+        # Goodput spans orders of magnitude (MB/s to kB/s): averaged in log space, so that one sample
+        # of a collapsed link moves the estimate by a factor, not by alpha of the old value.
+        self._goodput = ShiftingEwma(alpha, shift_ratio, log_space=True, initial=prior_goodput_Bps)
         self._goodput_measured = False
         # Samples from uploads of at least large_upload_bytes: on a fast link a small upload is mostly
         # round trip, so only these measure goodput as well as the prober's payload (which it then skips).
@@ -86,6 +135,7 @@ class LinkMonitor:
         self._started = clock()
         self._metrics = _Metrics(registry) if registry is not None else None
         self._listeners: list[Callable[[bool], None]] = []
+        self._suspect_listeners: list[Callable[[], None]] = []
         self.listener_errors = 0
 
     def register_metrics(self, registry: CollectorRegistry) -> None:
@@ -99,13 +149,20 @@ class LinkMonitor:
         """Call ``callback(now_up)`` on every up/down transition (e.g. the uplink retries on up)."""
         self._listeners.append(callback)
 
+    def add_suspect_listener(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` on every failure after which the link is still believed up."""
+        self._suspect_listeners.append(callback)
+
     def _notify(self, now_up: bool) -> None:
         for callback in self._listeners:
-            try:
-                callback(now_up)
-            except Exception:  # a listener's bug must not break the estimates
-                self.listener_errors += 1
-                log.exception("link listener failed")
+            self._call(callback, now_up)
+
+    def _call(self, callback: Callable[..., None], *args: bool) -> None:
+        try:
+            callback(*args)
+        except Exception:  # a listener's bug must not break the estimates
+            self.listener_errors += 1
+            log.exception("link listener failed")
 
     # -- observations ------------------------------------------------------------------------
     def observe_probe(self, rtt_s: float | None) -> None:
@@ -114,7 +171,7 @@ class LinkMonitor:
             self._failure("probe")
             return
         now = self._clock()
-        self._rtt_ewma = rtt_s if self._rtt_ewma is None else self._ewma(self._rtt_ewma, rtt_s)
+        self._rtt.add(rtt_s)
         self._rtts.append((now, rtt_s))
         self._success(now, "probe")
 
@@ -127,29 +184,28 @@ class LinkMonitor:
         if nbytes >= self._min_goodput_bytes and seconds > 0:
             # An acknowledged upload costs one round trip besides the transfer: take it out, but never
             # more than half the time, so a stale RTT cannot invent an absurd goodput.
-            transfer = seconds - (self._rtt_ewma or 0.0)
+            transfer = seconds - (self._rtt.value or 0.0)
             censored = transfer < seconds / 2
             sample = nbytes / max(transfer, seconds / 2)
             # A censored sample (the round trip was most of the time: a small upload on a fast link)
             # only says goodput >= sample: it may raise the estimate, never lower it.
-            if not (censored and self._goodput_measured and sample <= self._goodput_ewma):
+            if not (censored and self._goodput_measured and sample <= self._goodput.value):
                 self._take_goodput(now, sample)
                 self.large_goodput_samples += nbytes >= self._large_upload_bytes
         self._success(now, "upload")
 
     def _take_goodput(self, now: float, sample: float) -> None:
-        # Goodput spans orders of magnitude (MB/s to kB/s): average in log space, so that one
-        # sample of a collapsed link moves the estimate by orders of magnitude, not by alpha.
-        self._goodput_ewma = (
-            sample
-            if not self._goodput_measured
-            else math.exp(self._ewma(math.log(self._goodput_ewma), math.log(sample)))
-        )
+        if self._goodput_measured:
+            self._goodput.add(sample)
+        else:  # the prior is a guess, not a level to confirm a shift against
+            self._goodput.value = sample
         self._goodput_measured = True
         self._goodputs.append((now, sample))
 
-    def _ewma(self, old: float, new: float) -> float:
-        return (1 - self._alpha) * old + self._alpha * new
+    @property
+    def level_shifts(self) -> int:
+        """Confirmed RTT and goodput level shifts so far (each made its estimate jump)."""
+        return self._rtt.shifts + self._goodput.shifts
 
     def _success(self, now: float, kind: str) -> None:
         self._failures = 0
@@ -169,6 +225,9 @@ class LinkMonitor:
             self._up = False
             self._transitions.append((now, False))
             self._notify(False)
+        elif self._up:
+            for callback in self._suspect_listeners:
+                self._call(callback)
         if self._metrics:
             self._metrics.observations.labels(kind, "failed").inc()
         self._publish()
@@ -179,7 +238,7 @@ class LinkMonitor:
         since = now - self.window_s
         transitions = [(t, up) for t, up in self._transitions if t >= since]
         state: LinkState
-        if len(transitions) >= self._flap_transitions:
+        if len(transitions) >= self._flap_transitions and not self._settled(now, transitions):
             state = "flapping"
         else:
             state = "up" if self._up else "down"
@@ -188,9 +247,9 @@ class LinkMonitor:
         return LinkEstimate(
             at=now,
             state=state,
-            rtt_s=self._rtt_ewma,
+            rtt_s=self._rtt.value,
             rtt_window_s=statistics.median(rtts) if rtts else None,
-            goodput_Bps=self._goodput_ewma,
+            goodput_Bps=self._goodput.value,
             goodput_window_Bps=statistics.median(goodputs) if goodputs else None,
             goodput_measured=self._goodput_measured,
             up_fraction=self._up_fraction(now, since, transitions),
@@ -198,6 +257,16 @@ class LinkMonitor:
             consecutive_failures=self._failures,
             last_success_at=self._last_success,
         )
+
+    def _settled(self, now: float, transitions: list[tuple[float, bool]]) -> bool:
+        """The current stretch outlasted every completed stretch in the window by settle_factor.
+
+        Every stretch, up or down, not only those of the current kind: each is seen only to within a
+        probe interval, so the longest of all is the safer measure of the flapping's time scale (a
+        down stretch seen shorter than it was must not make the next one look settled)."""
+        stretches = zip(transitions, transitions[1:], strict=False)
+        longest = max((later - at for (at, _), (later, _) in stretches), default=math.inf)
+        return now - transitions[-1][0] >= self._settle_factor * longest
 
     def _up_fraction(self, now: float, since: float, transitions: list[tuple[float, bool]]) -> float:
         start = max(since, self._started)

@@ -6,6 +6,9 @@ Optionally every ``goodput_every``-th probe also POSTs ``payload_bytes`` to ``go
 reports it as an upload, so goodput is measured even when there is nothing to send; it is skipped
 when real uploads at least as large gave the monitor a goodput sample since the last payload probe
 (they measured the link already, and a probe's bytes cost as much as real ones on a metered link).
+A failure the monitor calls *suspect* (a real upload or a probe failed, the link is still believed
+up) brings the next probe forward to ``confirm_after_s`` later: an outage is confirmed (or the
+suspicion cleared) within about a second, not a whole ``interval_s``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class LinkProber:
         payload_bytes: int = 32 * 1024,
         goodput_every: int = 4,
         upload_timeout_s: float = 10.0,
+        confirm_after_s: float = 1.0,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._monitor = monitor
@@ -48,12 +52,16 @@ class LinkProber:
         self._payload = b"\0" * payload_bytes
         self._goodput_every = max(1, goodput_every)
         self._clock = clock
+        self._confirm_after = confirm_after_s
+        self._suspect = asyncio.Event()
+        monitor.add_suspect_listener(self._suspect.set)
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
         self.probes = 0
         self.failures = 0
         self.payload_probes = 0
         self.payload_probes_skipped = 0
+        self.confirm_probes = 0
         self._samples_seen = 0  # monitor.large_goodput_samples after our last payload probe (or skip)
 
     async def start(self) -> None:
@@ -125,4 +133,17 @@ class LinkProber:
             n += 1
             if self._goodput_url is not None and rtt is not None and n % self._goodput_every == 0:
                 await self.maybe_upload()
-            await asyncio.sleep(max(0.0, self._interval - (self._clock() - started)))
+            await self._wait_next(started)
+
+    async def _wait_next(self, last_probe_at: float) -> None:
+        """Until the next probe is due: one interval after the last, or soon after a suspect failure
+        (including one during the last probe)."""
+        left = self._interval - (self._clock() - last_probe_at)
+        try:
+            await asyncio.wait_for(self._suspect.wait(), max(0.0, left))
+        except TimeoutError:
+            return
+        self._suspect.clear()
+        self.confirm_probes += 1
+        left = self._interval - (self._clock() - last_probe_at)
+        await asyncio.sleep(min(self._confirm_after, max(0.0, left)))

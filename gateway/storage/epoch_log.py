@@ -39,7 +39,14 @@ from gateway.storage.log_format import (
     segment_name,
     segment_seq,
 )
-from gateway.storage.recovery import Damage, SegmentInfo, TailRecovery, recover_tail
+from gateway.storage.recovery import (
+    INDEX_EVERY_BYTES,
+    Damage,
+    Position,
+    SegmentInfo,
+    TailRecovery,
+    recover_tail,
+)
 from gateway.storage.segment_reader import read_chunk
 
 log = logging.getLogger(__name__)
@@ -296,7 +303,7 @@ class EpochLog:
         for info in reversed(self._segments):
             if info.header.seq == group.seq:
                 info.end, info.size = group.end, group.end.offset
-                if not info.index or group.end.offset - info.index[-1].offset >= 1 << 20:
+                if not info.index or group.end.offset - info.index[-1].offset >= INDEX_EVERY_BYTES:
                     info.index.append(group.end)
                 break
         while self._pending and self._pending[0][0] <= group.last_lsn:
@@ -336,6 +343,7 @@ class EpochLog:
     async def read(self, from_lsn: Lsn) -> AsyncIterator[tuple[Lsn, bytes]]:  # type: ignore[override]
         loop = asyncio.get_running_loop()
         lsn = from_lsn
+        resume: tuple[SegmentInfo, Position] | None = None  # where the last chunk stopped, in which segment
         while True:
             lsn = max(lsn, self._trimmed_lsn + 1)
             if lsn > self._durable_lsn or not self._segments:
@@ -345,7 +353,9 @@ class EpochLog:
             info = self._segments[at]
             lsn = max(lsn, info.header.first_lsn)
             last = firsts[at + 1] - 1 if at + 1 < len(firsts) else self._durable_lsn
-            chunk = await loop.run_in_executor(self._reader, read_chunk, self._layer, info, lsn, last)
+            start = resume[1] if resume is not None and resume[0] is info else None
+            chunk = await loop.run_in_executor(self._reader, read_chunk, self._layer, info, lsn, last, start)
+            resume = (info, chunk.resume) if chunk.resume is not None else None
             if chunk.vanished:
                 if info in self._segments:
                     raise LogFailed(f"segment {info.path} is gone but the log still holds it")

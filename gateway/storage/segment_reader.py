@@ -1,8 +1,11 @@
 """Reading committed records out of one segment, a bounded chunk at a time (runs in an executor).
 
-Owns: ``read_chunk``: from the nearest index position at or before ``lsn``, read a few MiB, scan
-them with the recovery scanner and return the committed records. Older segments that recovery did
-not scan (tail-first recovery) are verified here, lazily, the first time they are read.
+Owns: ``read_chunk``: from the nearest known position at or before ``lsn`` (the segment's sparse
+index, or where the caller's previous chunk of the same read stopped), read a few MiB, scan them
+with the recovery scanner and return the committed records and the position to resume from, so a
+long sequential read scans each byte once instead of re-scanning from an index point per chunk.
+Older segments that recovery did not scan (tail-first recovery) are verified here, lazily, the
+first time they are read.
 
 Invariant: only records of groups with a valid matching commit record are returned, and never
 past the segment's known committed end; a segment that ends before the LSN the next segment starts
@@ -28,15 +31,20 @@ class Chunk:
     index: list[Position] = field(default_factory=list)
     damage: Damage | None = None
     vanished: bool = False  # the file was deleted (trimmed or dropped) under us
+    resume: Position | None = None  # just after the last group scanned: where the next chunk starts
 
 
-def read_chunk(layer: FileLayer, info: SegmentInfo, lsn: int, last_lsn: int) -> Chunk:
+def read_chunk(layer: FileLayer, info: SegmentInfo, lsn: int, last_lsn: int,
+               resume: Position | None = None) -> Chunk:
     """Committed records of ``info`` with LSN >= lsn (about CHUNK_RECORDS of them); ``last_lsn`` is
-    the last LSN this segment must hold (the next segment's first LSN - 1, or the durable LSN)."""
+    the last LSN this segment must hold (the next segment's first LSN - 1, or the durable LSN).
+    ``resume``: the previous chunk's ``resume`` in this segment (a verified commit boundary)."""
     known_end = info.end
     positions = info.index
     at = bisect.bisect_right([p.next_lsn for p in positions], lsn) - 1
     start = positions[at] if at >= 0 else start_position(info.header)
+    if resume is not None and start.offset < resume.offset and resume.next_lsn <= lsn:
+        start = resume
     try:
         fd = layer.open(info.path)
     except FileNotFoundError:
@@ -53,6 +61,7 @@ def read_chunk(layer: FileLayer, info: SegmentInfo, lsn: int, last_lsn: int) -> 
                                from_lsn=lsn, max_records=CHUNK_RECORDS)
             out.records.extend(scan.records)
             out.index.extend(scan.index)
+            out.resume = scan.end
             if final and scan.complete:
                 out.end = scan.end
                 missing = scan.end.next_lsn - 1 < last_lsn

@@ -121,3 +121,97 @@ async def test_prober_skips_its_payload_when_real_uploads_measured_the_link():
     mon.observe_upload(100_000, 0.5, ok=True)  # a real, large upload
     assert not prober.payload_probe_needed()  # it measured the link: no probe bytes
     assert prober.payload_probe_needed()  # nothing new since: probe again
+
+
+def test_confirmed_level_shift_jumps_but_one_outlier_is_damped():
+    clock = Clock()
+    mon = LinkMonitor(clock=clock, alpha=0.3, shift_ratio=2.0)
+    for _ in range(5):
+        mon.observe_probe(0.04)
+    mon.observe_probe(0.4)  # one slow probe: suspect, averaged in
+    assert mon.snapshot().rtt_s == pytest.approx(0.7 * 0.04 + 0.3 * 0.4)
+    mon.observe_probe(0.04)  # not confirmed: back to plain averaging
+    assert mon.level_shifts == 0
+    mon.observe_probe(0.4)
+    mon.observe_probe(0.5)  # a second slow sample in a row: the link changed
+    assert mon.snapshot().rtt_s == pytest.approx((0.4 * 0.5) ** 0.5)
+    assert mon.level_shifts == 1
+
+
+def test_goodput_rise_is_believed_after_two_samples():
+    clock = Clock()
+    mon = LinkMonitor(clock=clock, alpha=0.3, shift_ratio=2.0)
+    mon.observe_probe(0.05)
+    mon.observe_upload(40_000, 1.05, ok=True)  # 40 kB/s
+    for _ in range(2):
+        mon.observe_upload(800_000, 1.05, ok=True)  # 800 kB/s
+    assert mon.snapshot().goodput_Bps == pytest.approx(800_000)
+
+
+def test_flapping_ends_once_the_link_outlasts_its_flaps():
+    clock = Clock()
+    mon = LinkMonitor(clock=clock, window_s=100, down_after_failures=1, flap_transitions=4,
+                      settle_factor=1.5)
+    for _ in range(3):  # 10 s up, 10 s down, three times
+        clock.t += 10
+        mon.observe_probe(None)
+        clock.t += 10
+        mon.observe_probe(0.05)
+    clock.t += 14  # up for 14 s: no longer than 1.5 x the 10 s up stretches seen
+    mon.observe_probe(0.05)
+    assert mon.snapshot().state == "flapping"
+    clock.t += 2  # up for 16 s > 15 s: settled, although the transitions are still in the window
+    mon.observe_probe(0.05)
+    est = mon.snapshot()
+    assert est.state == "up" and est.transitions == 6
+
+
+def test_suspect_listener_called_while_link_still_believed_up():
+    clock = Clock()
+    mon = LinkMonitor(clock=clock, down_after_failures=2)
+    calls = []
+    mon.add_suspect_listener(lambda: calls.append(mon.snapshot().state))
+    mon.observe_probe(0.05)
+    mon.observe_upload(10_000, 1.0, ok=False)  # suspect: one failure
+    assert calls == ["up"]
+    mon.observe_probe(None)  # confirmed: down, a transition (not a suspicion)
+    mon.observe_probe(None)  # already down: nothing to confirm
+    assert calls == ["up"] and mon.snapshot().state == "down"
+
+
+async def test_prober_confirms_a_suspect_failure_before_its_interval():
+    """A failed real upload brings the next probe forward: the outage is seen in about a second."""
+    import asyncio
+
+    from gateway.placement.probe import LinkProber
+
+    mon = LinkMonitor(down_after_failures=2)
+    prober = LinkProber(mon, "http://127.0.0.1:9/healthz", interval_s=60.0, timeout_s=0.5,
+                        confirm_after_s=0.05)
+    await prober.start()
+    try:
+        async with asyncio.timeout(30):  # a broken confirm would wait for the 60 s interval
+            while mon.snapshot().state != "down":  # first probe fails (port 9): suspect, confirmed
+                await asyncio.sleep(0.01)
+    finally:
+        await prober.stop()
+    assert prober.confirm_probes >= 1 and prober.probes >= 2
+
+
+def test_a_short_down_stretch_does_not_end_flapping():
+    """Settling is measured against every stretch of the flapping: down stretches seen at 4 s (a
+    probe's granularity) do not make a 7 s one look like a lasting outage while ups last 10 s."""
+    clock = Clock()
+    mon = LinkMonitor(clock=clock, window_s=100, down_after_failures=1, flap_transitions=4,
+                      settle_factor=1.5)
+    mon.observe_probe(0.05)
+    for _ in range(2):
+        clock.t += 10
+        mon.observe_probe(None)
+        clock.t += 4
+        mon.observe_probe(0.05)
+    clock.t += 10
+    mon.observe_probe(None)
+    clock.t += 7
+    mon.observe_probe(None)
+    assert mon.snapshot().state == "flapping"

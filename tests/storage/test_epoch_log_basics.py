@@ -184,3 +184,30 @@ async def test_real_full_tmpfs(tmp_path: Path, policy: str) -> None:
 
 def test_enospc_constant() -> None:
     assert errno.ENOSPC == 28
+
+
+async def test_long_reads_from_any_start_resume_between_chunks(tmp_path: Path) -> None:
+    """Reads longer than one chunk (1024 records) carry on where the last chunk stopped, within a
+    segment and across segments, from any start, before and after a reopen (index from recovery)."""
+    log = EpochLog(tmp_path, segment_bytes=256 << 10, max_bytes=64 << 20)
+    await log.open()
+    await _fill(log, 300, size=20)  # 6000 records of ~100 bytes: several segments, many index points
+    assert log.stats()["segments"] > 2
+
+    async def lsns(from_lsn: int, count: int) -> list[int]:
+        out = []
+        async for lsn, _ in log.read(from_lsn):
+            out.append(lsn)
+            if len(out) == count:
+                break
+        return out
+
+    for start in (1, 777, 1023, 1025, 2999, 5000):
+        assert await lsns(start, 2500) == list(range(start, min(6001, start + 2500)))
+    records = [r async for r in log.read(1)]
+    assert [lsn for lsn, _ in records] == list(range(1, 6001)) and check_prefix(records) is None
+    await log.close()
+    log = EpochLog(tmp_path, segment_bytes=256 << 10, max_bytes=64 << 20)
+    await log.open()
+    assert await lsns(1234, 4000) == list(range(1234, 5234))
+    await log.close()
