@@ -12,8 +12,11 @@ is its own):
   through /proc/self/clear_refs; whole-process memory, allocator noise of a few MB expected);
 - accuracy on the held-out split (mean over ``seeds`` trainings in the full run);
 - step_ms: CPU time per training step (one thread, so it is the compute, not the time other jobs
-  on the shared machine take): median of the ordinary steps, plus the adaptive controller's probe
-  steps amortized (their extra time / window). step_wall_ms is the same in wall-clock time.
+  on the shared machine take): median of the ordinary steps after the first WARMUP, plus the
+  adaptive controller's probe steps amortized (their extra time / window). step_wall_ms is the
+  same in wall-clock time.
+The adaptive cases use the controller's default settings (window of 20 steps, tightening no
+further than m4: see cloud/training/compression/controller.py), as a job would.
 Torch runs with one thread: on the 2 shared cores, two OpenMP threads contend badly.
 
 Usage: python bench/compression.py [--quick]
@@ -42,7 +45,7 @@ HEADLINE = "digits"  # its accuracy is stable across seeds; the scene CNN's figu
 SETTINGS = {("digits", True): (3, 128, 0.05, "sgd", 1), ("digits", False): (15, 128, 0.05, "sgd", 3),
             ("scene", True): (4, 16, 2e-3, "adam", 1), ("scene", False): (8, 32, 2e-3, "adam", 1)}
 SCENE_FRAMES = {True: (128, 160, 120), False: (1600, 320, 240)}  # (frames, render width, height)
-WINDOW = 10  # adaptive controller window (steps between full-precision probes)
+WARMUP = 10  # first steps of a case left out of step_ms (allocator and caches warming up)
 _DATA: dict = {}
 
 
@@ -69,7 +72,7 @@ def _setup(case: str, model):  # -> (model, compressor | None, controller | None
     if case == "fp32":
         return model, None, None
     if case.endswith("adaptive"):
-        controller = AdaptiveController(leaf_names(model), ControllerSettings(window=WINDOW))
+        controller = AdaptiveController(leaf_names(model), ControllerSettings())
         return model, ActivationCompressor(model, controller.policy, ssdc_layers=ssdc), controller
     return model, ActivationCompressor(model, LayerPolicy.uniform(fixed[case]), ssdc_layers=ssdc), None
 
@@ -89,13 +92,13 @@ def _reset_peak_rss() -> bool:
         return False
 
 
-def step_time(times: list[float], probe_steps: list[int], warmup: int) -> float:
-    """Median ordinary step plus the probes' extra time spread over their window."""
+def step_time(times: list[float], probe_steps: list[int], warmup: int, window: int) -> float:
+    """Median ordinary step plus the probes' extra time spread over their window (steps per probe)."""
     probes = set(probe_steps)
     ordinary = [t for i, t in enumerate(times) if i >= warmup and i not in probes]
     probed = [t for i, t in enumerate(times) if i >= warmup and i in probes]
     base = statistics.median(ordinary)
-    return base + (statistics.median(probed) - base) / WINDOW if probed else base
+    return base + (statistics.median(probed) - base) / window if probed else base
 
 
 def run_case(task: str, case: str, quick: bool) -> dict:
@@ -122,8 +125,9 @@ def run_case(task: str, case: str, quick: bool) -> dict:
         result = train_compressed(model, split, compressor=compressor, controller=controller, epochs=epochs,
                                   batch_size=batch, lr=lr, optimizer_name=opt, seed=seed)
         accuracies.append(accuracy(model, split.test_x, split.test_y))
-        cpu.append(step_time(result.step_cpu_s, result.probe_steps, warmup=WINDOW))
-        wall.append(step_time(result.step_wall_s, result.probe_steps, warmup=WINDOW))
+        window = controller.settings.window if controller else 1
+        cpu.append(step_time(result.step_cpu_s, result.probe_steps, WARMUP, window))
+        wall.append(step_time(result.step_wall_s, result.probe_steps, WARMUP, window))
         decisions += len(controller.decisions) if controller else 0
     peak = _rss_kb("VmHWM") if measured_rss else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     counter = compressor or ActivationCompressor(model, LayerPolicy())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from cloud.training.compression import (
@@ -16,12 +17,14 @@ from cloud.training.compression import (
     train_compressed,
 )
 from models.digits import accuracy, digits_cnn, load_digits_split, train_single_process
+from models.numerics import BfpFormat
 
 torch.set_num_threads(1)
 
 
 def test_controller_tightens_loosens_and_logs_bounded() -> None:
-    settings = ControllerSettings(window=2, start_rung=3, max_decisions=3)
+    settings = ControllerSettings(window=2, start_rung=3, tightest_rung=len(DEFAULT_LADDER) - 1,
+                                  max_decisions=3)
     controller = AdaptiveController(["a", "b"], settings)
     controller.record_loss(1.0)
     made = controller.decide(1, grad_rel_error=0.01, layer_errors={"a": 0.05, "b": 0.3})
@@ -39,6 +42,22 @@ def test_controller_tightens_loosens_and_logs_bounded() -> None:
     json.dumps(status)
     assert status["formats"]["a"] == str(DEFAULT_LADDER[4]) and status["dropped_decisions"] == 2
     assert controller.policy.format_for("b") == DEFAULT_LADDER[3]
+
+
+def test_default_settings_tighten_to_m4_and_no_further() -> None:
+    controller = AdaptiveController(["a"], ControllerSettings(window=2))
+    assert controller.policy.format_for("a") == DEFAULT_LADDER[2]  # m4 + 1% outliers for the first window
+    controller.record_loss(1.0)
+    made = controller.decide(1, grad_rel_error=0.01, layer_errors={"a": 0.01})
+    assert [d.new for d in made] == [str(BfpFormat(mantissa_bits=4))] == [str(DEFAULT_LADDER[3])]
+    for step in range(3, 10, 2):  # good steps, tiny error: the bytes-first rule would tighten each time
+        controller.record_loss(1.0)
+        assert controller.decide(step, grad_rel_error=0.01, layer_errors={"a": 0.01}) == []
+    controller.record_loss(1.0)
+    made = controller.decide(11, grad_rel_error=0.01, layer_errors={"a": 0.5})  # it still loosens
+    assert [(d.layer, d.new) for d in made] == [("a", str(DEFAULT_LADDER[2]))]
+    with pytest.raises(ValueError, match="tightest_rung"):
+        AdaptiveController(["a"], ControllerSettings(start_rung=4))  # starts past its own floor
 
 
 def test_compressed_training_reaches_fp32_accuracy() -> None:

@@ -150,3 +150,28 @@ def test_binarize_exact_with_odd_sizes_nan_and_overlap_falls_back() -> None:
     overlapping = nn.Sequential(nn.ReLU(), nn.MaxPool2d(3, stride=2))
     _, plan = gist_transform(overlapping)
     assert [p.encoding for p in plan.pairs] == [DPR]
+
+
+@pytest.mark.parametrize("kernel", [2, (2, 3), 3])
+@pytest.mark.parametrize("upstream_inf", [False, True])
+def test_binarize_ties_pick_the_first_maximum_like_max_pool(kernel, upstream_inf) -> None:
+    """Small integers make ties inside windows common; positive ties must send the gradient to the
+    first maximum in row-major window order, as ``max_pool2d`` does. Gradients are compared bit by
+    bit (signed zeros too), with an infinite upstream gradient as well (the masked_fill path)."""
+    torch.manual_seed(2)
+    x = torch.randint(-2, 3, (3, 2, 7, 8)).float()
+    x[0, 0, 0, 0] = float("inf")
+    x[1, 1, 3, 3] = float("-inf")
+    upstream = torch.randn_like(nn.functional.max_pool2d(x, kernel))
+    if upstream_inf:
+        upstream.view(-1)[::7] = float("inf")
+    results = []
+    for module in (nn.Sequential(nn.ReLU(), nn.MaxPool2d(kernel)), gist_transform(
+            nn.Sequential(nn.ReLU(), nn.MaxPool2d(kernel)))[0]):
+        leaf = x.clone().requires_grad_()
+        out = module(leaf)
+        out.backward(upstream)
+        results.append((out.detach(), leaf.grad))
+    (ref_out, ref_grad), (out, grad) = results
+    assert torch.equal(ref_out, out)
+    assert torch.equal(ref_grad.view(torch.int32), grad.view(torch.int32))
