@@ -131,7 +131,6 @@ class PendingSync:
 
 
 _STOP = object()
-_OPS = {"all_reduce": dist.ReduceOp.SUM, "all_reduce_max": dist.ReduceOp.MAX}
 
 
 class CommThread:
@@ -148,13 +147,14 @@ class CommThread:
         self._thread = threading.Thread(target=self._run, name="sync-comm", daemon=True)
         self._thread.start()
 
-    def submit(self, tensor: torch.Tensor, layers: tuple[str, ...], op: str = "all_reduce") -> PendingSync:
+    def submit(self, tensor: torch.Tensor, layers: tuple[str, ...]) -> PendingSync:
+        """Queue ``tensor`` for an in-place all-reduce SUM over the group."""
         pending = PendingSync(tensor, layers)
         try:
-            self._queue.put_nowait((pending, op))
+            self._queue.put_nowait(pending)
         except queue.Full:
             self.full_waits += 1
-            self._queue.put((pending, op), timeout=self.submit_timeout_s)
+            self._queue.put(pending, timeout=self.submit_timeout_s)
         return pending
 
     def close(self, timeout_s: float = 10.0) -> None:
@@ -163,10 +163,9 @@ class CommThread:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is _STOP:
+            pending = self._queue.get()
+            if pending is _STOP:
                 return
-            pending, op = item
             pending.picked_at = time.monotonic()
             try:
                 link = self.link  # read once: tests swap it between windows
@@ -176,9 +175,7 @@ class CommThread:
                 wire = link.wire_s(pending.tensor.numel() * pending.tensor.element_size())
                 if wire > 0:
                     self.wire.occupy(wire, self.priority)
-                if op not in _OPS:
-                    raise ValueError(f"unknown collective {op!r}")
-                work = dist.all_reduce(pending.tensor, op=_OPS[op], group=self.group, async_op=True)
+                work = dist.all_reduce(pending.tensor, group=self.group, async_op=True)
                 pending._work = work
                 work.get_future().add_done_callback(lambda _fut, p=pending: p._mark_done())
             except BaseException as error:  # handed to the waiter; the thread keeps serving

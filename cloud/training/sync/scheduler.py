@@ -12,9 +12,10 @@ it. The time spent in that wait is the layer's blockage.
 Every ``window`` iterations the ranks combine their tables (blockage: max over ranks; sync and
 queue time: min, since a rank that launched early also counts the time it waited for its peers) and
 feed the same ``PolicyEngine``, so every rank switches to the same policy at the same iteration.
-The exchange is one small all-reduce sent down the ordinary lane behind that iteration's gradients
-and read at the start of the next backward, so a window's end does not drain the lanes (the next
-forward still overlaps the syncs in flight); the new policy applies from that backward on.
+The exchange rides on the window's last gradient message (each rank's table in its own slot of a
+zeroed tail, so the sum is an all-gather; no message of its own, hence no extra round trip on the
+link) and is read at the start of the next backward, so a window's end does not drain the lanes
+(the next forward still overlaps the syncs in flight); the new policy applies from that backward on.
 
 Invariant: each parameter's gradient is summed across the group exactly once per iteration and
 stepped before the layer's next forward, so the trajectory is synchronous SGD whatever the policy
@@ -46,6 +47,7 @@ class SyncScheduler:
                  priority_group: dist.ProcessGroup | None = None, timeout_s: float = 120.0) -> None:
         self.group = group
         self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
         self.window = window
         self.timeout_s = timeout_s
         self.progress_path = Path(progress_path) if progress_path else None
@@ -76,7 +78,8 @@ class SyncScheduler:
         wire = SharedWire()
         self.comm = CommThread(group, link, wire)
         self.priority_comm = CommThread(priority_group, link, wire, priority=True)
-        self._exchange: tuple[PendingSync, str] | None = None  # window stats in flight, policy text
+        # the message carrying the window's tables in flight: (message, where the tables start, policy)
+        self._exchange: tuple[PendingSync, int, str] | None = None
 
         self._pending: dict[str, PendingSync] = {}
         # one message buffer per bucket of the current policy, reused every iteration as DDP reuses
@@ -158,29 +161,41 @@ class SyncScheduler:
         self._iteration_s += now - self._iteration_started
         self._iteration_started = now
         if self.iteration % self.window == 0:
-            self._end_window()
+            self._reset_window()  # the window's tables left with its last message
 
     def _launch(self, bucket: tuple[str, ...]) -> None:
         for name in bucket:
             self._consume(name, record=False)  # a layer the last forward skipped: step it before reuse
         params = [p for name in bucket for p in self.layers[name]]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = self._buffer(bucket, sum(grad.numel() for grad in grads), grads[0].dtype)
-        torch.cat([grad.reshape(-1) for grad in grads], out=flat)
-        flat.mul_(self.sample_weight)
+        numel = sum(grad.numel() for grad in grads)
+        # the iteration's last message at a window's end also carries the window's tables
+        last = len(self._launched) == len(self.policy.buckets) - 1
+        tables = self._window_tables() if last and (self.iteration + 1) % self.window == 0 else None
+        flat = self._buffer(bucket, numel, grads[0].dtype, 0 if tables is None else tables.numel())
+        offset = 0
+        for grad in grads:  # scaled straight into the message: one pass, not a copy then a scale
+            torch.mul(grad.reshape(-1), self.sample_weight, out=flat[offset:offset + grad.numel()])
+            offset += grad.numel()
+        if tables is not None:
+            flat[numel:] = tables
         lane = self.priority_comm if self.policy.bucket_first(bucket) else self.comm
         pending = lane.submit(flat, bucket)
+        if tables is not None:
+            self._exchange = (pending, numel, self.policy.text())
         self._launched.add(bucket)
         for name in bucket:
             self._pending[name] = pending
 
-    def _buffer(self, bucket: tuple[str, ...], numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """The bucket's reusable message (free: the bucket's last sync was consumed before launch)."""
-        buffer = self._buffers.get(bucket)
-        if buffer is None or buffer.numel() != numel or buffer.dtype != dtype:
-            if len(self._buffers) >= 2 * len(self.forward_order):  # buckets of old policies
+    def _buffer(self, bucket: tuple[str, ...], numel: int, dtype: torch.dtype, tail: int) -> torch.Tensor:
+        """The bucket's reusable message (free: the bucket's last sync was consumed before launch, and
+        a message with a tables tail was read by ``_apply_window`` before the next launch)."""
+        key = (bucket, tail > 0)  # the window's last message keeps its own buffer: no realloc per window
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.numel() != numel + tail or buffer.dtype != dtype:
+            if len(self._buffers) >= 3 * len(self.forward_order):  # buckets of old policies
                 self._buffers.clear()
-            buffer = self._buffers[bucket] = torch.empty(numel, dtype=dtype)
+            buffer = self._buffers[key] = torch.empty(numel + tail, dtype=dtype)
         return buffer
 
     # ------------------------------------------------------------------ forward side
@@ -236,28 +251,35 @@ class SyncScheduler:
         self._iteration_s = 0.0
         self._iteration_started = time.monotonic()
 
-    def _end_window(self) -> None:
-        """Send this window's local table down the ordinary lane; ``_apply_window`` reads the result."""
+    def _window_tables(self) -> torch.Tensor:
+        """This rank's window table (per layer: blocked, sync, queue; then the iteration time) in its
+        own row of a zeroed ranks x columns block: summed across ranks, every rank gets every rank's
+        row exactly (x + 0 = x), an all-gather riding on the window's last gradient message."""
         order = self.forward_order
         counts = [max(1, self._sync_count[name]) for name in order]
-        # one MAX all-reduce combines everything: blocked max, sync/queue min (negated), iteration max
-        local = torch.tensor([self._blocked[name] / self.window for name in order]
-                             + [-self._sync_sum[name] / c for name, c in zip(order, counts, strict=True)]
-                             + [-self._queue_sum[name] / c for name, c in zip(order, counts, strict=True)]
-                             + [self._iteration_s / self.window], dtype=torch.float64)
-        self._exchange = (self.comm.submit(local, ("window",), op="all_reduce_max"), self.policy.text())
-        self._reset_window()
+        iteration_s = self._iteration_s + time.monotonic() - self._iteration_started  # this one so far
+        row = ([self._blocked[name] / self.window for name in order]
+               + [self._sync_sum[name] / c for name, c in zip(order, counts, strict=True)]
+               + [self._queue_sum[name] / c for name, c in zip(order, counts, strict=True)]
+               + [iteration_s / self.window])
+        tables = torch.zeros(self.world, len(row))
+        tables[self.rank] = torch.tensor(row)
+        return tables.reshape(-1)
 
     def _apply_window(self) -> None:
         if self._exchange is None:
             return
-        pending, policy_text = self._exchange
+        pending, offset, policy_text = self._exchange
         self._exchange = None
-        combined = pending.wait(self.timeout_s)
+        rows = pending.wait(self.timeout_s)[offset:].reshape(self.world, -1).double()
         n = len(self.forward_order)
-        table = WindowTable(self.window_index, self.window, float(combined[-1]), policy_text, tuple(
+        # blocked: max over ranks; sync and queue: min (a rank that launched early also counts the
+        # time it waited for its peers); iteration: max
+        blocked = rows[:, :n].amax(0)
+        sync, queue = rows[:, n:2 * n].amin(0), rows[:, 2 * n:3 * n].amin(0)
+        table = WindowTable(self.window_index, self.window, float(rows[:, -1].max()), policy_text, tuple(
             LayerWindow(name, i, sum(p.numel() * p.element_size() for p in self.layers[name]),
-                        float(combined[i]), -float(combined[n + i]), -float(combined[2 * n + i]))
+                        float(blocked[i]), float(sync[i]), float(queue[i]))
             for i, name in enumerate(self.forward_order)))
         self.tables.append(table)
         decisions_before = len(self.engine.decisions)
