@@ -46,15 +46,17 @@ def test_controller_tightens_loosens_and_logs_bounded() -> None:
 
 def test_default_settings_tighten_to_m4_and_no_further() -> None:
     controller = AdaptiveController(["a"], ControllerSettings(window=2))
-    assert controller.policy.format_for("a") == DEFAULT_LADDER[2]  # m4 + 1% outliers for the first window
-    controller.record_loss(1.0)
-    made = controller.decide(1, grad_rel_error=0.01, layer_errors={"a": 0.01})
-    assert [d.new for d in made] == [str(BfpFormat(mantissa_bits=4))] == [str(DEFAULT_LADDER[3])]
-    for step in range(3, 10, 2):  # good steps, tiny error: the bytes-first rule would tighten each time
+    assert controller.policy.format_for("a") == DEFAULT_LADDER[0]  # training starts at m8
+    for step, rung in ((1, 1), (3, 2), (5, 3)):  # one rung per good window, down to m4
+        controller.record_loss(1.0)
+        made = controller.decide(step, grad_rel_error=0.01, layer_errors={"a": 0.01})
+        assert [d.new for d in made] == [str(DEFAULT_LADDER[rung])]
+    assert controller.policy.format_for("a") == BfpFormat(mantissa_bits=4)
+    for step in range(7, 14, 2):  # good steps, tiny error: the bytes-first rule would tighten each time
         controller.record_loss(1.0)
         assert controller.decide(step, grad_rel_error=0.01, layer_errors={"a": 0.01}) == []
     controller.record_loss(1.0)
-    made = controller.decide(11, grad_rel_error=0.01, layer_errors={"a": 0.5})  # it still loosens
+    made = controller.decide(15, grad_rel_error=0.01, layer_errors={"a": 0.5})  # it still loosens
     assert [(d.layer, d.new) for d in made] == [("a", str(DEFAULT_LADDER[2]))]
     with pytest.raises(ValueError, match="tightest_rung"):
         AdaptiveController(["a"], ControllerSettings(start_rung=4))  # starts past its own floor

@@ -74,9 +74,11 @@ log_every = 5
     assert steps and all({"loss", "samples_per_s", "stages", "compression"} <= e.keys() for e in steps)
     for e in steps:
         c = e["compression"]
-        assert 0 < c["saved_bytes_stored"] < c["saved_bytes_fp32"] / 3  # Gist + BFP on both stages
+        assert 0 < c["saved_bytes_stored"] < c["saved_bytes_fp32"] / 2  # Gist + BFP on both stages
         assert 0 < c["wire_bytes_sent"] < c["wire_bytes_fp32"] / 3  # 8.25 of 32 bits cross the wire
         assert c["formats"] and all(f.startswith("bfp(") or f == "fp32" for f in c["formats"].values())
+    last_window = steps[-1]["compression"]  # the controller started at m8 and has tightened since
+    assert last_window["saved_bytes_stored"] < last_window["saved_bytes_fp32"] / 3
     decisions = [e for e in events if e["event"] == "compression_decision"]
     fields = {"stage", "step", "layer", "old", "new", "reason"}
     assert decisions and all(fields <= d.keys() for d in decisions)
