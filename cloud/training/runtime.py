@@ -1,8 +1,8 @@
 """The one executor: runs a rank's schedule actions for its pipeline stage (or stage replica).
 
 ``StageExecutor.run_step`` walks ``schedule.orders[rank]`` in order: ``RECV_*`` waits for a receive
-posted at the start of the step (header first, payload as soon as the header is in, so transfers
-overlap compute), ``F``/``B`` compute, ``SEND_*`` posts an ``isend``. Backward uses
+posted at the start of the step (sized from the slot's last message, so transfers overlap
+compute; see ``comm``), ``F``/``B`` compute, ``SEND_*`` posts an ``isend``. Backward uses
 ``torch.autograd.grad`` with explicit inputs, so gradients land only where the executor puts them.
 
 On every stage but the first, a plain ``nn.Sequential`` stage without activation compression splits
