@@ -40,17 +40,15 @@ class LayerTape:
         self.weights: list[list[torch.Tensor]] = []  # that layer's parameters, named_parameters order
         h = x
         for prefix, layer in module.named_children():  # a slice of a model keeps its layer names
-            own = [name for name, _ in layer.named_parameters()]
+            weights = dict(layer.named_parameters())
             if params is None:
                 h = layer(h)
-                weights = [p for _, p in layer.named_parameters()]
             else:  # a stashed weight version, keyed like the stage's named_parameters
-                mine = {name: params[f"{prefix}.{name}"] for name in own}
-                h = functional_call(layer, mine, (h,))
-                weights = list(mine.values())
-            if own:
+                weights = {name: params[f"{prefix}.{name}"] for name in weights}
+                h = functional_call(layer, weights, (h,))
+            if weights:
                 self.outputs.append(h)
-                self.weights.append(weights)
+                self.weights.append(list(weights.values()))
         self.output = h
 
 

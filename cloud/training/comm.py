@@ -141,9 +141,11 @@ def send_tensor(tensor: torch.Tensor, dst: int, tag: int, codec: WireCodec, pend
     header = pack_header(codec, tensor, n_bytes).view(torch.uint8)
     message = torch.cat([header, payload[:capacity]])
     pending.works.append(dist.isend(message, dst, tag=tag))
-    pending.buffers += [message, payload]
+    pending.buffers.append(message)
     if n_bytes > capacity:
-        pending.works.append(dist.isend(payload[capacity:], dst, tag=tag + 1))
+        overflow = payload[capacity:]
+        pending.works.append(dist.isend(overflow, dst, tag=tag + 1))
+        pending.buffers.append(overflow)
     if sizes is not None:
         sizes.record(dst, tag, n_bytes)
     pending.bytes_sent += n_bytes + HEADER_BYTES

@@ -105,7 +105,7 @@ def reference_pipedream(steps: int, batch_size: int, microbatches: int, stages: 
     model = digits_cnn()
     stream = DigitsStream(seed, batch_size)
     modules = [model[first:last + 1] for first, last in stages]
-    optimizers = [torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9) if _detached(m) else None
+    optimizers = [torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9) if list(m.parameters()) else None
                   for m in modules]
     schedule = build_schedule("1f1b-stash", [1] * len(stages), microbatches, vertical_sync=vertical_sync)
     uses = [schedule.stash_versions() if vertical_sync else schedule.updates_before_forward(s)
