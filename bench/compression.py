@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import RESULTS, Results, parse_args  # noqa: E402
+from bench.common import Results, parse_args  # noqa: E402
 
 CASES = ["fp32", "bfp8", "bfp6", "bfp4", "bfp3", "nonuniform4", "bfp4+outliers1%", "adaptive", "gist",
          "gist+adaptive"]
@@ -158,10 +158,6 @@ def _load_data(quick: bool) -> None:
     torch.optim.Adam([torch.zeros(1, requires_grad=True)])
 
 
-def _case_in_child(args: tuple[str, str, bool]) -> dict:
-    return run_case(*args)
-
-
 def main() -> int:
     args = parse_args(__doc__.splitlines()[0])
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -177,7 +173,7 @@ def main() -> int:
     for task in ("digits", "scene"):
         for case in CASES:
             with context.Pool(1, maxtasksperchild=1) as pool:
-                row = pool.apply_async(_case_in_child, ((task, case, args.quick),)).get(timeout=900)
+                row = pool.apply_async(run_case, (task, case, args.quick)).get(timeout=900)
             measured[task, case] = row
             print(f"{task}/{case}: {json.dumps(row)} ({time.perf_counter() - started:.0f}s)", flush=True)
             for metric in ("saved_bytes", "peak_saved_bytes", "peak_rss_delta_mb", "accuracy", "step_ms",
@@ -201,7 +197,7 @@ def main() -> int:
     document["headline"] = {"model": HEADLINE, "setting": "gist+adaptive",
                             "note": f"unprefixed ratios are the {HEADLINE} CNN's; digits_* and scene_* "
                                     "are both reported"}
-    (RESULTS / "compression.json").write_text(json.dumps(document, indent=1))
+    path.write_text(json.dumps(document, indent=1))
     print(f"total {time.perf_counter() - started:.0f}s")
     return 0
 

@@ -150,7 +150,6 @@ class BfpCodec:
             unpack_signed(packed.mantissas, fmt.mantissa_bits, n, fmt.max_code, out, codes)
             if n_pad != n:
                 out[n:n_pad].zero_()  # padding decodes to zero
-            blocks.mul_(_power_of_two(packed).unsqueeze(1))
         else:
             unpack_u8(packed.mantissas, fmt.mantissa_bits, n, codes)
             if n_pad != n:
@@ -158,7 +157,7 @@ class BfpCodec:
             index = work.get("index", n_pad, torch.int32)
             index.copy_(codes[:n_pad])
             torch.index_select(self._tables_on(device, fmt).signed_levels, 0, index, out=out[:n_pad])
-            blocks.mul_(_power_of_two(packed).unsqueeze(1))
+        blocks.mul_(_power_of_two(packed).unsqueeze(1))
         result = out[:n]
         if packed.dtype != torch.float32:
             result = result.to(packed.dtype)

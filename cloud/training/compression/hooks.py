@@ -81,6 +81,11 @@ def _relative_error(reference: torch.Tensor, approx: torch.Tensor) -> float:
     return error_stats(reference, approx).relative_error
 
 
+def leaf_names(module: nn.Module) -> list[str]:
+    """Names of the leaf modules (no children), the layers the hooks attribute saved tensors to."""
+    return [name for name, m in module.named_modules() if name and not any(True for _ in m.children())]
+
+
 def _tensor_nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
@@ -106,8 +111,7 @@ class ActivationCompressor:
         self.decode_s = 0.0
         self._stack: list[str] = []
         self._recording = False
-        self._leaves = [(name, module) for name, module in model.named_modules()
-                        if name and not any(True for _ in module.children())]
+        self._leaves = [(name, model.get_submodule(name)) for name in leaf_names(model)]
         self._layer_hooks: list = []
         self._params = list(model.parameters())
         self._input_storages: set[int] = set()

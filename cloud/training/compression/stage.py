@@ -22,13 +22,9 @@ from torch import nn
 
 from cloud.training.compression.controller import AdaptiveController, ControllerSettings
 from cloud.training.compression.gist import gist_transform
-from cloud.training.compression.hooks import OUTSIDE_LAYERS, ActivationCompressor
+from cloud.training.compression.hooks import OUTSIDE_LAYERS, ActivationCompressor, leaf_names
 from cloud.training.compression.policy import LayerPolicy
 from models.numerics import BfpFormat
-
-
-def leaf_names(module: nn.Module) -> list[str]:
-    return [name for name, m in module.named_modules() if name and not any(True for _ in m.children())]
 
 
 class StageCompression:
