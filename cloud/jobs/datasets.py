@@ -160,10 +160,11 @@ def build_camera_frames(store: Any, gateways: set[str] | None, min_rows: int, bl
 def main(argv: list[str] | None = None) -> int:
     import torch
 
+    from cloud.jobs.spec import UPLOADED_DATASETS
     from cloud.store import DatasetStore
 
     parser = argparse.ArgumentParser(description="build a training set from a cloudd store")
-    parser.add_argument("--kind", choices=["sensor_windows", "camera_frames"], required=True)
+    parser.add_argument("--kind", choices=list(UPLOADED_DATASETS), required=True)
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--gateway", action="append", default=[])

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud.jobs.events import JobEvents, tail_lines
-from cloud.jobs.spec import JobSpec, job_toml
+from cloud.jobs.spec import UPLOADED_DATASETS, JobSpec, job_toml
 from cloud.jobs.table import FINAL, JobRow, JobTable
 from cloud.registry import ModelRegistry
 from cloud.training.jobs import cancel_job, launch_job
@@ -265,7 +265,8 @@ class JobManager:
                    events: JobEvents) -> tuple[str, dict[str, Any]]:
         await asyncio.to_thread(_prepare_workdir, workdir, spec)
         # a resumed job keeps the rows it started with
-        if spec.dataset_name != "digits" and not await asyncio.to_thread((workdir / "dataset.pt").exists):
+        uploaded = spec.dataset_name in UPLOADED_DATASETS
+        if uploaded and not await asyncio.to_thread((workdir / "dataset.pt").exists):
             gateways = [arg for gw in spec.gateways for arg in ("--gateway", gw)]
             await self._step("dataset", [sys.executable, "-m", "cloud.jobs.datasets", "--kind",
                                          spec.dataset_name, "--data-dir", str(self.data_dir), "--out",

@@ -128,7 +128,8 @@ def tensor_file_stream(data: DataSection, seed: int, batch_size: int) -> Minibat
             raise JobError("data.loss: mse needs y as float targets")
         y = y.long() if data.loss == "cross_entropy" else y
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
-    test, train = order[:int(len(x) * data.test_fraction)], order[int(len(x) * data.test_fraction):]
+    n_test = int(len(x) * data.test_fraction)
+    test, train = order[:n_test], order[n_test:]
     return MinibatchStream(x[train], y[train], x[test], y[test], seed, batch_size)
 
 

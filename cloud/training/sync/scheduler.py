@@ -221,6 +221,7 @@ class SyncScheduler:
         for name in self.forward_order:
             pending = self._pending.get(name)
             if pending is not None and pending.done:
+                pending.wait(self.timeout_s)  # returns at once; raises if the all-reduce failed
                 self._step(pending)
 
     def _step(self, pending: PendingSync) -> None:
