@@ -236,9 +236,8 @@ class CameraRuntime:
         if self.engine is not None:
             await self.engine.stop()  # finishes what was submitted (bounded)
         await self.events.drain()  # the consumer logs what the engine finished, flushes and returns
-        if self._notices is not None:
-            await cancel_and_wait(self._notices)
-            self._notices = None
+        await cancel_and_wait(self._notices)
+        self._notices = None
         if self.updater is not None:
             await self.updater.stop()
         if self._adapter is not None:

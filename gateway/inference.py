@@ -193,9 +193,8 @@ class InferenceEngine:
                     await self._result_ready.wait()
             except TimeoutError:
                 pass
-        if self._worker is not None:
-            await cancel_and_wait(self._worker)
-            self._worker = None
+        await cancel_and_wait(self._worker)
+        self._worker = None
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None

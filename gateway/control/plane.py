@@ -123,9 +123,8 @@ class ControlPlane:
         self._task = asyncio.create_task(self._loop(), name="control-plane")
 
     async def stop(self, timeout_s: float = 3.0) -> None:
-        if self._task is not None:
-            await cancel_and_wait(self._task)
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         await self.adapter.stop(timeout_s=timeout_s)
 
     async def _loop(self) -> None:

@@ -94,6 +94,5 @@ class SystemdNotifier:
             await asyncio.sleep(self.watchdog_s)
 
     async def stop_watchdog(self) -> None:
-        if self._task is not None:
-            await cancel_and_wait(self._task)
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None

@@ -77,9 +77,8 @@ class RawForwarder:
             self._task = asyncio.create_task(self._run(), name="federated-raw-forwarder")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            await cancel_and_wait(self._task)
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while True:

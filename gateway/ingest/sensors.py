@@ -117,8 +117,7 @@ class SensorIngest:
         The socket is still read (PUBACKs must get through); messages that arrive from now on stay
         unacked in the adapter's queue and the broker redelivers them to the next run.
         """
-        if self._intake is not None:
-            await cancel_and_wait(self._intake)
+        await cancel_and_wait(self._intake)
         self._stopping = True
         self._flush_now.set()
         if self._flusher is not None:

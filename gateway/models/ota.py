@@ -25,6 +25,7 @@ from typing import Any
 import aiohttp
 
 from gateway.inference import InferenceEngine, SwapOutcome
+from gateway.tasks import cancel_and_wait
 from models.artifact import ArtifactError, ModelArtifact, artifact_from_bytes, load_artifact, save_artifact
 from protocol.errors import ProtocolError
 from protocol.events import ModelNotice, parse_model_notice
@@ -68,13 +69,8 @@ class ModelUpdater:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"model-updater-{self.name}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         if self._http is not None:
             await self._http.close()
             self._http = None

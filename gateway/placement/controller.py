@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from gateway.placement.link import LinkMonitor
 from gateway.placement.plan import Plan
 from gateway.placement.planner import PlacementPlanner
+from gateway.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +53,8 @@ class PlacementController:
         self._task = asyncio.create_task(self._run(), name="placement-controller")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     def poke(self) -> None:
         """Check now rather than at the next interval (e.g. after pins changed)."""
