@@ -1,7 +1,8 @@
 """Numeric formats shared by the cloud trainer and the gateway: block floating point (narrow,
 non-uniform mantissas, outliers), real bit-packed storage, its wire form, and error statistics.
 
-Invariant: pure tensor code with no training logic; every function is vectorised torch.
+Invariant: pure tensor code with no training logic; every function is vectorised torch, except the
+fused numba kernels (fused.py) that the codec uses where they give the same bytes faster.
 """
 
 from models.numerics.bitpack import pack_bits, packed_length, unpack_bits

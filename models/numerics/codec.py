@@ -19,7 +19,9 @@ per-thread scratch buffers and their cached views (``out=``): |x| once, block ma
 on a (blocks, B) view, ``frexp`` once per block, the scale by one gather from a per-format table,
 scale + round + clamp + sign in place; the signed float codes go straight to ``pack_signed``.
 Outliers touch only the k chosen blocks. Non-uniform levels use a 32768-entry table indexed by
-the top 16 bits of the float (no ``log2``/``bucketize`` per element).
+the top 16 bits of the float (no ``log2``/``bucketize`` per element). The common case (float32 on
+the CPU, blocks of 32, uniform levels, nearest rounding, no outliers) skips all that: compiled
+kernels (``fused.py``) make the same bytes in two passes, 2.5-3x faster to encode and to decode.
 
 Invariant (error bound): for every finite element not in side storage,
 |x - decode(encode(x))| <= fmt.max_error_fraction() * 2**E_block, with E_block the stored shared
@@ -40,6 +42,7 @@ from models.numerics.bitpack import (
     code_capacity,
     pack_bits,
     pack_signed,
+    packed_length,
     unpack_bits,
     unpack_signed,
     unpack_u8,
@@ -86,13 +89,21 @@ class BfpCodec:
     stochastic rounding (inject a seeded ``torch.Generator`` for determinism). Thread-safe: the
     scratch buffers are per thread."""
 
-    def __init__(self, fmt: BfpFormat, generator: torch.Generator | None = None) -> None:
+    def __init__(self, fmt: BfpFormat, generator: torch.Generator | None = None, *,
+                 use_kernels: bool = True) -> None:
+        """``use_kernels=False`` keeps every tensor on the torch ops, the reference the fused
+        kernels are tested against."""
         self.fmt = fmt
         self.generator = generator
         self._tables: dict[torch.device, LevelTables] = {}
         # Log levels: the top level at E = 128 would be 2**128 (inf in float32), so magnitudes of
         # 2**127 and more go to side storage like non-finite values; then E <= 127 always.
         self._special_at = 2.0 ** 127 if fmt.levels == "log" else math.inf
+        # The fused kernels cover this format on the CPU (float32 tensors; see fused.py).
+        self._fused = _fused_kernels() if use_kernels and _fused_kernels().covers(fmt) else None
+        if self._fused:
+            self._encode_scales = _scale_table(fmt, "encode", torch.device("cpu")).numpy()
+            self._decode_scales = _scale_table(fmt, "decode", torch.device("cpu")).numpy()
 
     def encode(self, tensor: torch.Tensor) -> Packed:
         if not tensor.is_floating_point():
@@ -104,6 +115,10 @@ class BfpCodec:
             raise ValueError("tensors of 2**31 elements or more do not fit int32 side indices")
         n_blocks = max(1, -(-n // fmt.block_size))
         n_pad = n_blocks * fmt.block_size
+        if self._fused:
+            packed = self._encode_fused(flat, tensor, n_blocks)
+            if packed is not None:
+                return packed
         work = scratch(flat.device)
         if flat.dtype == torch.float32 and n == n_pad:
             blocks, owned = flat.view(n_blocks, fmt.block_size), False  # read-only view, no copy
@@ -141,6 +156,14 @@ class BfpCodec:
         n_blocks = max(1, -(-n // fmt.block_size))
         n_pad = n_blocks * fmt.block_size
         device = packed.mantissas.device
+        if fmt == self.fmt and self._fused and packed.dtype == torch.float32 and device.type == "cpu" and n:
+            out = torch.empty(n_pad, dtype=torch.float32)
+            self._fused.decode_into(packed.mantissas.numpy(), packed.exponents.numpy(), n, fmt.mantissa_bits,
+                              fmt.max_code, self._decode_scales, out.numpy())
+            result = out[:n]
+            if packed.side_index.numel():
+                result[packed.side_index.long()] = packed.side_value
+            return result.view(packed.shape)
         work = scratch(device)
         capacity = max(n_pad, code_capacity(n))
         codes = work.get("codes", capacity, torch.uint8)
@@ -177,6 +200,23 @@ class BfpCodec:
         return bound.view(packed.shape)
 
     # ------------------------------------------------------------------------------------------
+
+    def _encode_fused(self, flat: torch.Tensor, tensor: torch.Tensor, n_blocks: int) -> Packed | None:
+        """The compiled kernels (fused.py) for a float32 CPU tensor; None if it holds a non-finite value."""
+        n = flat.numel()
+        if flat.dtype != torch.float32 or flat.device.type != "cpu" or n == 0:
+            return None
+        fmt = self.fmt
+        n_pad = n_blocks * fmt.block_size
+        source = flat.contiguous() if n == n_pad else self._padded_copy(flat, n_pad, scratch(flat.device))
+        exponents = torch.empty(n_blocks, dtype=torch.uint8)
+        mantissas = torch.empty(packed_length(n, fmt.mantissa_bits), dtype=torch.uint8)
+        low, high = fmt.exponent_range
+        if not self._fused.encode_into(source.numpy(), n, fmt.mantissa_bits, fmt.max_code, fmt.exponent_floor,
+                                       high, low, self._encode_scales, exponents.numpy(), mantissas.numpy()):
+            return None
+        return Packed(fmt, tuple(tensor.shape), tensor.dtype, mantissas, exponents, _EMPTY_INDEX,
+                      flat.new_empty(0))
 
     @staticmethod
     def _padded_copy(flat: torch.Tensor, n_pad: int, work) -> torch.Tensor:
@@ -297,6 +337,14 @@ def decode(packed: Packed) -> torch.Tensor:
 
 
 _EMPTY_INDEX = torch.zeros(0, dtype=torch.int32)
+
+
+@functools.cache
+def _fused_kernels():
+    """models.numerics.fused, imported on the first codec: numba takes ~0.3 s to import, which
+    processes that only read this package's formats (the gateway's protocol code) should not pay."""
+    from models.numerics import fused
+    return fused
 
 
 def _from_exponent(exponent: torch.Tensor, offset: int, *, negate: bool) -> torch.Tensor:
