@@ -348,11 +348,13 @@ class Uplink:
             self.uploaded_by_class[batch.source] += len(lsns)
             self.counters["backlog_batches"] += 1
         self._acked.add_runs(runs_of(lsns))
-        await self._trim()
+        # Counted when the cloud acknowledged it, before the trim's await: a reader that sees the
+        # log trimmed also sees the batch counted.
         self.counters["batches_sent"] += 1
         self.counters["records_uploaded"] += len(entries)
         self.counters["bytes_uploaded"] += len(body)
         self.last_success_ts = time.time()
+        await self._trim()
         return outcome
 
     async def _upload_blobs(self, entries: list[tuple[int, bytes]]) -> Outcome | None:
