@@ -101,7 +101,10 @@ class PlacementConfig(_Section):
     window_s: float = Field(default=30.0, gt=0)
     down_after_failures: int = Field(default=2, ge=1)
     flap_transitions: int = Field(default=4, ge=2)
+    settle_factor: float = Field(default=1.5, gt=0)  # a steady stretch this x the longest ends "flapping"
+    shift_ratio: float = Field(default=2.0, gt=1)  # two samples agreeing on a move this large jump the EWMA
     prior_goodput_Bps: float = Field(default=125_000.0, gt=0)
+    confirm_after_s: float = Field(default=1.0, gt=0)  # a suspect failure is re-probed this much later
     # Budgets
     uplink_budget_Bps: float = Field(default=250_000.0, gt=0)
     edge_cores: float = Field(default=1.0, gt=0)

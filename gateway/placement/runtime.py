@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 def make_monitor(config: PlacementConfig) -> LinkMonitor:
     return LinkMonitor(alpha=config.alpha, window_s=config.window_s,
                        down_after_failures=config.down_after_failures,
-                       flap_transitions=config.flap_transitions, prior_goodput_Bps=config.prior_goodput_Bps)
+                       flap_transitions=config.flap_transitions, settle_factor=config.settle_factor,
+                       shift_ratio=config.shift_ratio, prior_goodput_Bps=config.prior_goodput_Bps)
 
 
 def budgets_from(config: PlacementConfig) -> Budgets:
@@ -56,7 +57,7 @@ class PlacementRuntime:
             timeout_s=config.probe_timeout_s,
             goodput_url=None if config.goodput_path is None else base + config.goodput_path,
             payload_bytes=config.payload_bytes, goodput_every=config.goodput_every,
-            upload_timeout_s=max(config.probe_timeout_s, 10.0))
+            upload_timeout_s=max(config.probe_timeout_s, 10.0), confirm_after_s=config.confirm_after_s)
         self.controller = PlacementController(self.planner, monitor, on_plan,
                                               interval_s=config.replan_interval_s)
         self._started: list[str] = []

@@ -6,6 +6,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gateway.placement.link import LinkMonitor
+from gateway.placement.runtime import make_monitor
+from protocol.config import PlacementConfig
 
 
 class Clock:
@@ -215,3 +217,17 @@ def test_a_short_down_stretch_does_not_end_flapping():
     clock.t += 7
     mon.observe_probe(None)
     assert mon.snapshot().state == "flapping"
+
+
+def test_placement_config_sets_the_level_shift_ratio():
+    # [placement] shift_ratio = 10: a 10x slower pair of probes is not yet a level shift.
+    mon = make_monitor(PlacementConfig(shift_ratio=10.0))
+    for _ in range(5):
+        mon.observe_probe(0.04)
+    mon.observe_probe(0.3)
+    mon.observe_probe(0.3)
+    assert mon.level_shifts == 0
+    default = make_monitor(PlacementConfig())
+    for rtt in (0.04,) * 5 + (0.3, 0.3):
+        default.observe_probe(rtt)
+    assert default.level_shifts == 1
