@@ -12,7 +12,7 @@ from conftest import wait_for_port
 from ctltest_util import ctl
 from gwtest_util import Gatewayd, publish, telemetry, wait_until, write_config
 
-from gateway.daemon import open_record_log
+from gateway.datadir import open_record_log
 from protocol.config import load_gateway_config
 from protocol.records import decode_record
 

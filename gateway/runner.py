@@ -1,0 +1,361 @@
+"""The gateway's lifecycle: one runner starts the subsystems in order and stops them in reverse
+(gateway/daemon.py runs it as a process).
+
+Start: lock the data dir, open the log, load the control plane's desired config and apply it (which
+starts the camera runtime when ``[camera]`` is configured and enabled, and the training runtime when
+training is enabled), status HTTP, uplink, MQTT + sensor ingest, the control plane's MQTT connection;
+then READY=1.
+Stop (SIGTERM/SIGINT, or a fatal log error): STOPPING=1, stop the control plane, stop intake, flush
+the log and ack what is durable, stop the uplink, publish "offline" and disconnect, stop HTTP, stop
+training (a round in progress ends at its next step), stop the camera (its last events are logged),
+close the log, unlock. SIGHUP: reload the config file
+(refused whole if invalid; the old one stays).
+
+Invariant: at most one daemon uses a data dir (flock), and a stop never acknowledges a message
+whose record is not durable; it finishes within STOP_DEADLINE_S (exit 0) or says what hung (exit 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from gateway.control.handlers import (
+    CameraHandler,
+    GatewayHandler,
+    HandlerSet,
+    ModelsHandler,
+    PlacementHandler,
+    SensorHandler,
+    TrainingHandler,
+)
+from gateway.control.plane import ControlPlane
+from gateway.control.recent import RecentErrors
+from gateway.control.store import ControlStore
+from gateway.control.wiring import base_from_file, task_catalog
+from gateway.datadir import DataDirLock, StartupError, open_record_log
+from gateway.heartbeat import HeartbeatSender, heartbeat_link, heartbeat_placement
+from gateway.ingest.sensors import SensorIngest
+from gateway.metrics import StatsCollector, make_registry
+from gateway.mqtt import MqttAdapter, Will, settings_from_config
+from gateway.placement.plan import Plan
+from gateway.placement.runtime import PlacementRuntime, make_monitor
+from gateway.status import StatusServer
+from gateway.uplink.sender import Uplink, read_token
+from protocol.config import GatewayConfig, load_gateway_config
+from protocol.control import ControlError
+from protocol.errors import ProtocolError
+from protocol.topics import placement_topic, status_topic
+
+log = logging.getLogger(__name__)
+
+STOP_DEADLINE_S = 10.0
+
+
+def presence_payload(gateway_id: str, state: str, ts: float) -> bytes:
+    """The retained status message; "offline" is also the last will."""
+    return json.dumps({"v": 1, "state": state, "gateway": gateway_id, "ts": round(ts, 3)}).encode()
+
+
+RESTART_ONLY = ("gateway_id", "data_dir", "mqtt", "http", "log", "uplink")  # a reload cannot change these
+CAMERA_LIVE_FIELDS = {"enabled": None, "source": None, "sample_fps": None}  # [camera] fields a reload applies
+TRAINING_LIVE_FIELDS = {"enabled": False, "private": True}  # [training] fields a reload applies
+
+
+class GatewayRunner:
+    def __init__(self, config: GatewayConfig, config_path: Path | None = None,
+                 recent: RecentErrors | None = None) -> None:
+        self.config = config
+        gw = config.gateway_id
+        self.started_at = time.monotonic()
+        self._lock = DataDirLock(config.data_dir)
+        self.config_path = config_path
+        self.log = open_record_log(config)
+        self._offline = Will(status_topic(gw), presence_payload(gw, "offline", time.time()))
+        try:
+            settings = settings_from_config(config.mqtt, gw, will=self._offline)
+        except OSError as exc:
+            raise StartupError(f"mqtt.password_file: cannot read: {exc.strerror}") from None
+        online = Will(status_topic(gw), presence_payload(gw, "online", time.time()))
+        self.mqtt = MqttAdapter(settings, on_connect_publish=[online])
+        control_settings = settings_from_config(config.mqtt, gw, will=None, role="control")
+        # The link monitor hears the uplink's real uploads and the prober's probes; the uplink retries
+        # as soon as it says the link is back (docs/placement.md).
+        self.link_monitor = make_monitor(config.placement)
+        self.uplink = Uplink(self.log, gw, config.uplink, monitor=self.link_monitor,
+                             link_down=lambda: self.link_monitor.snapshot().state == "down")
+        self.link_monitor.add_listener(lambda up: self.uplink.link_up() if up else None)
+        self.placement = (PlacementRuntime(config.placement, config.uplink.cloud_url, self.link_monitor,
+                                           on_plan=self._on_plan) if config.placement.enabled else None)
+        try:
+            self.token = read_token(config.uplink.token, config.uplink.token_file)
+        except OSError as exc:
+            raise StartupError(f"uplink.token_file: cannot read: {exc.strerror}") from None
+        self.heartbeat = HeartbeatSender(gw, config.uplink.cloud_url, self.token,
+                                         config.uplink.heartbeat_interval_s, self._heartbeat_fields)
+        self.fatal: asyncio.Future[BaseException] | None = None
+        self.ingest = SensorIngest(self.mqtt, self.log, gw, config.devices.allow,
+                                   config.log.flush_interval_ms, on_durable=self.uplink.wake,
+                                   on_fatal=self._on_fatal)
+        self.recent = recent or RecentErrors()
+        self.handlers = HandlerSet()
+        self.handlers.connect("sensor", SensorHandler(lambda allow: self.ingest.set_allow(allow),
+                                                      self.mqtt.hold))
+        self.handlers.connect("gateway", GatewayHandler())
+        self.handlers.connect("placement", PlacementHandler(self.set_placement_pins))
+        self.camera = self._make_camera(control_settings) if config.camera is not None else None
+        if self.camera is not None:
+            self.handlers.connect("camera", CameraHandler(self.camera.apply_camera))
+            self.handlers.connect("models", ModelsHandler(self.camera.apply_pins))
+        self.training = self._make_training()
+        self.handlers.connect("training", TrainingHandler(self.training.apply))
+        try:
+            base = base_from_file(config)
+        except ControlError as exc:
+            raise StartupError(f"invalid config: {exc.detail}") from None
+        store = ControlStore(config.data_dir / "control")
+        self.control = ControlPlane(gw, MqttAdapter(control_settings), store, base, self.handlers,
+                                    task_catalog(), self.recent, self.status)
+        self.reloads = {"ok": 0, "failed": 0}
+        self.last_reload: dict[str, Any] | None = None
+        collector = StatsCollector(gw)
+        collector.add("mqtt", self.mqtt.stats, gauges={"connected", "inbound_queued", "reading_paused"})
+        collector.add("log", self.log.stats, gauges={"durable_lsn", "trimmed_lsn", "next_lsn", "bytes_used",
+                                                     "max_bytes", "buffered_bytes", "segments"})
+        collector.add("ingest", self.ingest.stats, gauges={"awaiting_ack"})
+        collector.add_labeled_counter("ingest_rejected", "device messages rejected, by reason", "reason",
+                                      lambda: self.ingest.rejected)
+        collector.add("uplink", lambda: {**self.uplink.counters, "backlog": self.uplink.backlog},
+                      gauges={"backlog"})
+        collector.add_labeled_counter("uplink_failures", "failed uploads, by kind", "kind",
+                                      lambda: self.uplink.failures)
+        collector.add("control", self.control.stats, gauges={"revision"})
+        collector.add_labeled_counter("control_refused", "control requests refused, by reason", "reason",
+                                      lambda: self.control.refused)
+        collector.add("reload", lambda: dict(self.reloads))
+        collector.add("heartbeat", lambda: dict(self.heartbeat.counters))
+        if self.camera is not None:
+            from gateway.camera_service import METRIC_GAUGES
+
+            collector.add("camera", self.camera.metrics, gauges=METRIC_GAUGES)
+        from gateway.federated.service import METRIC_GAUGES as TRAINING_GAUGES
+
+        collector.add("training", self.training.metrics, gauges=TRAINING_GAUGES)
+        self.registry = make_registry(collector)
+        self.link_monitor.register_metrics(self.registry)
+        self.http = StatusServer(config.http.listen, self.status, self.registry)
+        self._started: list[str] = []
+
+    def _make_camera(self, control_settings: Any) -> Any:
+        """The camera runtime; imported here so that a gateway without a camera never loads numpy,
+        OpenCV or onnxruntime (and none loads torch)."""
+        from gateway.camera_service import CameraRuntime
+
+        config, camera = self.config, self.config.camera
+        assert camera is not None
+        # its own connection: retained model notices in, QoS 0 events out, never in the telemetry path
+        settings = dataclasses.replace(control_settings, client_id=control_settings.client_id.replace(
+            "-control", "-camera"), inbound_bound=100)
+        return CameraRuntime(camera, gateway_id=config.gateway_id, record_log=self.log,
+                             mqtt_settings=settings,
+                             cloud_url=config.uplink.cloud_url, token=self.token,
+                             store_dir=config.data_dir / "models",
+                             blob_spool=self.uplink.blobs.spool if self.uplink.blobs is not None else None,
+                             on_durable=self.uplink.wake,
+                             flush_interval_s=config.log.flush_interval_ms / 1000, on_fatal=self._on_fatal)
+
+    def _make_training(self) -> Any:
+        """The training runtime: cheap until enabled; torch loads only when a local round is to run."""
+        from gateway.federated.service import TrainingRuntime
+
+        config = self.config
+        return TrainingRuntime(config.training, gateway_id=config.gateway_id, data_dir=config.data_dir,
+                               cloud_url=config.uplink.cloud_url, token=self.token, uplink_log=self.log,
+                               link_view=lambda: self.link_monitor.snapshot().view(),
+                               wake_uplink=self.uplink.wake,
+                               report=lambda applied: self.handlers.report("training", applied))
+
+    def _heartbeat_fields(self) -> dict[str, Any]:
+        plan = self.placement.planner.current if self.placement is not None else None
+        return {"backlog_records": self.uplink.backlog, "backlog_bytes": self.log.stats()["bytes_used"],
+                "link": heartbeat_link(self.link_monitor.snapshot()), "placement": heartbeat_placement(plan)}
+
+    def _offline_now(self) -> Will:
+        gw = self.config.gateway_id
+        return Will(status_topic(gw), presence_payload(gw, "offline", time.time()))
+
+    def _on_fatal(self, exc: BaseException) -> None:
+        if self.fatal is not None and not self.fatal.done():
+            self.fatal.set_result(exc)
+
+    async def start(self) -> None:
+        self.fatal = asyncio.get_running_loop().create_future()
+        self._lock.acquire()
+        self._started.append("lock")
+        await self.log.open()
+        self._started.append("log")
+        log.info("log %s opened: log_id %s, durable lsn %d, trimmed lsn %d", self.log.directory,
+                 self.log.log_id, self.log.durable_lsn, self.log.trimmed_lsn)
+        if self.camera is not None:
+            self._started.append("camera")  # started (or not) by the camera handler inside open()
+        self._started.append("training")  # started (or not) by the training handler inside open()
+        await self.control.open()  # the desired config applies before any intake starts
+        try:
+            await self.http.start()
+        except OSError as exc:
+            raise StartupError(f"http.listen {self.config.http.listen}: {exc.strerror}") from None
+        self._started.append("http")
+        await self.uplink.start()
+        self._started.append("uplink")
+        await self.heartbeat.start()
+        self._started.append("heartbeat")
+        await self.mqtt.start()
+        self._started.append("mqtt")
+        if self.placement is not None:
+            await self.placement.start()
+            self._started.append("placement")
+        await self.ingest.start()
+        self._started.append("ingest")
+        await self.control.start()
+        self._started.append("control")
+        log.info("gatewayd started: broker %s, cloud %s, http %s", self.config.mqtt.broker,
+                 self.config.uplink.cloud_url, self.config.http.listen)
+
+    async def stop(self, deadline_s: float = STOP_DEADLINE_S) -> bool:
+        """Stop in reverse order of start; True if everything stopped cleanly within the deadline."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline_s
+        steps = {
+            "control": lambda: self.control.stop(timeout_s=max(0.1, min(2.0, (end - loop.time()) / 4))),
+            "ingest": lambda: self.ingest.stop(timeout_s=max(0.1, (end - loop.time()) * 0.6)),
+            "mqtt": lambda: self.mqtt.stop(final=self._offline_now(),
+                                           timeout_s=max(0.1, (end - loop.time()) / 3)),
+            "uplink": self.uplink.stop,
+            "heartbeat": self.heartbeat.stop,
+            "placement": lambda: self.placement.stop() if self.placement else asyncio.sleep(0),
+            "http": self.http.stop,
+            "camera": lambda: self.camera.stop() if self.camera else asyncio.sleep(0),
+            "training": self.training.stop,
+            "log": self.log.close,
+        }
+        clean = True
+        # Sequential on purpose: each subsystem is either stopped or still running, never half.
+        # The uplink is stopped after ingest/mqtt (reverse order) so a last upload may still finish.
+        for name in reversed(self._started):
+            if name == "lock":
+                self._lock.release()
+                continue
+            try:
+                await asyncio.wait_for(steps[name](), max(0.1, end - loop.time()))
+            except TimeoutError:
+                clean = False
+                log.error("stop: %s did not stop within the %.0fs deadline", name, deadline_s)
+            except Exception:
+                clean = False
+                log.exception("stop: %s failed", name)
+        self._started.clear()
+        return clean
+
+    async def reload(self) -> bool:
+        """SIGHUP: read the config file again; an invalid one is refused whole and the old config stays."""
+        path = self.config_path
+        if path is None:
+            log.warning("reload: no config file to reload")
+            return False
+        try:
+            new = load_gateway_config(path)
+            changed = await self.control.reload_base(base_from_file(new))
+        except ProtocolError as exc:  # ControlError included: the file is refused whole
+            detail = exc.detail
+            self.reloads["failed"] += 1
+            self.last_reload = {"ok": False, "ts": round(time.time(), 3), "error": detail}
+            log.error("reload: %s refused, keeping the previous config: %s", path, detail)
+            return False
+        later = [name for name in RESTART_ONLY if getattr(new, name) != getattr(self.config, name)]
+        unpinned = {"pins": {}}
+        if new.placement.model_copy(update=unpinned) != self.config.placement.model_copy(update=unpinned):
+            later.append("placement (other than pins)")
+        if _camera_restart_fields(self.config, new):
+            later.append("camera (other than enabled, source, sample_fps)")
+        live = TRAINING_LIVE_FIELDS
+        if new.training.model_copy(update=live) != self.config.training.model_copy(update=live):
+            later.append("training (other than enabled, private)")
+        if later:
+            log.warning("reload: %s changed in %s; that takes effect at the next restart",
+                        ", ".join(later), path)
+        self.config = self.config.model_copy(update={"devices": new.devices, "log_level": new.log_level,
+                                                     "placement": new.placement})
+        self.reloads["ok"] += 1
+        self.last_reload = {"ok": True, "ts": round(time.time(), 3), "changed": changed,
+                            "restart_needed_for": later}
+        log.info("reload: %s applied (services changed: %s)", path, ", ".join(changed) or "none")
+        return True
+
+    async def _on_plan(self, plan: Plan) -> None:
+        """Each new placement plan: log it with its reasons, publish it retained (when connected)."""
+        log.info("placement %s", plan.to_text())
+        self.training.poke()  # the link changed: upload raw or train locally may change with it
+        if self.placement is None or not self.mqtt.connected:
+            return  # /status has it; the next plan is published once connected
+        payload = json.dumps(self.placement.status()).encode()
+        try:
+            await self.mqtt.publish(placement_topic(self.config.gateway_id), payload, qos=1, retain=True,
+                                    wait=False)
+        except Exception as exc:  # not connected after all: the plan is still in /status
+            log.warning("placement: could not publish plan v%d: %s", plan.version, exc)
+
+    def pin_placement(self, task_key: str, side: str | None) -> dict[str, str]:
+        """Pin ``service/task`` to "edge" or "cloud" (None: unpin) for the control plane; re-plans now.
+        Raises gateway.placement.PinError (nothing changed) for a bad pin or when placement is off."""
+        from gateway.placement import PinError
+
+        if self.placement is None:
+            raise PinError("placement is disabled (placement.enabled = false)")
+        return self.placement.pin(task_key, side)  # type: ignore[arg-type]
+
+    def set_placement_pins(self, pins: dict[str, str]) -> dict[str, str] | None:
+        """The control plane's whole placement pin set. Before placement starts this only stores them
+        (its first plan uses them); after, the controller re-plans at once. None: placement is off.
+        Raises PinError (a ValueError; nothing changed) for a set the planner refuses."""
+        if self.placement is None:
+            return None
+        if pins != self.placement.planner.pins:
+            self.placement.planner.set_pins(pins)  # type: ignore[arg-type]
+            self.placement.controller.poke()
+            log.info("placement pins -> %s", pins or "none")
+        return dict(self.placement.planner.pins)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "gateway_id": self.config.gateway_id,
+            "uptime_s": round(time.monotonic() - self.started_at, 3),
+            "mqtt": {"broker": self.config.mqtt.broker, **self.mqtt.stats()},
+            "log": {"log_id": self.log.log_id, **self.log.stats()},
+            "ingest": {**self.ingest.stats(), "rejected": sum(self.ingest.rejected.values()),
+                       "rejected_by_reason": dict(self.ingest.rejected)},
+            "uplink": {"state": self.uplink.state, "backlog": self.uplink.backlog,
+                       "last_error": self.uplink.last_error, "last_success_ts": self.uplink.last_success_ts,
+                       **self.uplink.counters, "failures": dict(self.uplink.failures),
+                       "drain": self.uplink.drain_status()},
+            "placement": self.placement.status() if self.placement is not None else None,
+            "heartbeat": dict(self.heartbeat.counters),
+            "control": self.control.status(),
+            "reload": {**self.reloads, "last": self.last_reload},
+            "camera": self.camera.status() if self.camera is not None else None,
+            "training": self.training.status(),
+        }
+
+
+def _camera_restart_fields(old: GatewayConfig, new: GatewayConfig) -> bool:
+    """True if a reload changed [camera] beyond what the control plane applies live."""
+    if (old.camera is None) != (new.camera is None):
+        return True
+    if old.camera is None or new.camera is None:
+        return False
+    live = CAMERA_LIVE_FIELDS
+    return old.camera.model_copy(update=live) != new.camera.model_copy(update=live)
