@@ -9,24 +9,31 @@ from __future__ import annotations
 import json
 import math
 import tomllib
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from protocol.topics import ID_PATTERN
 
-# Which dataset each trainable model learns from, and the registry name its versions get.
-MODEL_DATASETS = {"digits_cnn": "digits", "anomaly_autoencoder": "sensor_windows",
-                  "scene_cnn": "camera_frames"}
-REGISTRY_NAMES = {"digits_cnn": "digits", "anomaly_autoencoder": "anomaly", "scene_cnn": "scene"}
-# What the job file's [model] name says (a name run.py knows, or a dotted path to the factory).
-TRAINER_MODEL_NAMES = {"digits_cnn": "digits_cnn",
-                       "anomaly_autoencoder": "models.anomaly.anomaly_autoencoder",
-                       "scene_cnn": "models.scene.scene_cnn"}
+
+@dataclass(frozen=True)
+class TrainableModel:
+    dataset: str  # the dataset it learns from
+    registry_name: str  # the name its versions get in the registry
+    trainer_name: str  # the job file's [model] name: a name run.py knows, or a dotted path to the factory
+    default_lr: float
+
+
+TRAINABLE_MODELS = {
+    "digits_cnn": TrainableModel("digits", "digits", "digits_cnn", 0.05),
+    "anomaly_autoencoder": TrainableModel("sensor_windows", "anomaly", "models.anomaly.anomaly_autoencoder",
+                                          0.01),
+    "scene_cnn": TrainableModel("camera_frames", "scene", "models.scene.scene_cnn", 0.05),
+}
 # Datasets built from gateways' uploads (cloud/jobs/datasets.py writes them as a tensor file), the
 # loss each trains with, and the share of rows held out for the eval lines.
 UPLOADED_DATASETS = {"sensor_windows": ("reconstruction", 0.0), "camera_frames": ("cross_entropy", 0.2)}
-DEFAULT_LR = {"digits_cnn": 0.05, "anomaly_autoencoder": 0.01, "scene_cnn": 0.05}
 
 
 class SpecError(ValueError):
@@ -53,7 +60,7 @@ class JobSpec(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> JobSpec:
-        wanted = MODEL_DATASETS[self.model]
+        wanted = TRAINABLE_MODELS[self.model].dataset
         if self.dataset is not None and self.dataset != wanted:
             raise ValueError(f"model {self.model} trains on dataset {wanted!r}, not {self.dataset!r}")
         if self.batch_size % self.microbatches:
@@ -65,15 +72,15 @@ class JobSpec(BaseModel):
 
     @property
     def dataset_name(self) -> str:
-        return self.dataset or MODEL_DATASETS[self.model]
+        return self.dataset or TRAINABLE_MODELS[self.model].dataset
 
     @property
     def model_name(self) -> str:
-        return self.registry_name or REGISTRY_NAMES[self.model]
+        return self.registry_name or TRAINABLE_MODELS[self.model].registry_name
 
     @property
     def learning_rate(self) -> float:
-        return self.lr if self.lr is not None else DEFAULT_LR[self.model]
+        return self.lr if self.lr is not None else TRAINABLE_MODELS[self.model].default_lr
 
     @property
     def min_rows(self) -> int:
@@ -113,7 +120,7 @@ def parse_spec(raw: bytes | str | dict[str, Any], *, max_nproc: int) -> JobSpec:
 def job_toml(spec: JobSpec) -> str:
     """The ``cloud.training.run`` job file for a spec (workdir-relative paths)."""
     lines = [
-        "[model]", f'name = "{TRAINER_MODEL_NAMES[spec.model]}"', "",
+        "[model]", f'name = "{TRAINABLE_MODELS[spec.model].trainer_name}"', "",
         "[train]", f'schedule = "{spec.schedule}"', f"microbatches = {spec.microbatches}",
         f"batch_size = {spec.batch_size}", f"epochs = {spec.epochs}", f"max_steps = {spec.max_steps}",
         f"lr = {spec.learning_rate!r}", f"seed = {spec.seed}", "threads = 1", "",
