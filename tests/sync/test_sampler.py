@@ -22,14 +22,21 @@ def test_toggles_count_both_directions_across_epochs() -> None:
     assert state.toggles.tolist() == [2, 0, 0]
     assert state.presentations.tolist() == [3, 3, 3]
     assert state.last.tolist() == [1, 1, 0]
+    assert state.toggle_rate().tolist() == [1.0, 0.0, 0.0]  # toggles per chance to toggle
 
 
-def test_scores_favour_toggling_wrong_and_unseen() -> None:
+def test_scores_follow_how_recently_an_item_was_wrong() -> None:
     tracker = ToggleTracker(4)
     for bits in ([1, 1, 0], [0, 1, 0], [1, 1, 0]):
         tracker.record(torch.arange(3), torch.tensor(bits, dtype=torch.bool))
         state = tracker.merge()
-    assert item_scores(state).tolist() == [1.0, 0.0, 1.0, 1.0]  # toggler, stable right, wrong, unseen
+    assert item_scores(state).tolist() == [0.5, 0.0, 1.0, 1.0]  # relearned, settled, wrong, unseen
+    for _ in range(3):  # a forgotten item never settles: it halves per right answer in a row...
+        tracker.record(torch.tensor([0]), torch.tensor([True]))
+        state = tracker.merge()
+    assert item_scores(state)[0] == 0.0625
+    tracker.record(torch.tensor([0]), torch.tensor([False]))  # ...and is back at 1 when wrong again
+    assert item_scores(tracker.merge())[0] == 1.0
 
 
 def test_selection_is_deterministic_and_explores() -> None:
@@ -54,11 +61,12 @@ def test_sampler_shards_the_same_selection() -> None:
     assert sorted(lists[0] + lists[1]) == sorted(shards[0].selection().tolist())
 
 
-def test_once_seen_items_are_not_yet_stable_and_warmup_takes_everything() -> None:
+def test_once_seen_items_are_not_yet_settled_and_warmup_takes_everything() -> None:
     tracker = ToggleTracker(3)
-    tracker.record(torch.arange(2), torch.tensor([True, True]))
+    tracker.record(torch.arange(2), torch.tensor([True, False]))
     state = tracker.merge()
-    assert item_scores(state).tolist() == [1.0, 1.0, 1.0]  # one presentation: no chance to toggle yet
+    assert not settled_items(state).any()
+    assert item_scores(state).tolist() == [0.5, 1.0, 1.0]  # right once, wrong, unseen
     sampler = ToggleSampler(10, fraction=0.3, seed=2, warmup_epochs=1)
     assert sorted(sampler) == list(range(10)) and len(sampler) == 10
     sampler.set_epoch(1)

@@ -1,4 +1,4 @@
-"""Choosing the next epoch's items by toggle rate, the same choice on every rank.
+"""Choosing the next epoch's items from the toggle record, the same choice on every rank.
 
 An item is *settled* when it was never forgotten (no right -> wrong toggle: its only toggle, if
 any, was being learned) and its last ``settle_after`` (at least 2) predictions were right.
@@ -9,9 +9,11 @@ Two selections, both pure and seeded by (seed, epoch) so every rank computes the
   turns out forgotten when re-checked is unsettled from then on). The epoch's size follows the
   state: it shrinks as items settle.
 - ``select_items`` (a fixed ``fraction``): ``budget`` items drawn without replacement, item i with
-  weight ``floor + (1 - floor) * score_i``; the score is 0 for settled items, 1 for items wrong or
-  not yet known (fewer than two presentations), and the toggle rate for the rest (forgotten once
-  and right again).
+  weight ``floor + (1 - floor) * score_i``. The score says how recently the item toggled to wrong:
+  1 for items wrong on their last presentation (or never seen), halved for each right answer in a
+  row since (``RIGHT_ANSWER_DISCOUNT``), so an item right on its only presentation, or just
+  relearned, scores 0.5, and 0 once settled. A forgotten item never settles: its score halves
+  towards 0 while it stays right, and the next wrong answer puts it back at 1.
 
 ``ToggleSampler`` hands rank r every world-th item of the list. For the first ``warmup_epochs``
 epochs it takes every item in a seeded random order (the record needs presentations first).
@@ -29,15 +31,18 @@ from torch.utils.data import Sampler
 
 from cloud.training.data.toggle import UNSEEN, ToggleState
 
+# Each right answer in a row halves an unsettled item's score: an item that was wrong a pass ago
+# needs more work than one that has been right for several (measured: docs/training-sync.md).
+RIGHT_ANSWER_DISCOUNT = 0.5
+
 
 def settled_items(state: ToggleState, settle_after: int = 2) -> torch.Tensor:
     return (state.streak >= max(2, settle_after)) & (state.forgets == 0)
 
 
 def item_scores(state: ToggleState, settle_after: int = 2) -> torch.Tensor:
-    score = state.toggle_rate().clamp(max=1.0)
-    needs_work = (state.presentations < 2) | (state.last == UNSEEN) | (state.last == 0)
-    score = torch.where(needs_work, torch.ones_like(score), score)
+    since_wrong = RIGHT_ANSWER_DISCOUNT ** state.streak.double()  # streak is 0 unless last is right
+    score = torch.where(state.last == 1, since_wrong, torch.ones_like(since_wrong))
     return torch.where(settled_items(state, settle_after), torch.zeros_like(score), score)
 
 
