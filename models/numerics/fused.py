@@ -153,8 +153,8 @@ def _unpack_stream(mantissas, n, width, codes):
 
 @njit(cache=True, nogil=True)
 def decode_into(mantissas, exponents, n, width, offset, decode_scales, out):
-    """float32 ``out`` (n rounded up to whole blocks; the padding receives garbage) = (code -
-    offset) * the block's scale, unpacking the ``_pack`` layout."""
+    """``out[:n]`` (float32; ``out`` holds n rounded up to whole blocks, the rest is left as it
+    was) = (code - offset) * the block's scale, unpacking the ``_pack`` layout."""
     if width == 8:
         codes = mantissas
     else:
