@@ -16,6 +16,7 @@ from cloud.training.compression import (
     gist_transform,
     train_compressed,
 )
+from cloud.training.compression.trainer import layer_grad_errors, relative_grad_error
 from models.digits import accuracy, digits_cnn, load_digits_split, train_single_process
 from models.numerics import BfpFormat
 
@@ -24,7 +25,7 @@ torch.set_num_threads(1)
 
 def test_controller_tightens_loosens_and_logs_bounded() -> None:
     settings = ControllerSettings(window=2, start_rung=3, tightest_rung=len(DEFAULT_LADDER) - 1,
-                                  max_decisions=3)
+                                  tighten_rungs=1, max_decisions=3)
     controller = AdaptiveController(["a", "b"], settings)
     controller.record_loss(1.0)
     made = controller.decide(1, grad_rel_error=0.01, layer_errors={"a": 0.05, "b": 0.3})
@@ -47,10 +48,9 @@ def test_controller_tightens_loosens_and_logs_bounded() -> None:
 def test_default_settings_tighten_to_m4_and_no_further() -> None:
     controller = AdaptiveController(["a"], ControllerSettings(window=2))
     assert controller.policy.format_for("a") == DEFAULT_LADDER[0]  # training starts at m8
-    for step, rung in ((1, 1), (3, 2), (5, 3)):  # one rung per good window, down to m4
-        controller.record_loss(1.0)
-        made = controller.decide(step, grad_rel_error=0.01, layer_errors={"a": 0.01})
-        assert [d.new for d in made] == [str(DEFAULT_LADDER[rung])]
+    controller.record_loss(1.0)
+    made = controller.decide(1, grad_rel_error=0.01, layer_errors={"a": 0.01})
+    assert [d.new for d in made] == [str(DEFAULT_LADDER[3])]  # one good window: straight to m4
     assert controller.policy.format_for("a") == BfpFormat(mantissa_bits=4)
     for step in range(7, 14, 2):  # good steps, tiny error: the bytes-first rule would tighten each time
         controller.record_loss(1.0)
@@ -58,8 +58,33 @@ def test_default_settings_tighten_to_m4_and_no_further() -> None:
     controller.record_loss(1.0)
     made = controller.decide(15, grad_rel_error=0.01, layer_errors={"a": 0.5})  # it still loosens
     assert [(d.layer, d.new) for d in made] == [("a", str(DEFAULT_LADDER[2]))]
+    controller.record_loss(1.0)
+    made = controller.decide(17, grad_rel_error=0.01, layer_errors={"a": 0.01})  # one rung back down
+    assert [(d.layer, d.new) for d in made] == [("a", str(DEFAULT_LADDER[3]))]
     with pytest.raises(ValueError, match="tightest_rung"):
         AdaptiveController(["a"], ControllerSettings(start_rung=4))  # starts past its own floor
+    with pytest.raises(ValueError, match="tighten_rungs"):
+        AdaptiveController(["a"], ControllerSettings(tighten_rungs=0))
+
+
+def test_layer_whose_gradient_is_ruined_is_loosened_though_the_model_gradient_looks_fine() -> None:
+    # A small layer's gradient error barely moves the whole model's (dominated by the big layer),
+    # and its activation error is small: only its own gradient error shows the damage.
+    big, small = torch.nn.Linear(64, 64), torch.nn.Linear(4, 2)
+    params = [big.weight, small.weight]
+    reference = [torch.ones(64, 64), torch.ones(2, 4)]
+    big.weight.grad, small.weight.grad = reference[0].clone(), -reference[1]  # small's gradient flipped
+    global_error = relative_grad_error(reference, params)
+    per_layer = layer_grad_errors(reference, params, ["big", "small"])
+    assert global_error < 0.15 and per_layer == {"big": 0.0, "small": pytest.approx(2.0)}
+    controller = AdaptiveController(["big", "small"], ControllerSettings(window=2, start_rung=3))
+    controller.record_loss(1.0)  # without the per-layer signal the window reads as good
+    assert controller.decide(1, global_error, {"big": 0.05, "small": 0.1}) == []  # both at the floor
+    controller.record_loss(1.0)
+    made = controller.decide(3, global_error, {"big": 0.05, "small": 0.1}, per_layer)
+    assert [(d.layer, d.new) for d in made] == [("small", str(DEFAULT_LADDER[2]))]
+    assert "layer_grad_err=2.000" in made[0].reason  # the decision says why
+    assert controller.last_metrics["layer_grad_errors"] == per_layer
 
 
 def test_compressed_training_reaches_fp32_accuracy() -> None:

@@ -6,7 +6,8 @@ seed) so that fp32 and compressed runs differ only in what is stored for backwar
 
 Invariant: with ``compressor=None`` this is the plain fp32 trainer; with a controller, every
 ``window``-th step also runs a full-precision probe of the same batch before the compressed step
-and feeds the controller, whose new policy takes effect from the next step.
+and feeds the controller (the gradient error of the whole model and of each layer that owns
+parameters), whose new policy takes effect from the next step.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 from torch import nn
 
 from cloud.training.compression.controller import AdaptiveController
-from cloud.training.compression.hooks import ActivationCompressor
+from cloud.training.compression.hooks import ActivationCompressor, leaf_names
 from models.digits import DigitsSplit
 
 
@@ -43,6 +44,25 @@ def relative_grad_error(reference: list[torch.Tensor], params: list[nn.Parameter
     return (num / den) ** 0.5 if den > 0 else 0.0
 
 
+def layer_grad_errors(reference: list[torch.Tensor], params: list[nn.Parameter],
+                      owners: list[str]) -> dict[str, float]:
+    """Relative gradient error per layer (``owners[i]`` owns ``params[i]``). A layer's weight
+    gradient reads its saved input, so a format that damages one small layer's gradient shows here
+    even when the whole model's error, dominated by the largest layers, looks fine."""
+    sums: dict[str, list[float]] = {}
+    for p, r, owner in zip(params, reference, owners, strict=True):
+        entry = sums.setdefault(owner, [0.0, 0.0])
+        entry[0] += float(((p.grad - r) ** 2).sum())
+        entry[1] += float((r ** 2).sum())
+    return {owner: (num / den) ** 0.5 for owner, (num, den) in sums.items() if den > 0}
+
+
+def _parameter_owners(model: nn.Module, params: list[nn.Parameter]) -> list[str]:
+    owner_of = {id(p): name for name in leaf_names(model)
+                for p in model.get_submodule(name).parameters(recurse=False)}
+    return [owner_of.get(id(p), "") for p in params]
+
+
 def train_compressed(model: nn.Module, split: DigitsSplit, *, compressor: ActivationCompressor | None = None,
                      controller: AdaptiveController | None = None, epochs: int = 10, batch_size: int = 32,
                      lr: float = 0.05, seed: int = 0, optimizer_name: str = "sgd") -> TrainResult:
@@ -60,6 +80,7 @@ def train_compressed(model: nn.Module, split: DigitsSplit, *, compressor: Activa
     loss_fn = nn.CrossEntropyLoss()
     if controller is not None:
         compressor.policy = controller.policy
+    owners = _parameter_owners(model, params)
     result, step = TrainResult(), 0
     started = time.perf_counter()
     for _ in range(epochs):
@@ -90,7 +111,8 @@ def train_compressed(model: nn.Module, split: DigitsSplit, *, compressor: Activa
                 compressor.measure_errors = False
                 grad_error = relative_grad_error(reference, params)
                 result.probe_grad_errors.append(grad_error)
-                controller.decide(step, grad_error, compressor.layer_errors)
+                controller.decide(step, grad_error, compressor.layer_errors,
+                                  layer_grad_errors(reference, params, owners))
                 compressor.policy = controller.policy
             optimizer.step()
             total, batches = total + loss.item(), batches + 1
