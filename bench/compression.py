@@ -160,9 +160,16 @@ def _load_data(quick: bool) -> None:
     _DATA["scene"] = DigitsSplit(data.x[n_test:], data.y[n_test:], data.x[:n_test], data.y[:n_test])
     torch.set_num_threads(1)
     # Pay the lazy imports once, here, not in every forked case: an optimizer's first construction
-    # imports torch._dynamo (seconds of CPU), the compression package imports torch.fx.
+    # imports torch._dynamo (seconds of CPU), the compression package imports torch.fx, and the
+    # codec's fused kernels load numba and LLVM (~145 MB of RSS once per process, in every case's
+    # baseline here; docs/compression.md states it).
     import cloud.training.compression  # noqa: F401
+    from models.numerics import BfpCodec, BfpFormat
+
     torch.optim.Adam([torch.zeros(1, requires_grad=True)])
+    for bits in (8, 6, 4, 3):
+        codec = BfpCodec(BfpFormat(mantissa_bits=bits), use_kernels=True)
+        codec.decode(codec.encode(torch.ones(64)))
 
 
 def main() -> int:

@@ -259,5 +259,5 @@ class ActivationCompressor:
     def _codec(self, fmt: BfpFormat) -> BfpCodec:
         codec = self._codecs.get(fmt)
         if codec is None:
-            codec = self._codecs[fmt] = BfpCodec(fmt, self.generator)
+            codec = self._codecs[fmt] = BfpCodec(fmt, self.generator, use_kernels=True)
         return codec

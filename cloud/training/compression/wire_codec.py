@@ -25,7 +25,7 @@ class BfpWireCodec:
         self.name = name
         self.codec_id = 16 + fmt.mantissa_bits  # 0 is fp32; ids are shared by every rank
         self.fmt = fmt
-        self._codec = BfpCodec(fmt)
+        self._codec = BfpCodec(fmt, use_kernels=True)
 
     def encode(self, tensor: torch.Tensor) -> torch.Tensor:
         return pack_for_wire(self._codec.encode(tensor.detach()))
