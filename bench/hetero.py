@@ -11,7 +11,7 @@ slower rank, reached only when nothing but the split compute costs time).
 
 Two workloads, global batch 1024 each:
 - ``cnn`` (headline, ``vs_uniform``): the digits CNN, 36k parameters, compute-bound, as the
-  trainer's data-parallel jobs are: what the balancer can win is what it is measured on;
+  trainer's data-parallel jobs are;
 - ``mlp`` (``vs_uniform_mlp``): 64-512-512-10, 300k parameters: the per-iteration cost no split
   can balance away (all-reduce of 1.2 MB, barrier, optimizer step: ~1.5 ms of ~15 ms) caps it
   near 1.43 on an idle box.

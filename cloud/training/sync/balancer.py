@@ -6,7 +6,8 @@ make every rank look equally slow) and calls ``end_iteration``; every ``every`` 
 ranks all-gather (samples, seconds) per iteration, fit each rank's cost as fixed + per-sample
 seconds over its recent history (small batches are less efficient, so a samples/s split alone
 overshoots), smooth it (EWMA), and, past the hysteresis, move part of the way to the split that
-equalises predicted times, at the same iteration on every rank. Gradients are scaled by
+equalises predicted times, at the same iteration on every rank, re-splitting until the predicted
+imbalance is within ``settle_within``. Gradients are scaled by
 size_r / global before the all-reduce SUM (``weighted_allreduce`` or
 ``SyncScheduler.set_sample_weight``), so the update is the global batch's mean gradient,
 exactly as if one process had taken the whole batch.
@@ -39,7 +40,7 @@ class Balancer:
     def __init__(self, global_batch: int, *, group: dist.ProcessGroup | None = None,
                  declared_speeds: Sequence[float] | None = None, alpha: float = 0.5, hysteresis: float = 0.08,
                  every: int = 2, gain: float = 0.5, min_per_rank: int = 1, history: int = 8,
-                 progress_path: str | Path | None = None) -> None:
+                 settle_within: float = 0.02, progress_path: str | Path | None = None) -> None:
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -48,6 +49,11 @@ class Balancer:
         self.gain = gain  # fraction of the way to the proportional split taken per re-split
         self.min_per_rank = min_per_rank
         self.tracker = SpeedTracker(alpha, hysteresis)
+        # Two thresholds, as a thermostat has: an imbalance past ``hysteresis`` starts re-splitting,
+        # which then goes on until it is within ``settle_within`` (a single threshold would stop
+        # anywhere inside the band: up to ``hysteresis`` slower than balanced, for good).
+        self.settle_within = min(settle_within, hysteresis)
+        self._settling = False
         self.sizes = split_batch(declared_speeds or [1.0] * self.world, global_batch, min_per_rank)
         # the tracker smooths (fixed, per-sample) cost pairs per rank; its hysteresis gates re-splits
         self.iteration = 0
@@ -99,12 +105,15 @@ class Balancer:
         costs = [(smoothed[2 * r], smoothed[2 * r + 1]) for r in range(self.world)]
         predicted = [fixed + per * n for (fixed, per), n in zip(costs, self.sizes, strict=True)]
         self.predicted_imbalance = max(predicted) / min(predicted)
-        if self.predicted_imbalance <= 1 + self.tracker.hysteresis:
+        band = self.settle_within if self._settling else self.tracker.hysteresis
+        self._settling = self.predicted_imbalance > 1 + band
+        if not self._settling:
             return False
         before = self.sizes
         target = affine_split(costs, self.global_batch, self.min_per_rank)
         self.sizes = step_towards(before, target, self.gain)
         if self.sizes == before:
+            self._settling = False  # as close as whole samples get
             return False
         self._log({"iteration": self.iteration, "action": "rebalance", "sizes_before": list(before),
                    "sizes": list(self.sizes), "target": list(target),
