@@ -101,7 +101,7 @@ class BfpCodec:
         # Log levels: the top level at E = 128 would be 2**128 (inf in float32), so magnitudes of
         # 2**127 and more go to side storage like non-finite values; then E <= 127 always.
         self._special_at = 2.0 ** 127 if fmt.levels == "log" else math.inf
-        # The fused kernels cover this format on the CPU (float32 tensors; see fused.py).
+        # The fused kernels, if asked for and they cover this format (float32 CPU tensors; fused.py).
         self._fused = _fused_kernels() if use_kernels and _fused_kernels().covers(fmt) else None
         if self._fused:
             self._encode_scales = _scale_table(fmt, "encode", torch.device("cpu")).numpy()
@@ -161,7 +161,7 @@ class BfpCodec:
         if fmt == self.fmt and self._fused and packed.dtype == torch.float32 and device.type == "cpu" and n:
             out = torch.empty(n_pad, dtype=torch.float32)
             self._fused.decode_into(packed.mantissas.numpy(), packed.exponents.numpy(), n, fmt.mantissa_bits,
-                              fmt.max_code, self._decode_scales, out.numpy())
+                                    fmt.max_code, self._decode_scales, out.numpy())
             result = out[:n]
             if packed.side_index.numel():
                 result[packed.side_index.long()] = packed.side_value
@@ -343,8 +343,8 @@ _EMPTY_INDEX = torch.zeros(0, dtype=torch.int32)
 
 @functools.cache
 def _fused_kernels():
-    """models.numerics.fused, imported on the first codec: numba takes ~0.3 s to import, which
-    processes that only read this package's formats (the gateway's protocol code) should not pay."""
+    """models.numerics.fused, imported by the first codec that uses the kernels: numba takes ~0.3 s
+    and ~145 MB to load, which processes that do not (the gateway) should not pay."""
     from models.numerics import fused
     return fused
 
