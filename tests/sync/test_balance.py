@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from cloud.training.sync.balance import (
     SpeedTracker,
     imbalance,
+    should_resplit,
     speeds_from_generations,
     split_batch,
     step_towards,
@@ -54,3 +55,11 @@ def test_affine_cost_fit_and_split() -> None:
     sizes = affine_split([(0.006, 0.001), (0.012, 0.002)], 128)  # rank 1: everything twice as slow
     times = [0.006 + sizes[0] * 0.001, 0.012 + sizes[1] * 0.002]
     assert sum(sizes) == 128 and abs(times[0] - times[1]) < 0.003
+
+
+def test_resplitting_starts_past_the_hysteresis_and_settles_close_to_balanced() -> None:
+    hysteresis, settle_within = 0.1, 0.02
+    assert not should_resplit(1.08, False, hysteresis, settle_within)  # inside the band: leave it
+    assert should_resplit(1.12, False, hysteresis, settle_within)  # past it: start
+    assert should_resplit(1.05, True, hysteresis, settle_within)  # started: go on inside the band...
+    assert not should_resplit(1.015, True, hysteresis, settle_within)  # ...until within settle_within

@@ -79,6 +79,14 @@ def step_towards(current: Sequence[int], target: Sequence[int], gain: float) -> 
     return tuple(sizes)
 
 
+def should_resplit(predicted_imbalance: float, settling: bool, hysteresis: float,
+                   settle_within: float) -> bool:
+    """Two thresholds, as a thermostat has: an imbalance past ``1 + hysteresis`` starts re-splitting,
+    which goes on (``settling``) until it is within ``1 + settle_within``. With one threshold the
+    split would stop anywhere inside the band, up to ``hysteresis`` slower than balanced for good."""
+    return predicted_imbalance > 1 + (settle_within if settling else hysteresis)
+
+
 def iteration_times(speeds: Sequence[float], sizes: Sequence[int]) -> tuple[float, ...]:
     return tuple(size / speed for size, speed in zip(sizes, speeds, strict=True))
 

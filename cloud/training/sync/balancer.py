@@ -31,6 +31,7 @@ from cloud.training.sync.balance import (
     SpeedTracker,
     affine_split,
     fit_affine,
+    should_resplit,
     split_batch,
     step_towards,
 )
@@ -49,10 +50,7 @@ class Balancer:
         self.gain = gain  # fraction of the way to the proportional split taken per re-split
         self.min_per_rank = min_per_rank
         self.tracker = SpeedTracker(alpha, hysteresis)
-        # Two thresholds, as a thermostat has: an imbalance past ``hysteresis`` starts re-splitting,
-        # which then goes on until it is within ``settle_within`` (a single threshold would stop
-        # anywhere inside the band: up to ``hysteresis`` slower than balanced, for good).
-        self.settle_within = min(settle_within, hysteresis)
+        self.settle_within = min(settle_within, hysteresis)  # see ``should_resplit``
         self._settling = False
         self.sizes = split_batch(declared_speeds or [1.0] * self.world, global_batch, min_per_rank)
         # the tracker smooths (fixed, per-sample) cost pairs per rank; its hysteresis gates re-splits
@@ -105,8 +103,8 @@ class Balancer:
         costs = [(smoothed[2 * r], smoothed[2 * r + 1]) for r in range(self.world)]
         predicted = [fixed + per * n for (fixed, per), n in zip(costs, self.sizes, strict=True)]
         self.predicted_imbalance = max(predicted) / min(predicted)
-        band = self.settle_within if self._settling else self.tracker.hysteresis
-        self._settling = self.predicted_imbalance > 1 + band
+        self._settling = should_resplit(self.predicted_imbalance, self._settling, self.tracker.hysteresis,
+                                        self.settle_within)
         if not self._settling:
             return False
         before = self.sizes
