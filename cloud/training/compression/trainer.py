@@ -38,23 +38,29 @@ class TrainResult:
         return self.seconds / max(1, self.steps)
 
 
-def relative_grad_error(reference: list[torch.Tensor], params: list[nn.Parameter]) -> float:
-    num = sum(float(((p.grad - r) ** 2).sum()) for p, r in zip(params, reference, strict=True))
-    den = sum(float((r ** 2).sum()) for r in reference)
-    return (num / den) ** 0.5 if den > 0 else 0.0
-
-
-def layer_grad_errors(reference: list[torch.Tensor], params: list[nn.Parameter],
-                      owners: list[str]) -> dict[str, float]:
-    """Relative gradient error per layer (``owners[i]`` owns ``params[i]``). A layer's weight
-    gradient reads its saved input, so a format that damages one small layer's gradient shows here
-    even when the whole model's error, dominated by the largest layers, looks fine."""
+def grad_errors(reference: list[torch.Tensor], params: list[nn.Parameter],
+                owners: list[str]) -> tuple[float, dict[str, float]]:
+    """Relative gradient error against the probe, of the whole model and per layer (``owners[i]``
+    owns ``params[i]``), from one pass over the gradients. A layer's weight gradient reads its saved
+    input, so a format that damages one small layer's gradient shows in its own error even when
+    the whole model's, dominated by the largest layers, looks fine."""
     sums: dict[str, list[float]] = {}
     for p, r, owner in zip(params, reference, owners, strict=True):
         entry = sums.setdefault(owner, [0.0, 0.0])
         entry[0] += float(((p.grad - r) ** 2).sum())
         entry[1] += float((r ** 2).sum())
-    return {owner: (num / den) ** 0.5 for owner, (num, den) in sums.items() if den > 0}
+    num, den = sum(n for n, _ in sums.values()), sum(d for _, d in sums.values())
+    whole = (num / den) ** 0.5 if den > 0 else 0.0
+    return whole, {owner: (n / d) ** 0.5 for owner, (n, d) in sums.items() if d > 0}
+
+
+def relative_grad_error(reference: list[torch.Tensor], params: list[nn.Parameter]) -> float:
+    return grad_errors(reference, params, [""] * len(params))[0]
+
+
+def layer_grad_errors(reference: list[torch.Tensor], params: list[nn.Parameter],
+                      owners: list[str]) -> dict[str, float]:
+    return grad_errors(reference, params, owners)[1]
 
 
 def _parameter_owners(model: nn.Module, params: list[nn.Parameter]) -> list[str]:
@@ -109,10 +115,9 @@ def train_compressed(model: nn.Module, split: DigitsSplit, *, compressor: Activa
                 controller.record_loss(loss.item())
             if probing:
                 compressor.measure_errors = False
-                grad_error = relative_grad_error(reference, params)
+                grad_error, per_layer = grad_errors(reference, params, owners)
                 result.probe_grad_errors.append(grad_error)
-                controller.decide(step, grad_error, compressor.layer_errors,
-                                  layer_grad_errors(reference, params, owners))
+                controller.decide(step, grad_error, compressor.layer_errors, per_layer)
                 compressor.policy = controller.policy
             optimizer.step()
             total, batches = total + loss.item(), batches + 1
