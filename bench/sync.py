@@ -207,9 +207,11 @@ def main() -> None:
         print("  decision:", decision)
     last = figures["last_window"]
     if last:
-        print("  last window (blocked, sync, queue ms):",
-              {layer["layer"]: (layer["blocked_ms"], layer["sync_ms"], layer["queue_ms"])
-               for layer in last["layers"]})
+        print(f"  last window, {last['iteration_ms']:.1f} ms/iter (per layer, ms):")
+        columns = [key for key in last["layers"][0] if key.endswith("_ms")]
+        print("    layer " + " ".join(f"{key[:-3]:>8}" for key in columns))
+        for layer in last["layers"]:
+            print(f"    {layer['layer']:>5} " + " ".join(f"{layer[key]:8.2f}" for key in columns))
 
 if __name__ == "__main__":
     main()

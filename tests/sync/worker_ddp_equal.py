@@ -10,7 +10,7 @@ from _common import init, write_result
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from cloud.training.sync.policy import EngineConfig
+from cloud.training.sync.engine import EngineConfig
 from cloud.training.sync.scheduler import SyncScheduler
 
 STEPS, BATCH, LR = 12, 8, 0.1
@@ -45,7 +45,7 @@ def main() -> None:
     configs = {
         "default": {},
         "merged_held": {"policy": "4+2|0 held=0", "adaptive": False},
-        "adaptive_switching": {"engine": EngineConfig(block_threshold_s=0.0, merge_bytes=1 << 30,
+        "adaptive_switching": {"engine": EngineConfig(block_threshold_s=0.0, merge_bytes=1 << 30, plan=False,
                                                       keep_rel_tol=10.0), "window": 2},
     }
     result = {}

@@ -9,8 +9,8 @@ import torch
 from _common import init, write_result
 from torch import nn
 
+from cloud.training.sync.engine import EngineConfig
 from cloud.training.sync.link import LinkDelay
-from cloud.training.sync.policy import EngineConfig
 from cloud.training.sync.scheduler import SyncScheduler
 
 WIDTH = int(os.environ.get("SYNC_TEST_WIDTH", "256"))
@@ -29,9 +29,9 @@ def main() -> None:
         layers += [nn.Linear(WIDTH, WIDTH), nn.ReLU()]
     model = nn.Sequential(*layers, nn.Linear(WIDTH, 10))
     delayed_layer = os.environ.get("SYNC_TEST_LAYER", str(2 * DEPTH))
-    # merges off: on a shared 2-core box rank skew alone blocks layer 0 for ~10-50 ms, and this test
-    # is about the remedy for one slow sync, not about fusion
-    engine = EngineConfig(merge_bytes=0, heavy_min_s=DELAY_S / 3)
+    # merges and the planner off: on a shared 2-core box rank skew alone blocks layer 0 for ~10-50
+    # ms, and this test is about the remedy for one slow sync, not about fusion
+    engine = EngineConfig(merge_bytes=0, plan=False, heavy_min_s=DELAY_S / 3)
     sync = SyncScheduler(model, lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9), window=WINDOW,
                          engine=engine)
     generator = torch.Generator().manual_seed(rank)

@@ -51,7 +51,8 @@ class SharedWire:
         self._busy = False
         self._priority_waiting = 0
 
-    def occupy(self, seconds: float, priority: bool = False, timeout_s: float = 60.0) -> None:
+    def occupy(self, seconds: float, priority: bool = False, timeout_s: float = 60.0) -> float:
+        """Hold the wire for ``seconds``; returns when the message got it (monotonic clock)."""
         with self._free:
             if priority:
                 self._priority_waiting += 1
@@ -64,12 +65,14 @@ class SharedWire:
             if not ok:
                 raise TimeoutError(f"emulated wire not free within {timeout_s} s")
             self._busy = True
+        acquired = time.monotonic()
         try:
             time.sleep(seconds)  # a sleep releases the GIL: the host is idle while bytes are on the wire
         finally:
             with self._free:
                 self._busy = False
                 self._free.notify_all()
+        return acquired
 
 
 class PendingSync:
@@ -80,6 +83,8 @@ class PendingSync:
         self.layers = layers
         self.handed_at = time.monotonic()
         self.picked_at: float | None = None
+        self.on_wire_at: float | None = None  # got the emulated wire (= launched_at without one)
+        self.launched_at: float | None = None  # the collective was issued
         self.done_at: float | None = None
         self._launched = threading.Event()
         self._work: dist.Work | None = None
@@ -114,6 +119,20 @@ class PendingSync:
         if self.done_at is None or self.picked_at is None:
             return None
         return self.done_at - self.picked_at
+
+    @property
+    def wire_s(self) -> float | None:
+        """Time the message held the emulated wire (0 on a link with no emulated delay)."""
+        if self.launched_at is None or self.on_wire_at is None:
+            return None
+        return self.launched_at - self.on_wire_at
+
+    @property
+    def reduce_s(self) -> float | None:
+        """Time of the collective itself, from launch to done (waiting for the peers included)."""
+        if self.done_at is None or self.launched_at is None:
+            return None
+        return self.done_at - self.launched_at
 
     def on_done(self, callback: Callable[[PendingSync], None]) -> None:
         with self._lock:
@@ -173,8 +192,8 @@ class CommThread:
                 if stall > 0:
                     time.sleep(stall)
                 wire = link.wire_s(pending.tensor.numel() * pending.tensor.element_size())
-                if wire > 0:
-                    self.wire.occupy(wire, self.priority)
+                pending.on_wire_at = self.wire.occupy(wire, self.priority) if wire > 0 else time.monotonic()
+                pending.launched_at = time.monotonic()
                 work = dist.all_reduce(pending.tensor, group=self.group, async_op=True)
                 pending._work = work
                 work.get_future().add_done_callback(lambda _fut, p=pending: p._mark_done())

@@ -8,7 +8,9 @@ buckets are handed over in forward order. The optimizer step is lazy and per lay
 pre-hook on each layer waits for that layer's sync, writes the summed gradient back (views of the
 received message), steps that layer's optimizer and clears its gradients; before it waits, it
 steps the layers whose syncs already arrived, so their steps fill the wait instead of following
-it. The time spent in that wait is the layer's blockage.
+it. The time spent in that wait is the layer's blockage. The window also measures what the
+planner (``plan.py``) models an iteration from: each layer's forward compute and when its gradients
+were ready in backward, and each message's time on the wire and in its collective.
 Every ``window`` iterations the ranks combine their tables (blockage: max over ranks; sync and
 queue time: min, since a rank that launched early also counts the time it waited for its peers) and
 feed the same ``PolicyEngine``, so every rank switches to the same policy at the same iteration.
@@ -33,8 +35,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from cloud.training.sync.engine import EngineConfig, PolicyEngine
 from cloud.training.sync.link import CommThread, LinkDelay, PendingSync, SharedWire
-from cloud.training.sync.policy import EngineConfig, LayerWindow, PolicyEngine, SyncPolicy, WindowTable
+from cloud.training.sync.policy import LayerWindow, SyncPolicy, WindowTable
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
@@ -86,6 +89,9 @@ class SyncScheduler:
         # its bucket buffers (a fresh 2 MB tensor per layer per iteration costs page faults)
         self._buffers: dict[tuple[str, ...], torch.Tensor] = {}
         self._in_backward = False
+        self._backward_started = 0.0
+        self._layer_ready: dict[str, int] = {}  # gradients ready per layer in this backward
+        self._last_forward: tuple[str, float] | None = None  # the layer whose forward runs, since when
         self._ready: dict[tuple[str, ...], int] = {}
         self._launched: set[tuple[str, ...]] = set()
         self.iteration = 0
@@ -141,12 +147,18 @@ class SyncScheduler:
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         if not self._in_backward:
+            self._backward_started = time.monotonic()
+            self._close_forward(self._backward_started)  # the last layer's forward ran until now
             self._apply_window()  # the last window's combined table decides this backward's policy
             self._in_backward = True
-            self._ready, self._launched = {}, set()
+            self._ready, self._launched, self._layer_ready = {}, set(), {}
             torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
         policy = self.policy
-        bucket = policy.bucket_of(self._layer_of[id(param)])
+        layer = self._layer_of[id(param)]
+        self._layer_ready[layer] = self._layer_ready.get(layer, 0) + 1
+        if self._layer_ready[layer] == len(self.layers[layer]):
+            self._ready_sum[layer] += time.monotonic() - self._backward_started
+        bucket = policy.bucket_of(layer)
         self._ready[bucket] = self._ready.get(bucket, 0) + 1
         if self._ready[bucket] == sum(len(self.layers[n]) for n in bucket) and not policy.bucket_held(bucket):
             self._launch(bucket)
@@ -201,9 +213,22 @@ class SyncScheduler:
     # ------------------------------------------------------------------ forward side
 
     def _make_pre_hook(self, name: str) -> Callable:
+        first = self._forward_index[name] == 0
+
         def pre_hook(_module: nn.Module, _args: object) -> None:
+            if first:
+                self._last_forward = None  # a new forward pass (the previous one may not have trained)
+            self._close_forward(time.monotonic())
             self._consume(name, record=True)
+            self._last_forward = (name, time.monotonic())
         return pre_hook
+
+    def _close_forward(self, now: float) -> None:
+        """The layer whose forward was running is done: count its compute time."""
+        if self._last_forward is not None:
+            name, started = self._last_forward
+            self._forward_sum[name] += now - started
+            self._last_forward = None
 
     def _consume(self, name: str, *, record: bool) -> None:
         pending = self._pending.get(name)
@@ -240,6 +265,8 @@ class SyncScheduler:
                 if pending.sync_s is not None and pending.queue_s is not None:
                     self._sync_sum[layer] += pending.sync_s
                     self._queue_sum[layer] += pending.queue_s
+                    self._wire_sum[layer] += pending.wire_s
+                    self._reduce_sum[layer] += pending.reduce_s
                     self._sync_count[layer] += 1
 
     # ------------------------------------------------------------------ window
@@ -248,20 +275,26 @@ class SyncScheduler:
         self._blocked = dict.fromkeys(self.forward_order, 0.0)
         self._sync_sum = dict.fromkeys(self.forward_order, 0.0)
         self._queue_sum = dict.fromkeys(self.forward_order, 0.0)
+        self._wire_sum = dict.fromkeys(self.forward_order, 0.0)
+        self._reduce_sum = dict.fromkeys(self.forward_order, 0.0)
+        self._forward_sum = dict.fromkeys(self.forward_order, 0.0)
+        self._ready_sum = dict.fromkeys(self.forward_order, 0.0)
         self._sync_count = dict.fromkeys(self.forward_order, 0)
         self._iteration_s = 0.0
         self._iteration_started = time.monotonic()
 
     def _window_tables(self) -> torch.Tensor:
-        """This rank's window table (per layer: blocked, sync, queue; then the iteration time) in its
-        own row of a zeroed ranks x columns block: summed across ranks, every rank gets every rank's
-        row exactly (x + 0 = x), an all-gather riding on the window's last gradient message."""
+        """This rank's window table (per layer: blocked, forward, ready, then per message: sync,
+        queue, wire, collective; then the iteration time) in its own row of a zeroed ranks x columns
+        block: summed across ranks, every rank gets every rank's row exactly (x + 0 = x), an
+        all-gather riding on the window's last gradient message."""
         order = self.forward_order
         counts = [max(1, self._sync_count[name]) for name in order]
         iteration_s = self._iteration_s + time.monotonic() - self._iteration_started  # this one so far
-        row = ([self._blocked[name] / self.window for name in order]
-               + [self._sync_sum[name] / c for name, c in zip(order, counts, strict=True)]
-               + [self._queue_sum[name] / c for name, c in zip(order, counts, strict=True)]
+        per_iteration = [self._blocked, self._forward_sum, self._ready_sum]
+        per_message = [self._sync_sum, self._queue_sum, self._wire_sum, self._reduce_sum]
+        row = ([sums[name] / self.window for sums in per_iteration for name in order]
+               + [sums[name] / c for sums in per_message for name, c in zip(order, counts, strict=True)]
                + [iteration_s / self.window])
         tables = torch.zeros(self.world, len(row))
         tables[self.rank] = torch.tensor(row)
@@ -274,13 +307,16 @@ class SyncScheduler:
         self._exchange = None
         rows = pending.wait(self.timeout_s)[offset:].reshape(self.world, -1).double()
         n = len(self.forward_order)
-        # blocked: max over ranks; sync and queue: min (a rank that launched early also counts the
-        # time it waited for its peers); iteration: max
-        blocked = rows[:, :n].amax(0)
-        sync, queue = rows[:, n:2 * n].amin(0), rows[:, 2 * n:3 * n].amin(0)
+        columns = rows[:, :-1].reshape(self.world, -1, n)  # ranks x (the row's per-layer groups) x layers
+        # compute (blocked, forward, ready): the slower rank sets the pace, max over ranks; message
+        # times (sync, queue, wire, collective): min (a rank that launched early also counts the time
+        # it waited for its peers); iteration: max
+        blocked, forward, ready = columns[:, :3].amax(0)
+        sync, queue, wire, reduce = columns[:, 3:].amin(0)
         table = WindowTable(self.window_index, self.window, float(rows[:, -1].max()), policy_text, tuple(
             LayerWindow(name, i, sum(p.numel() * p.element_size() for p in self.layers[name]),
-                        float(blocked[i]), float(sync[i]), float(queue[i]))
+                        float(blocked[i]), float(sync[i]), float(queue[i]), wire_s=float(wire[i]),
+                        reduce_s=float(reduce[i]), forward_s=float(forward[i]), ready_s=float(ready[i]))
             for i, name in enumerate(self.forward_order)))
         self.tables.append(table)
         decisions_before = len(self.engine.decisions)

@@ -1,0 +1,307 @@
+"""The policy engine: picks the next barrier policy from a measured window, tries it, keeps or
+reverts it.
+
+Pure: ``propose(table, policy)`` reads one window's per-layer table and returns the policy to try
+next with its reason; ``judge(before, after)`` keeps or reverts it. ``PolicyEngine`` strings the
+two together as a small state machine with no clock and no torch.
+
+Invariant: every proposal is a ``SyncPolicy`` over the same layers (``validate``), so whatever the
+engine chooses, every gradient is still all-reduced once per iteration: the math stays synchronous
+SGD.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field, replace
+
+from cloud.training.sync.plan import Cost, LinkModel, best_plan
+from cloud.training.sync.policy import LayerWindow, SyncPolicy, WindowTable
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    block_threshold_s: float = 0.002  # a layer blocked less than this per iteration is fine
+    heavy_factor: float = 3.0  # a sync is heavy when it takes this many times the median sync...
+    heavy_min_s: float = 0.004  # ...and at least this long
+    # An ordinary bucket this small or smaller may be merged with its neighbour. None sizes it from
+    # the window: the bytes whose transfer takes as long as one message's fixed cost on the measured
+    # link (fit sync = a + b * bytes over the buckets), i.e. a message that is mostly round trip;
+    # merging it saves that round trip and delays little. 0 disables merging.
+    merge_bytes: int | None = None
+    keep_rel_tol: float = 0.10  # keep a trial unless blocked time grew by more than this fraction...
+    keep_abs_tol_s: float = 0.001  # ...plus this absolute slack (noise on a shared box)
+    # A trial that releases (moves back towards the plain policy) is kept unless clearly worse: with
+    # the cause gone, the simpler policy wins ties, and noise must not pin a stale remedy in place.
+    release_rel_tol: float = 0.5
+    # A layer blocked while its message sat at least this long in the lane behind messages of layers
+    # the next forward needs later is queued behind a backlog: send the first-needed layers first.
+    backlog_min_s: float = 0.004
+    # The planner (rule 4; False: the rules only) proposes a policy only if its predicted iteration
+    # is this much shorter than the current policy's.
+    plan: bool = True
+    plan_min_gain: float = 0.05
+    # A reverted policy is not proposed again for this many windows, doubled at each further revert
+    # of the same policy, so a remedy that keeps failing costs ever fewer trial windows.
+    tabu_windows: int = 4
+
+
+@dataclass(frozen=True)
+class Proposal:
+    policy: SyncPolicy
+    reason: str
+    releases: bool = False  # the proposal undoes a remedy (judged with release_rel_tol)
+
+
+def _heavy_cut(table: WindowTable, cfg: EngineConfig) -> float:
+    median = statistics.median(layer.sync_s for layer in table.layers)
+    return max(cfg.heavy_min_s, cfg.heavy_factor * median)
+
+
+def propose(table: WindowTable, current: SyncPolicy, cfg: EngineConfig = EngineConfig(),
+            tabu: frozenset[str] = frozenset(), link: LinkModel | None = None) -> Proposal:
+    """The policy to try for the next window, from this window's table. Pure.
+
+    Rules, first match wins: (1) release held layers whose sync is no longer heavy; (2) release the
+    priority lane when no heavy sync is left on the main lane, and the layers sent first in forward
+    order when the link no longer carries a backlog (all syncs together below ``backlog_min_s``);
+    (3) if a layer is blocked behind a heavy sync that the next forward needs later, send it first
+    (priority lane), or, if that was tried and reverted, hold the heavy syncs behind the barrier;
+    (4) when the window can be modelled (``plan.py``: per-layer compute times and a link fit), try
+    the candidate policy with the shortest predicted iteration if it beats the current policy's
+    prediction by ``plan_min_gain``, else keep the current policy (the planner weighs grouping and
+    sending order together, which rules 5 and 6 only approach one step at a time). Otherwise:
+    (5) if a layer is blocked while its message queued behind a backlog of syncs the next forward
+    needs later (no single one heavy: a link slower than backward), send the first-needed layers
+    first, held to the end of backward and launched in forward order on the priority lane (P3,
+    ByteScheduler), doubling how many per trial; (6) if still blocked, merge the two smallest
+    adjacent ordinary buckets of which one is within the merge cap (``_merge_cap``: a message that
+    is mostly round trip on the measured link); otherwise keep the current policy.
+    Policies in ``tabu`` (text form) are never proposed. ``link``: the planner's link model (by
+    default fitted to this window's messages).
+    """
+    by_name = {layer.name: layer for layer in table.layers}
+    heavy = _heavy_cut(table, cfg)
+
+    forward_index = {layer.name: layer.forward_index for layer in table.layers}
+    ordered = current.held & current.first  # the backlog remedy: first-needed layers, in forward order
+    released = frozenset(name for name in current.held - ordered if by_name[name].sync_s < heavy)
+    if released:
+        candidate = replace(current, held=current.held - released)
+        if candidate.text() not in tabu:
+            names = ",".join(sorted(released))
+            return Proposal(candidate, f"release {names}: sync below {heavy * 1e3:.1f} ms", releases=True)
+
+    main_lane = [name for bucket in current.main_lane_order(forward_index) for name in bucket]
+    first_only = current.first - ordered
+    if first_only and not any(by_name[name].sync_s >= heavy for name in main_lane):
+        candidate = replace(current, first=ordered)
+        if candidate.text() not in tabu:
+            return Proposal(candidate, f"release first={','.join(sorted(first_only))}: no heavy sync left "
+                                       f"on the main lane (all below {heavy * 1e3:.1f} ms)", releases=True)
+    total_sync = sum(layer.sync_s for layer in table.layers)
+    if ordered and total_sync < cfg.backlog_min_s:
+        candidate = replace(current, first=current.first - ordered, held=current.held - ordered)
+        if candidate.text() not in tabu:
+            return Proposal(candidate, f"release {','.join(sorted(ordered))} from forward order: syncs total "
+                                       f"{total_sync * 1e3:.1f} ms, no backlog", releases=True)
+
+    worst = max(table.layers, key=lambda layer: layer.blocked_s)
+    if worst.blocked_s < cfg.block_threshold_s:
+        return Proposal(current, "no layer blocked")
+
+    worst_bucket = current.bucket_of(worst.name)
+    if not current.bucket_first(worst_bucket):
+        ahead = main_lane[:main_lane.index(worst_bucket[0])]
+        culprits = sorted(name for name in ahead if by_name[name].forward_index > worst.forward_index
+                          and by_name[name].sync_s >= heavy)
+        if culprits:
+            # every ordinary-lane layer queued behind a culprit that the next forward needs before it
+            cut = min(main_lane.index(name) for name in culprits)
+            latest = max(by_name[name].forward_index for name in culprits)
+            urgent = frozenset(name for name in main_lane[cut + 1:]
+                               if by_name[name].forward_index < latest and name not in culprits)
+            candidate = replace(current, first=current.first | urgent | {worst.name})
+            if candidate.text() not in tabu:
+                sent = ",".join(sorted(candidate.first - current.first))
+                return Proposal(candidate, f"send {sent} first ({worst.name} blocked "
+                                           f"{worst.blocked_s * 1e3:.1f} ms behind heavy sync of "
+                                           f"{','.join(culprits)})")
+            candidate = replace(current, held=current.held | frozenset(culprits))
+            if candidate.text() not in tabu:
+                return Proposal(candidate, f"hold {','.join(culprits)} (heavy sync) behind the barrier so "
+                                           f"{worst.name} (blocked {worst.blocked_s * 1e3:.1f} ms) "
+                                           "goes before them")
+
+    if cfg.plan:
+        planned = _plan(table, current, cfg, tabu, link or LinkModel.fit(table.layers, current))
+        if planned is not None:
+            return planned
+    backlog = _send_first_in_forward_order(table, current, main_lane, cfg, tabu)
+    if backlog is not None:
+        return backlog
+
+    merged = _merge_smallest(current, by_name, _merge_cap(table, current, cfg), tabu)
+    if merged is not None:
+        return merged
+    return Proposal(current, f"{worst.name} blocked {worst.blocked_s * 1e3:.1f} ms; no untried remedy")
+
+
+def _plan(table: WindowTable, current: SyncPolicy, cfg: EngineConfig, tabu: frozenset[str],
+          link: LinkModel | None) -> Proposal | None:
+    """Rule (4): when the window measured what the planner models an iteration from (per-layer
+    forward and gradient-ready times) and a link model is known, the candidate with the shortest
+    predicted iteration, if it beats the current policy's prediction by ``plan_min_gain``; else
+    keep the current policy. None (fall back to the rules) when the window cannot be modelled."""
+    if link is None or not all(layer.forward_s > 0 for layer in table.layers):
+        return None
+    plan = best_plan(table.layers, current, link, tabu)
+    if plan.policy == current or plan.predicted_s > plan.current_s * (1 - cfg.plan_min_gain):
+        return Proposal(current, f"planner: no candidate predicted {cfg.plan_min_gain:.0%} faster than "
+                                 f"{plan.current_s * 1e3:.1f} ms/iter")
+    return Proposal(plan.policy, f"planner: predicted {plan.current_s * 1e3:.1f} -> "
+                                 f"{plan.predicted_s * 1e3:.1f} ms/iter (link: {link})")
+
+
+def _send_first_in_forward_order(table: WindowTable, current: SyncPolicy, main_lane: list[str],
+                                 cfg: EngineConfig, tabu: frozenset[str]) -> Proposal | None:
+    """Rule (5): the most blocked main-lane layer queued behind syncs of layers needed later; hold
+    and prioritise the first-needed layers up to it (at least)."""
+    queued = [layer for layer in table.layers if layer.name in main_lane
+              and layer.blocked_s >= cfg.block_threshold_s and layer.queue_s >= cfg.backlog_min_s]
+    if not queued:
+        return None
+    worst = max(queued, key=lambda layer: layer.blocked_s)
+    by_name = {layer.name: layer for layer in table.layers}
+    ahead = main_lane[:main_lane.index(worst.name)]
+    if not any(by_name[name].forward_index > worst.forward_index for name in ahead):
+        return None
+    ordered = current.held & current.first
+    # at least up to the blocked layer; doubling so a deep backlog is covered in a few trials; never
+    # every layer (the last-needed ones keep overlapping with backward)
+    count = min(max(worst.forward_index + 1, 2 * len(ordered)), len(table.layers) - 1)
+    chosen = frozenset(layer.name for layer in table.layers if layer.forward_index < count)
+    candidate = replace(current, first=current.first | chosen, held=current.held | chosen)
+    if candidate == current or candidate.text() in tabu:
+        return None
+    added = ",".join(sorted(chosen - ordered, key=lambda name: by_name[name].forward_index))
+    return Proposal(candidate, f"send {added} first, in forward order ({worst.name} blocked "
+                               f"{worst.blocked_s * 1e3:.1f} ms, queued {worst.queue_s * 1e3:.1f} ms "
+                               "behind syncs needed later)")
+
+
+def _merge_cap(table: WindowTable, current: SyncPolicy, cfg: EngineConfig) -> int:
+    """Largest bucket worth merging: ``cfg.merge_bytes``, or the measured link's latency-bandwidth
+    product (fixed cost / cost per byte) from a least-squares fit over this window's buckets."""
+    if cfg.merge_bytes is not None:
+        return cfg.merge_bytes
+    by_name = {layer.name: layer for layer in table.layers}
+    points = [(sum(by_name[n].nbytes for n in bucket), statistics.mean(by_name[n].sync_s for n in bucket))
+              for bucket in current.buckets]
+    fit = Cost.fit(points)
+    if fit is None or fit.fixed_s <= 0 or fit.per_byte_s <= 0:
+        return 0  # one message size (fixed cost and cost per byte cannot be told apart), or noise
+    return int(fit.fixed_s / fit.per_byte_s)
+
+
+def _merge_smallest(current: SyncPolicy, by_name: dict[str, LayerWindow], cap: int,
+                    tabu: frozenset[str]) -> Proposal | None:
+    def size(bucket: tuple[str, ...]) -> int:
+        return sum(by_name[name].nbytes for name in bucket)
+
+    pairs = []
+    for i in range(len(current.buckets) - 1):
+        first, second = current.buckets[i], current.buckets[i + 1]
+        if any(current.bucket_held(b) or current.bucket_first(b) for b in (first, second)):
+            continue
+        if min(size(first), size(second)) <= cap:
+            pairs.append((size(first) + size(second), i))
+    for _, i in sorted(pairs):
+        pair = current.buckets[i] + current.buckets[i + 1]
+        buckets = current.buckets[:i] + (pair,) + current.buckets[i + 2:]
+        candidate = replace(current, buckets=buckets)
+        if candidate.text() not in tabu:
+            return Proposal(candidate, f"merge {'+'.join(buckets[i])} into one message "
+                                       f"({size(pair) / 2**20:.2f} MiB; cap {cap / 2**20:.2f} MiB)")
+    return None
+
+
+@dataclass(frozen=True)
+class Decision:
+    keep: bool
+    before_blocked_s: float
+    after_blocked_s: float
+    reason: str
+
+
+def judge(before: WindowTable, after: WindowTable, cfg: EngineConfig = EngineConfig(),
+          releases: bool = False) -> Decision:
+    """Keep the trial unless compute was held up clearly longer than under the policy before it."""
+    rel_tol = cfg.release_rel_tol if releases else cfg.keep_rel_tol
+    limit = before.blocked_s * (1 + rel_tol) + cfg.keep_abs_tol_s
+    keep = after.blocked_s <= limit
+    verdict = "keep" if keep else "revert"
+    return Decision(keep, before.blocked_s, after.blocked_s,
+                    f"{verdict}: blocked {before.blocked_s * 1e3:.2f} -> {after.blocked_s * 1e3:.2f} ms/iter "
+                    f"(limit {limit * 1e3:.2f})")
+
+
+@dataclass
+class PolicyEngine:
+    """Measure window N, decide window N+1: try a proposal for one window, then keep or revert it.
+
+    Deterministic: the same tables give the same decisions, so every rank that feeds it the same
+    (all-gathered) tables applies the same policy at the same iteration.
+    """
+
+    policy: SyncPolicy
+    cfg: EngineConfig = EngineConfig()
+    adaptive: bool = True
+    decisions: list[dict] = field(default_factory=list)
+    _trial_from: tuple[SyncPolicy, WindowTable, bool] | None = None  # (policy before, its table, releases)
+    _tabu: dict[str, int] = field(default_factory=dict)  # policy text -> window it may be retried after
+    _reverts: dict[str, int] = field(default_factory=dict)  # policy text -> times it was reverted
+    _merge_caps: list[int] = field(default_factory=list)  # the last windows' link fits (merge_bytes=None)
+    # the planner's link model: the last window whose messages had two sizes at least to fit it
+    _link: LinkModel | None = None
+
+    def end_window(self, table: WindowTable) -> SyncPolicy:
+        if not self.adaptive:
+            return self.policy
+        self._tabu = {text: until for text, until in self._tabu.items() if until > table.window}
+        if self._trial_from is not None:
+            previous, baseline, releases = self._trial_from
+            self._trial_from = None
+            decision = judge(baseline, table, self.cfg, releases)
+            if not decision.keep:
+                text = self.policy.text()
+                self._reverts[text] = self._reverts.get(text, 0) + 1
+                self._tabu[text] = table.window + self.cfg.tabu_windows * 2 ** (self._reverts[text] - 1)
+                self.policy = previous
+                self._log(table.window, "revert", decision.reason, decision)
+                return self.policy  # measure the restored policy again before the next trial
+            self._log(table.window, "keep", decision.reason, decision)
+        self._link = LinkModel.fit(table.layers, self.policy) or self._link
+        proposal = propose(table, self.policy, self._link_sized(table), frozenset(self._tabu), self._link)
+        if proposal.policy != self.policy:
+            self._trial_from = (self.policy, table, proposal.releases)
+            self.policy = proposal.policy
+            self._log(table.window, "try", proposal.reason, None)
+        return self.policy
+
+    def _link_sized(self, table: WindowTable) -> EngineConfig:
+        """The config with the merge cap fixed to the smallest of the last five windows' link fits:
+        one window's fit swings with the box's load, and every swing up would be a merge trial; a
+        bucket is merged only when every recent window agrees it is mostly round trip (a merge
+        missed costs one round trip, a wrong one delays a whole layer's launch)."""
+        if self.cfg.merge_bytes is not None:
+            return self.cfg
+        self._merge_caps = [*self._merge_caps[-4:], _merge_cap(table, self.policy, self.cfg)]
+        return replace(self.cfg, merge_bytes=min(self._merge_caps))
+
+    def _log(self, window: int, action: str, reason: str, decision: Decision | None) -> None:
+        entry = {"window": window, "action": action, "policy": self.policy.text(), "reason": reason}
+        if decision is not None:
+            entry["before_blocked_ms"] = round(decision.before_blocked_s * 1e3, 3)
+            entry["after_blocked_ms"] = round(decision.after_blocked_s * 1e3, 3)
+        self.decisions.append(entry)
