@@ -22,6 +22,7 @@ each (cold after the switch: ours drained its syncs when the previous round ende
 on while measured; the decisions it made then are counted in the output.
 Where ours can win by design: each layer's sync overlaps the rest of backward and, with the lazy
 per-layer step, the next forward; the engine sends the layers the next forward needs first.
+``--link MB/s,ms`` emulates another link (default: the link of record, 400 MB/s + 3 ms per message).
 Figure: median wall time per iteration after warm-up (forward + backward + step); ratio ``vs_ddp``
 = ddp_default / sync_scheduler per round, reported as the median over rounds with its min and
 max; ``vs_ddp_layer_buckets`` likewise.
@@ -49,8 +50,19 @@ from cloud.training.sync.link import CommThread, LinkDelay  # noqa: E402
 from cloud.training.sync.scheduler import SyncScheduler  # noqa: E402
 
 WIDTH, DEPTH, BATCH = 768, 6, 48
-PER_MESSAGE_S, BYTES_PER_S = 0.003, 400e6
-LINK = LinkDelay(per_message_s=PER_MESSAGE_S, per_byte_s=1 / BYTES_PER_S)
+LINK_OF_RECORD = "400,3"  # MB/s, ms per message: the link bench/results/sync.json is measured on
+
+
+def parse_link(text: str) -> LinkDelay:
+    """``"MB/s,ms"``: the emulated link's bandwidth and fixed cost per message."""
+    try:
+        mb_per_s, ms = (float(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"--link wants MB/s,ms per message (e.g. 400,3), got {text!r}") from None
+    if mb_per_s <= 0 or ms < 0:
+        raise ValueError(f"--link needs a positive bandwidth and a fixed cost >= 0, got {text!r}")
+    return LinkDelay(per_message_s=ms / 1e3, per_byte_s=1 / (mb_per_s * 1e6))
+
 SYSTEMS = ("compute_only", "ddp_default", "ddp_layer_buckets", "sync_fifo", "sync_scheduler")
 
 
@@ -76,7 +88,7 @@ def ddp_hook(comm, bucket):  # noqa: ANN001 (DDP rejects string annotations on a
 class System:
     """One system's model and training step, kept alive across rounds so rounds can interleave."""
 
-    def __init__(self, name: str, initial: nn.Module, data: tuple) -> None:
+    def __init__(self, name: str, initial: nn.Module, data: tuple, link: LinkDelay) -> None:
         self.name = name
         self.model = copy.deepcopy(initial)
         self.comm: CommThread | None = None
@@ -84,10 +96,10 @@ class System:
         self.x, self.y = data
         if name.startswith("sync"):
             self.sync = SyncScheduler(self.model, make_optimizer, group=dist.new_group(backend="gloo"),
-                                      window=4, link=LINK, adaptive=name == "sync_scheduler")
+                                      window=4, link=link, adaptive=name == "sync_scheduler")
             return
         if name.startswith("ddp"):
-            self.comm = CommThread(dist.new_group(backend="gloo"), LINK)
+            self.comm = CommThread(dist.new_group(backend="gloo"), link)
             layer_mb = WIDTH * WIDTH * 4 / 2**20
             options = {"bucket_cap_mb": layer_mb} if name == "ddp_layer_buckets" else {}
             self.model = DistributedDataParallel(self.model, **options)
@@ -136,7 +148,7 @@ def settle(system: System, min_windows: int, max_iterations: int) -> dict:
             "decisions": len(system.sync.engine.decisions)}
 
 
-def worker(quick: bool) -> None:
+def worker(quick: bool, link: LinkDelay) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     warmup, rounds, per_round, skip = (6, 10, 3, 1) if quick else (20, 30, 4, 1)
@@ -146,7 +158,7 @@ def worker(quick: bool) -> None:
     data = (torch.randn(BATCH, WIDTH, generator=generator),
             torch.randint(0, 10, (BATCH,), generator=generator))
     initial = make_model()
-    systems = [System(name, initial, data) for name in systems_run]
+    systems = [System(name, initial, data, link) for name in systems_run]
     for system in systems:
         system.run(warmup)
     ours = next(system for system in systems if system.name == "sync_scheduler")
@@ -173,17 +185,25 @@ def worker(quick: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--link", default=LINK_OF_RECORD, metavar="MB/s,ms",
+                        help=f"emulated link: bandwidth and fixed cost per message (default "
+                             f"{LINK_OF_RECORD}; another writes bench/results/sync_link_<MB/s>_<ms>.json)")
     parser.add_argument("--worker", action="store_true")
     args = parser.parse_args()
+    try:
+        link = parse_link(args.link)
+    except ValueError as error:
+        parser.error(str(error))
     if args.worker:
-        worker(args.quick)
+        worker(args.quick, link)
         return
     started = time.perf_counter()
-    figures = launch(Path(__file__).resolve(), ["--quick"] if args.quick else [])
+    figures = launch(Path(__file__).resolve(), ["--link", args.link] + (["--quick"] if args.quick else []))
     medians = figures["medians"]
-    results = Results("sync", args.quick)
-    case = (f"{DEPTH}x linear {WIDTH}, batch {BATCH}, link {BYTES_PER_S / 1e6:.0f}MB/s + "
-            f"{PER_MESSAGE_S * 1e3:.0f}ms/msg, {figures['rounds']} rounds")
+    name = "sync" if args.link == LINK_OF_RECORD else "sync_link_" + args.link.replace(",", "_")
+    results = Results(name, args.quick)
+    case = (f"{DEPTH}x linear {WIDTH}, batch {BATCH}, link {1e-6 / link.per_byte_s:.0f}MB/s + "
+            f"{link.per_message_s * 1e3:g}ms/msg, {figures['rounds']} rounds")
     for system, values in medians.items():
         results.add(case, system, "iteration_ms_median_over_rounds", statistics.median(values) * 1e3)
         results.add(case, system, "iteration_ms_min_round", min(values) * 1e3)
