@@ -31,7 +31,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
-from bench._torchrun import launch, write_rank_result  # noqa: E402
+from bench._torchrun import launch, leave_together, write_rank_result  # noqa: E402
 from bench.common import Results  # noqa: E402
 from cloud.training.sync.balancer import Balancer, weighted_allreduce  # noqa: E402
 from models.digits import digits_cnn  # noqa: E402
@@ -94,7 +94,7 @@ def worker(quick: bool) -> None:
         figures[workload] = {"uniform_s": uniform_s, "balanced_s": balanced_s, "balanced_sizes": sizes}
     if dist.get_rank() == 0:
         write_rank_result({"workloads": figures, "steps": steps, "warmup": warmup}, 0)
-    dist.destroy_process_group()
+    leave_together()
 
 
 def main() -> None:

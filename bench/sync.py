@@ -44,7 +44,7 @@ import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
-from bench._torchrun import launch, write_rank_result  # noqa: E402
+from bench._torchrun import launch, leave_together, write_rank_result  # noqa: E402
 from bench.common import Results  # noqa: E402
 from cloud.training.sync.link import CommThread, LinkDelay  # noqa: E402
 from cloud.training.sync.scheduler import SyncScheduler  # noqa: E402
@@ -179,7 +179,7 @@ def worker(quick: bool, link: LinkDelay) -> None:
                            "decisions_while_measured": len(status["decisions"]) - decisions_settled,
                            "settling": settling, "last_window": status["last_window"], "warmup": warmup,
                            "rounds": rounds, "per_round": per_round, "skip": skip}, 0)
-    dist.destroy_process_group()
+    leave_together()
 
 
 def main() -> None:

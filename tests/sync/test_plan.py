@@ -87,3 +87,11 @@ def test_a_window_of_one_message_size_plans_with_the_link_known_from_before() ->
     window = WindowTable(0, 4, 0.07, "", equal)
     assert not propose(window, SyncPolicy.per_layer(NAMES)).reason.startswith("planner")
     assert propose(window, SyncPolicy.per_layer(NAMES), link=SLOW).reason.startswith("planner")
+
+
+def test_link_model_median_is_taken_term_by_term() -> None:
+    fits = [LinkModel(Cost(0.003, 2.5e-9), Cost(0.004, 0.0)),
+            LinkModel(Cost(0.0031, 2.4e-9), Cost(0.0, 1e-9)),
+            LinkModel(Cost(0.0029, 2.6e-9), Cost(0.001, 0.2e-9))]
+    median = LinkModel.median(fits)
+    assert median == LinkModel(Cost(0.003, 2.5e-9), Cost(0.001, 0.2e-9))

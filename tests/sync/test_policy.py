@@ -7,6 +7,7 @@ from cloud.training.sync.policy import LayerWindow, SyncPolicy, WindowTable
 
 ORDER = ("0", "2", "4", "6")
 KB = 1024
+NO_WARMUP = EngineConfig(warmup_windows=0)  # these tables are steady-state windows from the start
 
 
 def table(window: int, blocked: dict[str, float], sync: dict[str, float], policy: str = "") -> WindowTable:
@@ -61,7 +62,7 @@ def test_judge_keeps_improvement_and_reverts_regression() -> None:
 
 
 def test_engine_try_keep_then_release_when_delay_goes() -> None:
-    engine = PolicyEngine(SyncPolicy.per_layer(ORDER))
+    engine = PolicyEngine(SyncPolicy.per_layer(ORDER), NO_WARMUP)
     engine.end_window(table(0, {"0": 0.08}, {"6": 0.1}))
     assert engine.policy.first and engine.decisions[-1]["action"] == "try"
     engine.end_window(table(1, {"6": 0.02}, {"6": 0.1}))
@@ -72,8 +73,16 @@ def test_engine_try_keep_then_release_when_delay_goes() -> None:
     assert engine.policy == SyncPolicy.per_layer(ORDER)
 
 
-def test_engine_reverts_a_trial_that_made_things_worse() -> None:
+def test_warmup_window_is_measured_but_not_decided_on() -> None:
     engine = PolicyEngine(SyncPolicy.per_layer(ORDER))
+    assert engine.end_window(table(0, {"0": 0.08}, {"6": 0.1})) == SyncPolicy.per_layer(ORDER)
+    assert not engine.decisions
+    engine.end_window(table(1, {"0": 0.08}, {"6": 0.1}))
+    assert engine.decisions[-1]["action"] == "try"
+
+
+def test_engine_reverts_a_trial_that_made_things_worse() -> None:
+    engine = PolicyEngine(SyncPolicy.per_layer(ORDER), NO_WARMUP)
     engine.end_window(table(0, {"0": 0.08}, {"6": 0.1}))
     engine.end_window(table(1, {"0": 0.2}, {"6": 0.1}))
     assert engine.decisions[-1]["action"] == "revert"
@@ -89,7 +98,7 @@ def queued_table(window: int, blocked: dict[str, float], queue: dict[str, float]
 
 def test_backlog_sends_first_needed_layers_first_in_forward_order_then_releases() -> None:
     """A link slower than backward: no single sync heavy, but layer 0 queues behind the others."""
-    engine = PolicyEngine(SyncPolicy.per_layer(ORDER), EngineConfig(merge_bytes=0))
+    engine = PolicyEngine(SyncPolicy.per_layer(ORDER), EngineConfig(merge_bytes=0, warmup_windows=0))
     engine.end_window(queued_table(0, {"0": 0.03}, {"0": 0.025, "2": 0.015}))
     assert engine.policy.first == engine.policy.held == {"0"}
     assert "forward order" in engine.decisions[-1]["reason"]

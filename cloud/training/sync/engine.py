@@ -38,19 +38,27 @@ class EngineConfig:
     # the next forward needs later is queued behind a backlog: send the first-needed layers first.
     backlog_min_s: float = 0.004
     # The planner (rule 4; False: the rules only) proposes a policy only if its predicted iteration
-    # is this much shorter than the current policy's.
+    # is this much shorter than the current policy's, and its trial is kept only if blocked time
+    # grew by no more than this fraction (+ keep_abs_tol_s): a predicted gain that does not show is
+    # a model error, and a kept one would never be revisited (the model keeps predicting it).
     plan: bool = True
     plan_min_gain: float = 0.05
+    plan_rel_tol: float = 0.0
     # A reverted policy is not proposed again for this many windows, doubled at each further revert
     # of the same policy, so a remedy that keeps failing costs ever fewer trial windows.
     tabu_windows: int = 4
+    # Windows measured but not decided on: the first iterations set up the process groups'
+    # connections and the allocator's pools, and run many times slower than the rest.
+    warmup_windows: int = 1
 
 
 @dataclass(frozen=True)
 class Proposal:
     policy: SyncPolicy
     reason: str
-    releases: bool = False  # the proposal undoes a remedy (judged with release_rel_tol)
+    # how the trial is judged: "remedy" (keep_rel_tol), "release" (undoes a remedy: release_rel_tol)
+    # or "plan" (the planner predicted a gain: plan_rel_tol)
+    kind: str = "remedy"
 
 
 def _heavy_cut(table: WindowTable, cfg: EngineConfig) -> float:
@@ -90,7 +98,7 @@ def propose(table: WindowTable, current: SyncPolicy, cfg: EngineConfig = EngineC
         candidate = replace(current, held=current.held - released)
         if candidate.text() not in tabu:
             names = ",".join(sorted(released))
-            return Proposal(candidate, f"release {names}: sync below {heavy * 1e3:.1f} ms", releases=True)
+            return Proposal(candidate, f"release {names}: sync below {heavy * 1e3:.1f} ms", kind="release")
 
     main_lane = [name for bucket in current.main_lane_order(forward_index) for name in bucket]
     first_only = current.first - ordered
@@ -98,13 +106,13 @@ def propose(table: WindowTable, current: SyncPolicy, cfg: EngineConfig = EngineC
         candidate = replace(current, first=ordered)
         if candidate.text() not in tabu:
             return Proposal(candidate, f"release first={','.join(sorted(first_only))}: no heavy sync left "
-                                       f"on the main lane (all below {heavy * 1e3:.1f} ms)", releases=True)
+                                       f"on the main lane (all below {heavy * 1e3:.1f} ms)", kind="release")
     total_sync = sum(layer.sync_s for layer in table.layers)
     if ordered and total_sync < cfg.backlog_min_s:
         candidate = replace(current, first=current.first - ordered, held=current.held - ordered)
         if candidate.text() not in tabu:
             return Proposal(candidate, f"release {','.join(sorted(ordered))} from forward order: syncs total "
-                                       f"{total_sync * 1e3:.1f} ms, no backlog", releases=True)
+                                       f"{total_sync * 1e3:.1f} ms, no backlog", kind="release")
 
     worst = max(table.layers, key=lambda layer: layer.blocked_s)
     if worst.blocked_s < cfg.block_threshold_s:
@@ -160,7 +168,7 @@ def _plan(table: WindowTable, current: SyncPolicy, cfg: EngineConfig, tabu: froz
         return Proposal(current, f"planner: no candidate predicted {cfg.plan_min_gain:.0%} faster than "
                                  f"{plan.current_s * 1e3:.1f} ms/iter")
     return Proposal(plan.policy, f"planner: predicted {plan.current_s * 1e3:.1f} -> "
-                                 f"{plan.predicted_s * 1e3:.1f} ms/iter (link: {link})")
+                                 f"{plan.predicted_s * 1e3:.1f} ms/iter (link: {link})", kind="plan")
 
 
 def _send_first_in_forward_order(table: WindowTable, current: SyncPolicy, main_lane: list[str],
@@ -229,21 +237,26 @@ def _merge_smallest(current: SyncPolicy, by_name: dict[str, LayerWindow], cap: i
 @dataclass(frozen=True)
 class Decision:
     keep: bool
-    before_blocked_s: float
-    after_blocked_s: float
+    measure: str  # what was compared: "blocked" (time compute waited) or "iteration" (wall time)
+    before_s: float
+    after_s: float
     reason: str
 
 
 def judge(before: WindowTable, after: WindowTable, cfg: EngineConfig = EngineConfig(),
-          releases: bool = False) -> Decision:
-    """Keep the trial unless compute was held up clearly longer than under the policy before it."""
-    rel_tol = cfg.release_rel_tol if releases else cfg.keep_rel_tol
-    limit = before.blocked_s * (1 + rel_tol) + cfg.keep_abs_tol_s
-    keep = after.blocked_s <= limit
+          kind: str = "remedy") -> Decision:
+    """Keep the trial unless it measured clearly worse than the policy before it: a remedy or a
+    release by the time compute was held up, a plan by the iteration time the planner predicted
+    (a plan trades wire time against launch and forward delays, which blocked time sees only in
+    part: two big messages block the forward less than four and still take longer overall)."""
+    rel_tol = {"remedy": cfg.keep_rel_tol, "release": cfg.release_rel_tol, "plan": cfg.plan_rel_tol}[kind]
+    measure = "iteration" if kind == "plan" else "blocked"
+    was, now = (getattr(table, f"{measure}_s") for table in (before, after))
+    limit = was * (1 + rel_tol) + cfg.keep_abs_tol_s
+    keep = now <= limit
     verdict = "keep" if keep else "revert"
-    return Decision(keep, before.blocked_s, after.blocked_s,
-                    f"{verdict}: blocked {before.blocked_s * 1e3:.2f} -> {after.blocked_s * 1e3:.2f} ms/iter "
-                    f"(limit {limit * 1e3:.2f})")
+    return Decision(keep, measure, was, now, f"{verdict}: {measure} {was * 1e3:.2f} -> {now * 1e3:.2f} "
+                                             f"ms/iter (limit {limit * 1e3:.2f})")
 
 
 @dataclass
@@ -258,21 +271,21 @@ class PolicyEngine:
     cfg: EngineConfig = EngineConfig()
     adaptive: bool = True
     decisions: list[dict] = field(default_factory=list)
-    _trial_from: tuple[SyncPolicy, WindowTable, bool] | None = None  # (policy before, its table, releases)
+    _trial_from: tuple[SyncPolicy, WindowTable, str] | None = None  # (policy before, its table, kind)
     _tabu: dict[str, int] = field(default_factory=dict)  # policy text -> window it may be retried after
     _reverts: dict[str, int] = field(default_factory=dict)  # policy text -> times it was reverted
     _merge_caps: list[int] = field(default_factory=list)  # the last windows' link fits (merge_bytes=None)
-    # the planner's link model: the last window whose messages had two sizes at least to fit it
-    _link: LinkModel | None = None
+    # the planner's link fits from the last windows whose messages had two sizes at least
+    _links: list[LinkModel] = field(default_factory=list)
 
     def end_window(self, table: WindowTable) -> SyncPolicy:
-        if not self.adaptive:
+        if not self.adaptive or table.window < self.cfg.warmup_windows:
             return self.policy
         self._tabu = {text: until for text, until in self._tabu.items() if until > table.window}
         if self._trial_from is not None:
-            previous, baseline, releases = self._trial_from
+            previous, baseline, kind = self._trial_from
             self._trial_from = None
-            decision = judge(baseline, table, self.cfg, releases)
+            decision = judge(baseline, table, self.cfg, kind)
             if not decision.keep:
                 text = self.policy.text()
                 self._reverts[text] = self._reverts.get(text, 0) + 1
@@ -281,10 +294,12 @@ class PolicyEngine:
                 self._log(table.window, "revert", decision.reason, decision)
                 return self.policy  # measure the restored policy again before the next trial
             self._log(table.window, "keep", decision.reason, decision)
-        self._link = LinkModel.fit(table.layers, self.policy) or self._link
-        proposal = propose(table, self.policy, self._link_sized(table), frozenset(self._tabu), self._link)
+        fit = LinkModel.fit(table.layers, self.policy)
+        self._links = [*self._links[-4:], fit] if fit is not None else self._links
+        link = LinkModel.median(self._links) if self._links else None
+        proposal = propose(table, self.policy, self._link_sized(table), frozenset(self._tabu), link)
         if proposal.policy != self.policy:
-            self._trial_from = (self.policy, table, proposal.releases)
+            self._trial_from = (self.policy, table, proposal.kind)
             self.policy = proposal.policy
             self._log(table.window, "try", proposal.reason, None)
         return self.policy
@@ -302,6 +317,6 @@ class PolicyEngine:
     def _log(self, window: int, action: str, reason: str, decision: Decision | None) -> None:
         entry = {"window": window, "action": action, "policy": self.policy.text(), "reason": reason}
         if decision is not None:
-            entry["before_blocked_ms"] = round(decision.before_blocked_s * 1e3, 3)
-            entry["after_blocked_ms"] = round(decision.after_blocked_s * 1e3, 3)
+            entry[f"before_{decision.measure}_ms"] = round(decision.before_s * 1e3, 3)
+            entry[f"after_{decision.measure}_ms"] = round(decision.after_s * 1e3, 3)
         self.decisions.append(entry)

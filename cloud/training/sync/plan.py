@@ -48,12 +48,13 @@ class Cost:
         return f"{self.fixed_s * 1e3:.2f} ms + {self.per_byte_s * 1e9:.2f} ns/B"
 
     @classmethod
-    def fit(cls, points: Iterable[tuple[int, float]]) -> Cost | None:
-        """Least squares over (bytes, seconds); None when the sizes cannot separate the two terms.
-        A negative term (noise) is clamped to 0 and the other refitted through the mean."""
+    def fit(cls, points: Iterable[tuple[int, float]], min_spread: float = 1.0) -> Cost | None:
+        """Least squares over (bytes, seconds); None when the sizes cannot separate the two terms
+        (one size, or the largest under ``min_spread`` times the smallest). A negative term (noise)
+        is clamped to 0 and the other refitted through the mean."""
         points = list(points)
         sizes = [size for size, _ in points]
-        if len(set(sizes)) < 2:
+        if len(set(sizes)) < 2 or max(sizes) < min_spread * min(sizes):
             return None
         mean_size, mean_time = statistics.mean(sizes), statistics.mean(t for _, t in points)
         spread = sum((size - mean_size) ** 2 for size in sizes)
@@ -75,13 +76,23 @@ class LinkModel:
         return f"wire {self.wire}, collective {self.reduce}"
 
     @classmethod
+    def median(cls, fits: Sequence[LinkModel]) -> LinkModel:
+        """Each of the four terms' median over ``fits`` (one window's collective times include
+        waits for a late peer and swing from window to window; the wire's hardly do)."""
+        def term(stage: str, part: str) -> float:
+            return statistics.median(getattr(getattr(fit, stage), part) for fit in fits)
+        return cls(*(Cost(term(stage, "fixed_s"), term(stage, "per_byte_s")) for stage in ("wire", "reduce")))
+
+    @classmethod
     def fit(cls, layers: Sequence[LayerWindow], policy: SyncPolicy) -> LinkModel | None:
-        """Fit both stages over the policy's buckets (each bucket one message)."""
+        """Fit both stages over the policy's buckets (each bucket one message); None unless the
+        largest message is at least twice the smallest (two nearly equal sizes give any line)."""
         by_name = {layer.name: layer for layer in layers}
         buckets = [[by_name[name] for name in bucket] for bucket in policy.buckets]
         sizes = [sum(layer.nbytes for layer in bucket) for bucket in buckets]
-        wire = Cost.fit((size, bucket[0].wire_s) for size, bucket in zip(sizes, buckets, strict=True))
-        reduce = Cost.fit((size, bucket[0].reduce_s) for size, bucket in zip(sizes, buckets, strict=True))
+        firsts = [bucket[0] for bucket in buckets]  # every layer of a bucket carries its message's times
+        wire = Cost.fit(zip(sizes, (layer.wire_s for layer in firsts), strict=True), min_spread=2.0)
+        reduce = Cost.fit(zip(sizes, (layer.reduce_s for layer in firsts), strict=True), min_spread=2.0)
         if wire is None or reduce is None:
             return None
         return cls(wire, reduce)
@@ -124,7 +135,7 @@ def candidates(layers: Sequence[LayerWindow]) -> list[SyncPolicy]:
     a distinct grouping, filled from the output end and from the input end), each with the
     priority-lane choices: none, or the first-needed 1, 2, 4... buckets (up to half of them) held
     to the end of backward and sent first in forward order (the bucket holding the first layer is
-    ready last anyway). O(layers) policies."""
+    ready last anyway). O(layers log layers) policies."""
     ordered = sorted(layers, key=lambda layer: layer.forward_index)
     groupings: dict[tuple[tuple[str, ...], ...], None] = {}
     for from_output in (True, False):

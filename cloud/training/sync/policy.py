@@ -92,7 +92,7 @@ class LayerWindow:
     queue_s: float = 0.0  # mean time that message waited in its lane behind earlier messages
     # what the planner (plan.py) models an iteration from; 0 where not measured
     wire_s: float = 0.0  # mean time the message held the (emulated) wire; 0 without emulation
-    reduce_s: float = 0.0  # mean time of its collective, from launch to done
+    reduce_s: float = 0.0  # shortest time of its collective, launch to done (means count peer waits)
     forward_s: float = 0.0  # mean forward compute (the last layer's: until backward's first gradient)
     ready_s: float = 0.0  # mean time its gradients were all ready, from backward's first gradient
 

@@ -266,7 +266,7 @@ class SyncScheduler:
                     self._sync_sum[layer] += pending.sync_s
                     self._queue_sum[layer] += pending.queue_s
                     self._wire_sum[layer] += pending.wire_s
-                    self._reduce_sum[layer] += pending.reduce_s
+                    self._reduce_min[layer] = min(self._reduce_min[layer], pending.reduce_s)
                     self._sync_count[layer] += 1
 
     # ------------------------------------------------------------------ window
@@ -276,7 +276,9 @@ class SyncScheduler:
         self._sync_sum = dict.fromkeys(self.forward_order, 0.0)
         self._queue_sum = dict.fromkeys(self.forward_order, 0.0)
         self._wire_sum = dict.fromkeys(self.forward_order, 0.0)
-        self._reduce_sum = dict.fromkeys(self.forward_order, 0.0)
+        # the shortest collective per layer: a rank's collective also counts its wait for a late
+        # peer, and over a window each rank is the late one at times
+        self._reduce_min = dict.fromkeys(self.forward_order, float("inf"))
         self._forward_sum = dict.fromkeys(self.forward_order, 0.0)
         self._ready_sum = dict.fromkeys(self.forward_order, 0.0)
         self._sync_count = dict.fromkeys(self.forward_order, 0)
@@ -285,16 +287,17 @@ class SyncScheduler:
 
     def _window_tables(self) -> torch.Tensor:
         """This rank's window table (per layer: blocked, forward, ready, then per message: sync,
-        queue, wire, collective; then the iteration time) in its own row of a zeroed ranks x columns
-        block: summed across ranks, every rank gets every rank's row exactly (x + 0 = x), an
-        all-gather riding on the window's last gradient message."""
+        queue, wire (means), collective (shortest); then the iteration time) in its own row of a
+        zeroed ranks x columns block: summed across ranks, every rank gets every rank's row exactly
+        (x + 0 = x), an all-gather riding on the window's last gradient message."""
         order = self.forward_order
         counts = [max(1, self._sync_count[name]) for name in order]
         iteration_s = self._iteration_s + time.monotonic() - self._iteration_started  # this one so far
         per_iteration = [self._blocked, self._forward_sum, self._ready_sum]
-        per_message = [self._sync_sum, self._queue_sum, self._wire_sum, self._reduce_sum]
+        per_message = [self._sync_sum, self._queue_sum, self._wire_sum]
         row = ([sums[name] / self.window for sums in per_iteration for name in order]
                + [sums[name] / c for sums in per_message for name, c in zip(order, counts, strict=True)]
+               + [self._reduce_min[name] if self._sync_count[name] else 0.0 for name in order]
                + [iteration_s / self.window])
         tables = torch.zeros(self.world, len(row))
         tables[self.rank] = torch.tensor(row)
