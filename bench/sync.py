@@ -63,6 +63,7 @@ def parse_link(text: str) -> LinkDelay:
         raise ValueError(f"--link needs a positive bandwidth and a fixed cost >= 0, got {text!r}")
     return LinkDelay(per_message_s=ms / 1e3, per_byte_s=1 / (mb_per_s * 1e6))
 
+
 SYSTEMS = ("compute_only", "ddp_default", "ddp_layer_buckets", "sync_fifo", "sync_scheduler")
 
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from cloud.training.sync.engine import EngineConfig, propose
+from cloud.training.sync.engine import EngineConfig, judge, propose
 from cloud.training.sync.plan import Cost, LinkModel, best_plan, candidates, predict_iteration_s
 from cloud.training.sync.policy import LayerWindow, SyncPolicy, WindowTable
 
@@ -69,7 +69,7 @@ def test_engine_tries_the_plan_on_a_backlog_and_falls_back_without_timings() -> 
     proposal = propose(window, SyncPolicy.per_layer(NAMES))
     assert proposal.policy != SyncPolicy.per_layer(NAMES) and proposal.reason.startswith("planner")
     measured = WindowTable(1, 4, 0.06, "", layers(blocked_s=0.01, queue_s=0.01, policy=proposal.policy))
-    settled = propose(measured, proposal.policy)  # the link as before: nothing predicted better
+    settled = propose(measured, proposal.policy, link=SLOW)  # the same link: nothing predicted better
     assert settled.policy == proposal.policy and "no candidate" in settled.reason
     untimed = WindowTable(0, 4, 0.07, "", tuple(replace(layer, forward_s=0.0) for layer in window.layers))
     fallback = propose(untimed, SyncPolicy.per_layer(NAMES))
@@ -95,3 +95,12 @@ def test_link_model_median_is_taken_term_by_term() -> None:
             LinkModel(Cost(0.0029, 2.6e-9), Cost(0.001, 0.2e-9))]
     median = LinkModel.median(fits)
     assert median == LinkModel(Cost(0.003, 2.5e-9), Cost(0.001, 0.2e-9))
+
+
+def test_a_plan_is_judged_on_iteration_time_not_blocked_time() -> None:
+    """Two big messages block the forward less than four and still take longer per iteration."""
+    before = WindowTable(1, 4, 0.0625, "", layers(blocked_s=0.030))
+    after = WindowTable(2, 4, 0.0660, "", layers(blocked_s=0.025))
+    assert judge(before, after).keep  # as a remedy: blocked time fell
+    verdict = judge(before, after, kind="plan")
+    assert not verdict.keep and verdict.measure == "iteration"

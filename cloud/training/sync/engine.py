@@ -38,9 +38,10 @@ class EngineConfig:
     # the next forward needs later is queued behind a backlog: send the first-needed layers first.
     backlog_min_s: float = 0.004
     # The planner (rule 4; False: the rules only) proposes a policy only if its predicted iteration
-    # is this much shorter than the current policy's, and its trial is kept only if blocked time
-    # grew by no more than this fraction (+ keep_abs_tol_s): a predicted gain that does not show is
-    # a model error, and a kept one would never be revisited (the model keeps predicting it).
+    # is this much shorter than the current policy's, and its trial is kept only if the measured
+    # mean iteration grew by no more than plan_rel_tol (+ keep_abs_tol_s): a predicted gain that
+    # does not show is a model error, and a kept one would never be revisited (the model keeps
+    # predicting it).
     plan: bool = True
     plan_min_gain: float = 0.05
     plan_rel_tol: float = 0.0
@@ -275,7 +276,7 @@ class PolicyEngine:
     _tabu: dict[str, int] = field(default_factory=dict)  # policy text -> window it may be retried after
     _reverts: dict[str, int] = field(default_factory=dict)  # policy text -> times it was reverted
     _merge_caps: list[int] = field(default_factory=list)  # the last windows' link fits (merge_bytes=None)
-    # the planner's link fits from the last windows whose messages had two sizes at least
+    # the planner's link fits from the last windows that had one (largest message >= 2x the smallest)
     _links: list[LinkModel] = field(default_factory=list)
 
     def end_window(self, table: WindowTable) -> SyncPolicy:
