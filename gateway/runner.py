@@ -210,19 +210,12 @@ class GatewayRunner:
         except OSError as exc:
             raise StartupError(f"http.listen {self.config.http.listen}: {exc.strerror}") from None
         self._started.append("http")
-        await self.uplink.start()
-        self._started.append("uplink")
-        await self.heartbeat.start()
-        self._started.append("heartbeat")
-        await self.mqtt.start()
-        self._started.append("mqtt")
-        if self.placement is not None:
-            await self.placement.start()
-            self._started.append("placement")
-        await self.ingest.start()
-        self._started.append("ingest")
-        await self.control.start()
-        self._started.append("control")
+        services = (("uplink", self.uplink), ("heartbeat", self.heartbeat), ("mqtt", self.mqtt),
+                    ("placement", self.placement), ("ingest", self.ingest), ("control", self.control))
+        for name, service in services:
+            if service is not None:  # placement is optional
+                await service.start()
+                self._started.append(name)
         log.info("gatewayd started: broker %s, cloud %s, http %s", self.config.mqtt.broker,
                  self.config.uplink.cloud_url, self.config.http.listen)
 

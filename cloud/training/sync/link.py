@@ -75,6 +75,11 @@ class SharedWire:
         return acquired
 
 
+def _span(start: float | None, end: float | None) -> float | None:
+    """``end - start``, or None while either moment has not happened yet."""
+    return None if start is None or end is None else end - start
+
+
 class PendingSync:
     """One message in flight: the tensor being summed across ranks and when it got done."""
 
@@ -109,30 +114,22 @@ class PendingSync:
     @property
     def queue_s(self) -> float | None:
         """Time queued in the lane behind earlier messages, from hand-off to the comm thread picking it."""
-        if self.picked_at is None:
-            return None
-        return self.picked_at - self.handed_at
+        return _span(self.handed_at, self.picked_at)
 
     @property
     def sync_s(self) -> float | None:
         """Time on the link: from the comm thread picking it up to the all-reduce being done."""
-        if self.done_at is None or self.picked_at is None:
-            return None
-        return self.done_at - self.picked_at
+        return _span(self.picked_at, self.done_at)
 
     @property
     def wire_s(self) -> float | None:
         """Time the message held the emulated wire (0 on a link with no emulated delay)."""
-        if self.launched_at is None or self.on_wire_at is None:
-            return None
-        return self.launched_at - self.on_wire_at
+        return _span(self.on_wire_at, self.launched_at)
 
     @property
     def reduce_s(self) -> float | None:
         """Time of the collective itself, from launch to done (waiting for the peers included)."""
-        if self.done_at is None or self.launched_at is None:
-            return None
-        return self.done_at - self.launched_at
+        return _span(self.launched_at, self.done_at)
 
     def on_done(self, callback: Callable[[PendingSync], None]) -> None:
         with self._lock:

@@ -92,7 +92,6 @@ class SyncScheduler:
         self._backward_started = 0.0
         self._layer_ready: dict[str, int] = {}  # gradients ready per layer in this backward
         self._last_forward: tuple[str, float] | None = None  # the layer whose forward runs, since when
-        self._ready: dict[tuple[str, ...], int] = {}
         self._launched: set[tuple[str, ...]] = set()
         self.iteration = 0
         self.window_index = 0
@@ -151,17 +150,20 @@ class SyncScheduler:
             self._close_forward(self._backward_started)  # the last layer's forward ran until now
             self._apply_window()  # the last window's combined table decides this backward's policy
             self._in_backward = True
-            self._ready, self._launched, self._layer_ready = {}, set(), {}
+            self._launched, self._layer_ready = set(), {}
             torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
-        policy = self.policy
         layer = self._layer_of[id(param)]
         self._layer_ready[layer] = self._layer_ready.get(layer, 0) + 1
-        if self._layer_ready[layer] == len(self.layers[layer]):
-            self._ready_sum[layer] += time.monotonic() - self._backward_started
-        bucket = policy.bucket_of(layer)
-        self._ready[bucket] = self._ready.get(bucket, 0) + 1
-        if self._ready[bucket] == sum(len(self.layers[n]) for n in bucket) and not policy.bucket_held(bucket):
+        if not self._layer_complete(layer):
+            return
+        self._ready_sum[layer] += time.monotonic() - self._backward_started
+        bucket = self.policy.bucket_of(layer)
+        if not self.policy.bucket_held(bucket) and all(self._layer_complete(name) for name in bucket):
             self._launch(bucket)
+
+    def _layer_complete(self, layer: str) -> bool:
+        """Every gradient of ``layer`` is ready in this backward."""
+        return self._layer_ready.get(layer, 0) == len(self.layers[layer])
 
     def _on_backward_end(self) -> None:
         self._in_backward = False
