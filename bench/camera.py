@@ -26,17 +26,17 @@ sys.path.insert(0, str(REPO))
 import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 
-from devices.scene import SceneSynth  # noqa: E402
-from gateway.inference import (  # noqa: E402
+from gateway.camera.change import ChangeConfig  # noqa: E402
+from gateway.camera.inference import (  # noqa: E402
     InferenceEngine,
     InferenceInput,
     build_inputs,
     feed_from_camera,
     load_and_probe,
 )
-from gateway.ingest.camera import CameraSource, CameraSourceConfig  # noqa: E402
-from gateway.ingest.camera_change import ChangeConfig  # noqa: E402
+from gateway.camera.source import CameraSource, CameraSourceConfig  # noqa: E402
 from models.artifact import load_artifact  # noqa: E402
+from models.synthetic_scene import SceneSynth  # noqa: E402
 
 JPEG_QUALITY = 80
 

@@ -23,7 +23,7 @@ import torch
 
 from bench.common import Results, parse_args
 from cloud.federated.decode import decode_update
-from cloud.federated.model import Layout, build_model
+from cloud.federated.layout import Layout, build_model
 from cloud.federated.strategies import ClientUpdate, FedBuff
 from gateway.federated.encoder import CodecSpec, UpdateEncoder
 from gateway.federated.samples import sample_record

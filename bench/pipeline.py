@@ -27,9 +27,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cloud.training.executor import StageExecutor  # noqa: E402
 from cloud.training.partition import partition  # noqa: E402
 from cloud.training.profiler import profile_layers  # noqa: E402
-from cloud.training.runtime import StageExecutor  # noqa: E402
 from cloud.training.schedules import Topology, build_schedule, predicted_bubble  # noqa: E402
 
 OURS = ("gpipe", "1f1b-flush", "1f1b-stash")

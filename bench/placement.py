@@ -21,7 +21,7 @@ and after a re-plan, queued inputs of tasks moved to the edge run there (the upl
 for a link that the plan gave up on).
 Latency: input -> result produced (the service's last non-delivery task); delivery into the cloud
 is store-and-forward and reported as ``delivery_lag``. Selectivities are seeded coin flips.
-Costs come from the service definitions (gateway/services/catalog.py).
+Costs come from the service definitions (gateway/taskgraphs/catalog.py).
 """
 
 from __future__ import annotations
@@ -41,15 +41,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gateway.placement.cost import Budgets, LinkView  # noqa: E402
 from gateway.placement.link import LinkMonitor  # noqa: E402
-from gateway.placement.model import Budgets, LinkView  # noqa: E402
 from gateway.placement.planner import PlacementPlanner, plan_placement  # noqa: E402
-from gateway.services import (  # noqa: E402
-    Service,
-    camera_service,
-    sensor_service,
-    training_service,
-    vibration_service,
+from gateway.taskgraphs import (  # noqa: E402
+    TaskGraph,
+    camera_graph,
+    sensor_graph,
+    training_graph,
+    vibration_graph,
 )
 
 PROBE_S = 5.0
@@ -144,7 +144,7 @@ class Stats:
 class Sim:
     """One run of one system over the trace. ``placer(t)`` returns the plan side map to use at t."""
 
-    def __init__(self, services: tuple[Service, ...], link: Link, system: str, seed: int) -> None:
+    def __init__(self, services: tuple[TaskGraph, ...], link: Link, system: str, seed: int) -> None:
         self.services, self.link, self.system = services, link, system
         self.rng = random.Random(seed)
         self.events: list = []
@@ -246,7 +246,7 @@ class Sim:
         self._oracle(seg)
         self._reroute()
 
-    def _on_stage(self, s: Service, i: int, loc: str, born: float) -> None:
+    def _on_stage(self, s: TaskGraph, i: int, loc: str, born: float) -> None:
         task = s.tasks[i]
         side = self.sides[(s.name, task.name)]
         if task.delivery:
@@ -283,12 +283,12 @@ class Sim:
             self.cpu_free -= 1
             self.push(self.now + s.tasks[i].edge_cost_s, "cpu_done", s, i, born)
 
-    def _on_cpu_done(self, s: Service, i: int, born: float) -> None:
+    def _on_cpu_done(self, s: TaskGraph, i: int, born: float) -> None:
         self.cpu_free += 1
         self._cpu_start()
         self._on_done(s, i, "edge", born)
 
-    def _on_done(self, s: Service, i: int, loc: str, born: float) -> None:
+    def _on_done(self, s: TaskGraph, i: int, loc: str, born: float) -> None:
         task = s.tasks[i]
         if task.delivery:
             self.stats.delivery.setdefault(s.name, []).append(self.now - born)
@@ -302,7 +302,7 @@ class Sim:
             self.stats.misses[s.name] = self.stats.misses.get(s.name, 0) + (lat > s.latency_target_s)
         self.push(self.now, "stage", s, i + 1, loc, born)
 
-    def _upload(self, s: Service, i: int, born: float, size: int, delivery: bool) -> None:
+    def _upload(self, s: TaskGraph, i: int, born: float, size: int, delivery: bool) -> None:
         self.up_queue.append((s, i, born, size, delivery))
         self._up_start()
 
@@ -349,7 +349,7 @@ class Sim:
                 keep.append(item)
         self.up_queue = keep
 
-    def _on_up_done(self, s: Service, i: int, born: float, size: int, started: float) -> None:
+    def _on_up_done(self, s: TaskGraph, i: int, born: float, size: int, started: float) -> None:
         self.up_busy = False
         self.stats.uplink_bytes += size
         rtt = self.link.at(self.now).rtt_s
@@ -369,17 +369,17 @@ def _torch_version() -> str | None:
         return None
 
 
-def bench_services() -> tuple[Service, ...]:
+def bench_services() -> tuple[TaskGraph, ...]:
     """The mix: a Raspberry-Pi-class gateway (2 cores) and a GPU cloud (docs/placement.md, "Benchmark").
 
     sensor (10 Hz, cheap, p3), camera (1 fps, 10% of frames changed; inference 0.45 s on the edge
     CPU vs 0.02 s on a cloud GPU, p2), vibration (2 s audio windows; classifier 0.6 s vs 0.015 s,
     p2), training (private, one local round per 120 s, p1).
     """
-    return (sensor_service(), camera_service(cloud_infer_s=0.02), vibration_service(), training_service())
+    return (sensor_graph(), camera_graph(cloud_infer_s=0.02), vibration_graph(), training_graph())
 
 
-def raw_bytes(services: tuple[Service, ...], duration: float) -> float:
+def raw_bytes(services: tuple[TaskGraph, ...], duration: float) -> float:
     """Uploading everything raw: every source output, at its rate, for the whole trace."""
     return sum(s.output_rate_bytes(t.name) * duration for s in services for t in s.tasks if not t.after)
 

@@ -22,11 +22,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-from cloud.api import blobs, fleet, health, ingest, jobs, models, openapi, probe, status
+from cloud.api import blobs, federated, fleet, health, ingest, jobs, openapi, probe, registry, status
 from cloud.api.context import CONFIG, METRICS, REGISTRY, STORE
 from cloud.api.errors import json_errors
 from cloud.config import CloudConfig, ConfigError, load_tokens_file, parse_token_arg
-from cloud.federated import api as federated_api
 from cloud.metrics import CloudMetrics
 from cloud.notify import ModelNotifier, NotifyConfig, add_notify_arguments, parse_notify_args
 from cloud.store import StoreLocked
@@ -37,10 +36,10 @@ log = logging.getLogger("cloudd")
 
 ROUTE_GROUPS: tuple[Callable[[web.Application], None], ...] = (health.setup, ingest.setup, status.setup,
                                                                probe.setup, blobs.setup,
-                                                               # models before jobs: jobs register versions
-                                                               models.setup, jobs.setup, fleet.setup,
+                                                               # registry before jobs: jobs register versions
+                                                               registry.setup, jobs.setup, fleet.setup,
                                                                openapi.setup, web_routes.setup,
-                                                               federated_api.setup)
+                                                               federated.setup)
 
 
 async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
@@ -132,7 +131,8 @@ async def serve(config: CloudConfig, ready: Callable[[CloudServer], None] | None
     finally:
         try:
             # Drain gets shutdown_timeout; closing the store (queued writes) gets a little more.
-            await asyncio.wait_for(server.stop(), timeout=config.shutdown_timeout + 5.0)
+            async with asyncio.timeout(config.shutdown_timeout + 5.0):
+                await server.stop()
         except TimeoutError:
             log.error("cloudd: shutdown did not finish within %.0fs", config.shutdown_timeout + 5.0)
         if notifier is not None:

@@ -102,7 +102,7 @@ def produce(args: argparse.Namespace, latest: LatestFrame | None, truth: IO[str]
     """Render frames in order; pace them in real time only when someone watches over HTTP."""
     import cv2
 
-    from devices.scene import SceneSynth
+    from models.synthetic_scene import SceneSynth
 
     total = args.frames if args.frames > 0 else 10**9
     synth = SceneSynth(seed=args.seed, width=args.width, height=args.height, fps=args.fps,

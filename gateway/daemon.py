@@ -14,13 +14,13 @@ import signal
 import sys
 from pathlib import Path
 
-from gateway.control.recent import RecentErrors
+from gateway.control.recent_errors import RecentErrors
 from gateway.control.sdnotify import SystemdNotifier
 from gateway.datadir import StartupError
 from gateway.runner import GatewayRunner
-from gateway.tasks import cancel_and_wait
 from protocol.config import GatewayConfig, load_gateway_config
 from protocol.errors import ProtocolError
+from runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 

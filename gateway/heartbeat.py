@@ -18,9 +18,9 @@ import aiohttp
 
 from gateway.placement.link import LinkEstimate
 from gateway.placement.plan import Plan
-from gateway.tasks import cancel_and_wait
 from protocol.fleet import GatewayHeartbeat, PlacementDecision
 from protocol.fleet import LinkEstimate as HeartbeatLink
+from runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 

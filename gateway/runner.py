@@ -2,7 +2,7 @@
 (gateway/daemon.py runs it as a process).
 
 Start: lock the data dir, open the log, load the control plane's desired config and apply it (which
-starts the camera runtime when ``[camera]`` is configured and enabled, and the training runtime when
+starts the camera runner when ``[camera]`` is configured and enabled, and the training runner when
 training is enabled), status HTTP, uplink, MQTT + sensor ingest, the control plane's MQTT connection;
 then READY=1.
 Stop (SIGTERM/SIGINT, or a fatal log error): STOPPING=1, stop the control plane, stop intake, flush
@@ -35,16 +35,16 @@ from gateway.control.handlers import (
     TrainingHandler,
 )
 from gateway.control.plane import ControlPlane
-from gateway.control.recent import RecentErrors
+from gateway.control.recent_errors import RecentErrors
 from gateway.control.store import ControlStore
 from gateway.control.wiring import base_from_file, task_catalog
 from gateway.datadir import DataDirLock, StartupError, open_record_log
 from gateway.heartbeat import HeartbeatSender, heartbeat_link, heartbeat_placement
 from gateway.ingest.sensors import SensorIngest
 from gateway.metrics import StatsCollector, make_registry
-from gateway.mqtt import MqttAdapter, Will, settings_from_config
+from gateway.mqtt.adapter import MqttAdapter, Will, settings_from_config
 from gateway.placement.plan import Plan
-from gateway.placement.runtime import PlacementRuntime, make_monitor
+from gateway.placement.runner import PlacementRunner, make_monitor
 from gateway.status import StatusServer
 from gateway.uplink.sender import Uplink, read_token
 from protocol.config import GatewayConfig, load_gateway_config
@@ -90,7 +90,7 @@ class GatewayRunner:
         self.uplink = Uplink(self.log, gw, config.uplink, monitor=self.link_monitor,
                              link_down=lambda: self.link_monitor.snapshot().state == "down")
         self.link_monitor.add_listener(lambda up: self.uplink.link_up() if up else None)
-        self.placement = (PlacementRuntime(config.placement, config.uplink.cloud_url, self.link_monitor,
+        self.placement = (PlacementRunner(config.placement, config.uplink.cloud_url, self.link_monitor,
                                            on_plan=self._on_plan) if config.placement.enabled else None)
         try:
             self.token = read_token(config.uplink.token, config.uplink.token_file)
@@ -140,10 +140,10 @@ class GatewayRunner:
         collector.add("reload", lambda: dict(self.reloads))
         collector.add("heartbeat", lambda: dict(self.heartbeat.counters))
         if self.camera is not None:
-            from gateway.camera_service import METRIC_GAUGES
+            from gateway.camera.runner import METRIC_GAUGES
 
             collector.add("camera", self.camera.metrics, gauges=METRIC_GAUGES)
-        from gateway.federated.service import METRIC_GAUGES as TRAINING_GAUGES
+        from gateway.federated.runner import METRIC_GAUGES as TRAINING_GAUGES
 
         collector.add("training", self.training.metrics, gauges=TRAINING_GAUGES)
         self.registry = make_registry(collector)
@@ -152,16 +152,16 @@ class GatewayRunner:
         self._started: list[str] = []
 
     def _make_camera(self, control_settings: Any) -> Any:
-        """The camera runtime; imported here so that a gateway without a camera never loads numpy,
+        """The camera runner; imported here so that a gateway without a camera never loads numpy,
         OpenCV or onnxruntime (and none loads torch)."""
-        from gateway.camera_service import CameraRuntime
+        from gateway.camera.runner import CameraRunner
 
         config, camera = self.config, self.config.camera
         assert camera is not None
         # its own connection: retained model notices in, QoS 0 events out, never in the telemetry path
         settings = dataclasses.replace(control_settings, client_id=control_settings.client_id.replace(
             "-control", "-camera"), inbound_bound=100)
-        return CameraRuntime(camera, gateway_id=config.gateway_id, record_log=self.log,
+        return CameraRunner(camera, gateway_id=config.gateway_id, record_log=self.log,
                              mqtt_settings=settings,
                              cloud_url=config.uplink.cloud_url, token=self.token,
                              store_dir=config.data_dir / "models",
@@ -170,11 +170,11 @@ class GatewayRunner:
                              flush_interval_s=config.log.flush_interval_ms / 1000, on_fatal=self._on_fatal)
 
     def _make_training(self) -> Any:
-        """The training runtime: cheap until enabled; torch loads only when a local round is to run."""
-        from gateway.federated.service import TrainingRuntime
+        """The training runner: cheap until enabled; torch loads only when a local round is to run."""
+        from gateway.federated.runner import TrainingRunner
 
         config = self.config
-        return TrainingRuntime(config.training, gateway_id=config.gateway_id, data_dir=config.data_dir,
+        return TrainingRunner(config.training, gateway_id=config.gateway_id, data_dir=config.data_dir,
                                cloud_url=config.uplink.cloud_url, token=self.token, uplink_log=self.log,
                                link_view=lambda: self.link_monitor.snapshot().view(),
                                wake_uplink=self.uplink.wake,
@@ -244,7 +244,8 @@ class GatewayRunner:
                 self._lock.release()
                 continue
             try:
-                await asyncio.wait_for(steps[name](), max(0.1, end - loop.time()))
+                async with asyncio.timeout(max(0.1, end - loop.time())):
+                    await steps[name]()
             except TimeoutError:
                 clean = False
                 log.error("stop: %s did not stop within the %.0fs deadline", name, deadline_s)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 from protocol.errors import ProtocolError
 from protocol.events import ModelMetadata, parse_model_metadata
+from runtime.files import atomic_write
 
 ONNX_FILE = "model.onnx"
 METADATA_FILE = "metadata.json"
@@ -87,12 +87,7 @@ def save_artifact(folder: Path, artifact: ModelArtifact) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for file_name, data in ((ONNX_FILE, artifact.onnx_bytes),
                             (METADATA_FILE, artifact.metadata.model_dump_json(indent=1).encode())):
-        tmp = folder / f".{file_name}.tmp"
-        with tmp.open("wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        tmp.replace(folder / file_name)
+        atomic_write(folder / file_name, data)
     return folder
 
 

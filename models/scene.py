@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from devices.scene import LABELS, background, random_training_frame
 from models.artifact import preprocess_images, save_artifact
+from models.synthetic_scene import LABELS, background, random_training_frame
 from protocol.events import InputSpec
 
 INPUT_SIZE = 48

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from cloud.config import CloudConfig
-from cloud.jobs.fleet import FleetView
+from cloud.fleet import FleetView
 from cloud.jobs.manager import JobManager
 from cloud.metrics import CloudMetrics
 from cloud.registry import ModelRegistry
@@ -14,7 +14,7 @@ from cloud.store.writer import AsyncStoreWriter
 CONFIG = web.AppKey("config", CloudConfig)
 METRICS = web.AppKey("metrics", CloudMetrics)
 STORE = web.AppKey("store", AsyncStoreWriter)
-# Set by the route groups that own them (cloud.api.models, cloud.api.jobs, cloud.api.fleet).
+# Set by the route groups that own them (cloud.api.registry, cloud.api.jobs, cloud.api.fleet).
 REGISTRY = web.AppKey("registry", ModelRegistry)
 JOBS = web.AppKey("jobs", JobManager)
 FLEET = web.AppKey("fleet", FleetView)

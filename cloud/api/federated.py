@@ -8,10 +8,10 @@
                                                  GlobalModel JSON with that gateway's token;
                                                  304 when V is already the latest version
 
-The service (``service.py``) imports torch; this module does not, and starts the service only
-when a job exists (on disk at startup, or PUT), so a cloudd without federated training never
-imports torch. Invariant: the service is started and stopped by the app's cleanup context, after
-the store opened and before it closes.
+The coordinator (``cloud/federated/coordinator.py``) imports torch; this module does not, and
+starts the coordinator only when a job exists (on disk at startup, or PUT), so a cloudd without
+federated training never imports torch. Invariant: the coordinator is started and stopped by the
+app's cleanup context, after the store opened and before it closes.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ MODEL_PATH = "/v1/federated/gateways/{gateway_id}/model"
 MAX_JOB_BYTES = 64 * 1024
 STATE_FILE = "federated/state.json"
 
-FEDERATED = web.AppKey("federated", dict)  # {"service": FederatedService | None}
+FEDERATED = web.AppKey("federated", dict)  # {"coordinator": FederatedCoordinator | None}
 
 
 def setup(app: web.Application) -> None:
-    app[FEDERATED] = {"service": None, "starting": asyncio.Lock()}
+    app[FEDERATED] = {"coordinator": None, "starting": asyncio.Lock()}
     app.cleanup_ctx.append(_lifetime)
     app.router.add_put(JOB_PATH, put_job)
     app.router.add_get(JOB_PATH, get_job)
@@ -45,29 +45,29 @@ def setup(app: web.Application) -> None:
     app.router.add_get(MODEL_PATH, get_model)
 
 
-async def _start_service(app: web.Application) -> Any:
-    from cloud.federated.service import FederatedService  # torch: only once federated training is on
+async def _start_coordinator(app: web.Application) -> Any:
+    from cloud.federated.coordinator import FederatedCoordinator  # torch: only once federated training is on
     from cloud.registry import ModelRegistry
 
     data_dir = app[CONFIG].data_dir
-    service = FederatedService(data_dir)
-    # The registry's routes (cloud/api/models.py) own one instance; share it (its lock orders seq).
-    service.registry = app.get(REGISTRY) or ModelRegistry(data_dir / "models")
-    await service.start()
-    app[FEDERATED]["service"] = service
-    return service
+    coordinator = FederatedCoordinator(data_dir)
+    # The registry's routes (cloud/api/registry.py) own one instance; share it (its lock orders seq).
+    coordinator.registry = app.get(REGISTRY) or ModelRegistry(data_dir / "models")
+    await coordinator.start()
+    app[FEDERATED]["coordinator"] = coordinator
+    return coordinator
 
 
 async def _lifetime(app: web.Application) -> AsyncIterator[None]:
     if (app[CONFIG].data_dir / STATE_FILE).exists():
-        await _start_service(app)
+        await _start_coordinator(app)
     try:
         yield
     finally:
-        service = app[FEDERATED]["service"]
-        if service is not None:
-            app[FEDERATED]["service"] = None
-            await service.stop()
+        coordinator = app[FEDERATED]["coordinator"]
+        if coordinator is not None:
+            app[FEDERATED]["coordinator"] = None
+            await coordinator.stop()
 
 
 def _no_job(request: web.Request) -> web.Response:
@@ -87,37 +87,37 @@ async def put_job(request: web.Request) -> web.Response:
         job = parse_job(body)
     except ProtocolError as exc:
         return reject(request, 400, exc.reason, exc.detail)
-    async with request.app[FEDERATED]["starting"]:  # two first PUTs must not start two services
-        service = request.app[FEDERATED]["service"] or await _start_service(request.app)
-    changed = await service.set_job(job)
-    return web.json_response({"started": changed, "version": service.status.get("version")},
+    async with request.app[FEDERATED]["starting"]:  # two first PUTs must not start two coordinators
+        coordinator = request.app[FEDERATED]["coordinator"] or await _start_coordinator(request.app)
+    changed = await coordinator.set_job(job)
+    return web.json_response({"started": changed, "version": coordinator.status.get("version")},
                              status=201 if changed else 200)
 
 
 async def get_job(request: web.Request) -> web.Response:
     if (refusal := operator_refusal(request)) is not None:
         return refusal
-    service = request.app[FEDERATED]["service"]
-    if service is None or service.status.get("job") is None:
+    coordinator = request.app[FEDERATED]["coordinator"]
+    if coordinator is None or coordinator.status.get("job") is None:
         return _no_job(request)
-    return web.json_response(service.status["job"])
+    return web.json_response(coordinator.status["job"])
 
 
 async def get_status(request: web.Request) -> web.Response:
     if (refusal := operator_refusal(request)) is not None:
         return refusal
-    service = request.app[FEDERATED]["service"]
-    if service is None:
+    coordinator = request.app[FEDERATED]["coordinator"]
+    if coordinator is None:
         return web.json_response({"v": 1, "job": None})
-    return web.Response(text=json.dumps(service.status), content_type="application/json")
+    return web.Response(text=json.dumps(coordinator.status), content_type="application/json")
 
 
 async def get_model(request: web.Request) -> web.Response:
     gateway = request.match_info["gateway_id"]
     if (refusal := gateway_refusal(request, gateway)) is not None:
         return refusal
-    service = request.app[FEDERATED]["service"]
-    document = service.model_document if service is not None else None
+    coordinator = request.app[FEDERATED]["coordinator"]
+    document = coordinator.model_document if coordinator is not None else None
     if document is None:
         return _no_job(request)
     version, body = document

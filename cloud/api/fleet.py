@@ -1,7 +1,7 @@
 """The fleet and its data: gateway heartbeats in, fleet and dataset documents out.
 
     POST /v1/gateways/{gateway_id}/heartbeat   gateway token; body protocol.fleet.GatewayHeartbeat
-    GET  /v1/fleet                             operator; cloud.jobs.fleet.fleet_document
+    GET  /v1/fleet                             operator; cloud.fleet.fleet_document
     GET  /v1/datasets                          operator; record counts per gateway and device
 
 Heartbeat checks, in order, each refusal a JSON error and nothing kept: auth (401/403) -> body
@@ -19,7 +19,7 @@ from aiohttp import web
 from cloud.api.auth import gateway_refusal, operator_refusal
 from cloud.api.context import CONFIG, FLEET, STORE
 from cloud.api.errors import reject
-from cloud.jobs.fleet import FleetView, fleet_document
+from cloud.fleet import FleetView, fleet_document
 from protocol.errors import ProtocolError
 from protocol.fleet import MAX_HEARTBEAT_BYTES, OFFLINE_AFTER_INTERVALS, parse_heartbeat
 

@@ -1,4 +1,4 @@
-"""FederatedService: the mechanism that drives an ``Aggregator`` over the update records in the store.
+"""FederatedCoordinator: the mechanism that drives an ``Aggregator`` over the update records in the store.
 
 Owns one single-thread executor ("federated") and one asyncio task (the poll loop). All federated
 state (buffer, counters, global weights) is touched only on that thread; the event loop reads
@@ -19,7 +19,6 @@ buffer is never admitted again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -32,11 +31,12 @@ import torch
 from cloud.federated.aggregate import apply_delta
 from cloud.federated.decode import Refused, decode_update
 from cloud.federated.feed import FeedItem, Position, UpdateFeed
-from cloud.federated.model import Layout, build_model
+from cloud.federated.layout import Layout, build_model
 from cloud.federated.state import FederatedState, load_state, save_state
 from cloud.federated.strategies import Aggregator, ClientUpdate, Failure, make_aggregator
 from protocol.errors import ProtocolError
 from protocol.federated import FederatedJob, GlobalModel, TensorEntry, pack_payload, parse_update
+from runtime.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
 HISTORY = 100
@@ -49,7 +49,7 @@ def _new_counters() -> dict[str, Any]:
             "onnx_exported": 0, "onnx_failed": 0}
 
 
-class FederatedService:
+class FederatedCoordinator:
     def __init__(self, data_dir: Path, *, clock: Callable[[], float] = time.time,
                  on_version: Callable[[int], None] | None = None) -> None:
         self.data_dir = Path(data_dir)
@@ -77,11 +77,8 @@ class FederatedService:
         self._task = asyncio.create_task(self._run(), name="federated-poll")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         await asyncio.to_thread(self._executor.shutdown, wait=True)
 
     async def set_job(self, job: FederatedJob) -> bool:
@@ -95,8 +92,7 @@ class FederatedService:
         while True:
             interval = self._state.job.poll_interval_s if self._state is not None else 1.0
             self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), interval)
+            await wait_event(self._wake, interval)
             if self._state is None:
                 continue
             try:

@@ -1,7 +1,7 @@
 """Decoding a gateway's update into a flat delta, refusing anything malformed (errors as values).
 
 The section encodings are specified in protocol/federated.py (the gateway's encoder is
-gateway/federated/encoder.py). A refusal is a ``Refused(reason, detail)`` value the service counts
+gateway/federated/encoder.py). A refusal is a ``Refused(reason, detail)`` value the coordinator counts
 by reason; nothing here raises for bad input.
 
 Invariant: ``decode_update`` returns a tensor only if every tensor entry names the layout's tensor
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from cloud.federated.model import Layout
+from cloud.federated.layout import Layout
 from models.numerics import WireFormatError, decode, from_bytes
 from protocol.errors import ProtocolError
 from protocol.federated import TensorEntry, UpdateEnvelope, split_payload

@@ -12,7 +12,6 @@ from the saved cursor, so updates read but not yet aggregated are read (and buff
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import numpy as np
 import torch
 
 from protocol.federated import FederatedJob
+from runtime.files import atomic_write, fsync_dir
 
 STATE_FILE = "state.json"
 KEEP_WEIGHT_FILES = 2
@@ -38,23 +38,6 @@ class FederatedState:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def weights_name(version: int) -> str:
     return f"weights-{version:08d}.f32"
 
@@ -62,13 +45,13 @@ def weights_name(version: int) -> str:
 def save_state(folder: Path, state: FederatedState) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     name = weights_name(state.version)
-    _write_durably(folder / name, state.weights.numpy().astype("<f4").tobytes())
+    atomic_write(folder / name, state.weights.numpy().astype("<f4").tobytes())
     document = {"v": 1, "job": json.loads(state.job.model_dump_json()), "version": state.version,
                 "weights_file": name, "version_ts": state.version_ts, "applied": state.applied,
                 "cursor": {gw: list(pos) for gw, pos in state.cursor.items()}, "counters": state.counters,
                 "history": state.history}
-    _write_durably(folder / STATE_FILE, json.dumps(document).encode())
-    _fsync_dir(folder)
+    atomic_write(folder / STATE_FILE, json.dumps(document).encode())
+    fsync_dir(folder)
     old = sorted(p for p in folder.glob("weights-*.f32") if p.name != name)
     for path in old[:max(0, len(old) - (KEEP_WEIGHT_FILES - 1))]:
         path.unlink(missing_ok=True)

@@ -1,6 +1,6 @@
-"""The ``Aggregator`` interface and one class per strategy (policy only; ``service.py`` drives).
+"""The ``Aggregator`` interface and one class per strategy (policy only; ``coordinator.py`` drives).
 
-The service offers each decoded update to ``admit`` (which may turn it into a failure), asks
+The coordinator offers each decoded update to ``admit`` (which may turn it into a failure), asks
 ``ready`` after every poll, and calls ``aggregate`` with the buffered results and the failures seen
 since the last aggregation. Failures are values: a gateway that vanished simply sent nothing, a
 stale or duplicate update is a ``Failure``; no strategy raises for a bad client.

@@ -16,6 +16,8 @@ import asyncio
 import json
 from typing import Any
 
+from runtime.tasks import wait_event
+
 MAX_EVENTS = 200_000
 
 
@@ -84,8 +86,4 @@ class JobEvents:
         if len(self.events) > n or self.closed:
             return True
         changed = self._changed
-        try:
-            await asyncio.wait_for(changed.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+        return await wait_event(changed, timeout_s)

@@ -29,9 +29,10 @@ from typing import Any
 from cloud.jobs.events import JobEvents, tail_lines
 from cloud.jobs.spec import UPLOADED_DATASETS, JobSpec, job_toml
 from cloud.jobs.table import FINAL, JobRow, JobTable
+from cloud.jobs.torchrun import cancel_job, launch_job
 from cloud.registry import ModelRegistry
-from cloud.training.jobs import cancel_job, launch_job
 from models.artifact import ArtifactError, load_artifact
+from runtime.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
 
@@ -111,12 +112,9 @@ class JobManager:
     async def stop(self) -> None:
         """Stop scheduling, stop running jobs (they go back to queued), close every stream."""
         self._stopping = True
-        if self._scheduler is not None:
-            self._scheduler.cancel()
-            await asyncio.gather(self._scheduler, return_exceptions=True)
+        await cancel_and_wait(self._scheduler)
         for job_id, task in list(self._owners.items()):  # one at a time: each ends stopped or not started
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await cancel_and_wait(task)
             self._owners.pop(job_id, None)
         for events in self._events.values():
             events.close()
@@ -200,10 +198,7 @@ class JobManager:
             running = sum(not t.done() for t in self._owners.values())
             for row in self.table.all("queued")[:max(0, self.max_running - running)]:
                 self._owners[row.id] = asyncio.create_task(self._own(row.id), name=f"job-{row.id}")
-            try:
-                await asyncio.wait_for(self._wake.wait(), 1.0)
-            except TimeoutError:
-                pass
+            await wait_event(self._wake, 1.0)
             self._wake.clear()
             for job_id in [j for j, t in self._owners.items() if t.done()]:
                 self._owners.pop(job_id)
@@ -248,7 +243,8 @@ class JobManager:
         finally:
             out.close()  # the child has its own descriptor
         try:
-            code = await asyncio.wait_for(proc.wait(), STEP_DEADLINE_S)
+            async with asyncio.timeout(STEP_DEADLINE_S):
+                code = await proc.wait()
         except TimeoutError:
             proc.kill()
             await proc.wait()

@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from runtime.files import atomic_write, fsync_dir
+
 BLOB_ID_PATTERN = r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}"  # never starts with "." (the store's own dirs)
 SHA256_PATTERN = r"[0-9a-f]{64}"
 MAX_BLOB_BYTES = 1 << 30
@@ -106,14 +108,6 @@ def valid_sha256(value: str) -> bool:
     return _SHA.fullmatch(value) is not None
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _hash_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -185,7 +179,7 @@ class BlobStore:
         new = not partial.exists()
         partial.mkdir(parents=True, exist_ok=True)
         if new:
-            _fsync_dir(partial.parent)
+            fsync_dir(partial.parent)
         path = partial / blob_id
         created = not path.exists()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
@@ -197,7 +191,7 @@ class BlobStore:
         finally:
             os.close(fd)
         if created:
-            _fsync_dir(partial)
+            fsync_dir(partial)
         self.counters["chunks"] += 1
         self.counters["bytes_written"] += len(chunk)
 
@@ -213,15 +207,9 @@ class BlobStore:
             self.counters["hash_mismatches"] += 1
             return HashMismatch(blob_id, sha, actual)
         hashes.mkdir(parents=True, exist_ok=True)
-        tmp = hashes / f".{blob_id}.tmp"
-        with open(tmp, "w") as f:
-            f.write(sha + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, hashes / blob_id)
-        _fsync_dir(hashes)  # the hash is durable before the blob is visible as committed
+        atomic_write(hashes / blob_id, (sha + "\n").encode())  # durable before the blob is committed
         os.replace(part, base / blob_id)
-        _fsync_dir(base)
+        fsync_dir(base)
         self.counters["committed"] += 1
         return BlobStatus(blob_id, (base / blob_id).stat().st_size, True, sha)
 
@@ -238,7 +226,7 @@ class AsyncBlobStore:
         self.pending = 0
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="cloudd-blobs")
 
-    async def _call(self, fn, *args):  # noqa: ANN001, ANN202 - a thin trampoline
+    async def _call(self, fn, *args):
         if self.pending >= self.max_pending:
             raise BlobBusy(f"{self.pending} blob calls pending (max {self.max_pending})")
         self.pending += 1

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runtime.files import fsync_dir
+
 SEGMENT_SUFFIX = ".jsonl"
 DEFAULT_SEGMENT_MAX_BYTES = 64 * 1024 * 1024
 
@@ -45,14 +47,6 @@ def decode_line(line: bytes) -> dict[str, Any]:
 
 class SegmentCorrupt(Exception):
     """A segment lacks bytes its committed length promises (not crash damage: the disk lost data)."""
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def append_at(path: Path, committed_len: int, data: bytes) -> int:
@@ -78,8 +72,8 @@ def append_at(path: Path, committed_len: int, data: bytes) -> int:
     finally:
         os.close(fd)
     if created:
-        _fsync_dir(path.parent)
-        _fsync_dir(path.parent.parent)
+        fsync_dir(path.parent)
+        fsync_dir(path.parent.parent)
     return committed_len + len(data)
 
 

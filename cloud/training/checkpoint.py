@@ -11,12 +11,13 @@ Invariant: ``latest_complete_step`` returns the largest step for which every sta
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from runtime.files import atomic_writer
 
 _STEP_RE = re.compile(r"^step(\d+)\.pt$")
 
@@ -25,25 +26,12 @@ def stage_dir(root: str | Path, stage: int) -> Path:
     return Path(root) / f"stage{stage}"
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_stage(root: str | Path, stage: int, step: int, state: dict[str, Any], keep: int = 3) -> Path:
     folder = stage_dir(root, stage)
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"step{step:08d}.pt"
-    tmp = folder / f".step{step:08d}.pt.tmp"
-    with open(tmp, "wb") as handle:
+    with atomic_writer(final) as handle:
         torch.save(state, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, final)
-    _fsync_dir(folder)
     # Older files go only after a newer one is whole; keep >= 2 so that a step some other stage
     # has not finished writing yet still has a complete predecessor.
     for old in stage_steps(root, stage)[:-keep]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch
 from torch import nn
 
 from cloud.training.partition import LayerCost
+from runtime.files import atomic_write
 
 
 def model_signature(model: nn.Sequential, input_shape: tuple[int, ...], threads: int) -> str:
@@ -74,10 +74,5 @@ def cached_profile(model: nn.Sequential, sample: torch.Tensor, cache_path: str |
     costs = profile_layers(model, sample, threads=threads, repeats=repeats)
     cache[key] = [vars(c) for c in costs]
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
-    with open(tmp, "w") as handle:
-        json.dump(cache, handle, indent=1)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(cache, indent=1).encode())
     return costs

@@ -38,10 +38,10 @@ from torch import nn
 from cloud.training import checkpoint, comm
 from cloud.training.compression.stage import StageCompression
 from cloud.training.compression.wire_codec import register_wire_codecs
-from cloud.training.job import DataSection, JobConfig, JobError, build_model, load_job
+from cloud.training.executor import StageExecutor
+from cloud.training.jobfile import DataSection, JobConfig, JobError, build_model, load_job
 from cloud.training.partition import Plan, StagePlan, even_plan, partition
 from cloud.training.profiler import cached_profile
-from cloud.training.runtime import StageExecutor
 from cloud.training.schedules import build_schedule
 
 EXIT_OK, EXIT_BAD_JOB, EXIT_PLAN, EXIT_DIVERGED, EXIT_CHECKPOINT = 0, 2, 3, 4, 5

@@ -7,7 +7,7 @@
 # store lives at RDZV_HOST:PORT (default port 29400), which must be reachable from every node.
 # The job's checkpoint dir must be on a file system all nodes share (each stage writes its own
 # files; resume needs to see all of them). Single machine: NNODES=1 and RDZV_HOST=127.0.0.1, or
-# use `python -m torch.distributed.run --standalone` (what cloud.training.jobs.launch_job runs).
+# use `python -m torch.distributed.run --standalone` (what cloud.jobs.torchrun.launch_job runs).
 set -euo pipefail
 
 if [[ $# -lt 4 ]]; then

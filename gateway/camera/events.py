@@ -4,7 +4,7 @@
                                        log record (kind "event") -> flush -> durable -> on_durable()
                                        MQTT event, QoS 0, on edgefed/<gw>/events/<camera_id>
 
-Owner: the camera runtime (gateway/camera_service.py) builds one ``CameraEventRecorder`` for its whole
+Owner: the camera runner (gateway/camera/runner.py) builds one ``CameraEventRecorder`` for its whole
 life, so its counters outlive a camera restart. Each run calls ``start`` with that run's engine and
 MQTT adapter (the consumer task begins), and at its end stops the engine, then calls ``drain``: the
 consumer logs what the engine finished, flushes, and returns.
@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gateway.inference import InferenceEngine, InferenceResult
-from gateway.mqtt import MqttAdapter, MqttError
+from gateway.camera.inference import InferenceEngine, InferenceResult
+from gateway.mqtt.adapter import MqttAdapter, MqttError
 from gateway.storage.interface import LogFailed, LogFull, RecordLog
 from gateway.uplink.blobs import BlobRef, BlobSpool, blob_record
 from protocol.config import CameraConfig
@@ -71,7 +71,8 @@ class CameraEventRecorder:
             return
         self._draining = True
         try:
-            await asyncio.wait_for(self._consumer, DURABLE_WAIT_S)
+            async with asyncio.timeout(DURABLE_WAIT_S):
+                await self._consumer
         except TimeoutError:
             log.error("camera: the consumer did not finish within %.0fs", DURABLE_WAIT_S)
         self._consumer = None
@@ -149,7 +150,8 @@ class CameraEventRecorder:
     async def _flush(self) -> None:
         try:
             epoch = await self._log.flush()
-            await asyncio.wait_for(asyncio.shield(epoch.durable), DURABLE_WAIT_S)
+            async with asyncio.timeout(DURABLE_WAIT_S):
+                await asyncio.shield(epoch.durable)
         except LogFailed as exc:
             self._on_fatal(exc)
             return

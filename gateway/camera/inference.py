@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from gateway.tasks import cancel_and_wait
 from models.artifact import ArtifactError, ModelArtifact, check_bytes, preprocess_images
 from protocol.events import InferenceEvent
+from runtime.tasks import cancel_and_wait
 
 
 @dataclass(frozen=True)
@@ -265,7 +265,7 @@ class InferenceEngine:
             self._in_flight = len(batch)
             try:
                 results = await loop.run_in_executor(self._executor, run_batch, model, batch)
-            except Exception as exc:  # noqa: BLE001 - a failed batch is counted, the loop goes on
+            except Exception as exc:
                 self.counters.failed += len(batch)
                 self.counters.last_error = f"batch failed on {model.version}: {exc}"[:300]
                 results = []

@@ -24,11 +24,11 @@ from typing import Any
 
 import aiohttp
 
-from gateway.inference import InferenceEngine, SwapOutcome
-from gateway.tasks import cancel_and_wait
+from gateway.camera.inference import InferenceEngine, SwapOutcome
 from models.artifact import ArtifactError, ModelArtifact, artifact_from_bytes, load_artifact, save_artifact
 from protocol.errors import ProtocolError
 from protocol.events import ModelNotice, parse_model_notice
+from runtime.tasks import cancel_and_wait
 
 
 @dataclass

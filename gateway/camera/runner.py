@@ -5,9 +5,9 @@ updates, and the events they produce, started and stopped as one unit (docs/came
     MQTT notice (edgefed/<gw>/models/<name>) --notice task--> ModelUpdater (+ polling) --swap--> engine
 
 This module is the lifecycle (start, stop, source switches, pins) and the numbers; what becomes of each
-result (the consumer task: log, frame spool, MQTT event, flushes) is gateway/camera_events.py.
+result (the consumer task: log, frame spool, MQTT event, flushes) is gateway/camera/events.py.
 
-Owner: the daemon builds one ``CameraRuntime`` when its config has a ``[camera]`` section; the control
+Owner: the daemon builds one ``CameraRunner`` when its config has a ``[camera]`` section; the control
 plane's camera and models handlers drive it (``apply_camera``, ``apply_pins``), and the daemon calls
 ``stop()`` before it closes the log. The runtime owns its engine, source, updater, its own MQTT
 connection (client id ``<client_id>-camera``, clean session: notices are retained, events are QoS 0)
@@ -15,10 +15,10 @@ and its three tasks (feed, consumer, notices; the consumer through its ``CameraE
 starts them in the order notices, consumer, feed and stops them in reverse.
 
 Invariants: every inference result becomes exactly one event record appended to the log, or is counted
-(``events_log_full``, ``events_log_failed``: gateway/camera_events.py); a source change replaces the
+(``events_log_full``, ``events_log_failed``: gateway/camera/events.py); a source change replaces the
 source only after the old one's delivered frames were fed to the engine, so a switch loses no frame
 that was delivered; the engine keeps ``submitted == inferred + dropped + failed + pending``
-(gateway/inference.py). The module imports neither torch nor onnxruntime nor OpenCV: those load in
+(gateway/camera/inference.py). The module imports neither torch nor onnxruntime nor OpenCV: those load in
 threads, when a camera actually runs.
 """
 
@@ -31,20 +31,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.camera_events import CameraEventRecorder
+from gateway.camera.change import ChangeConfig
+from gateway.camera.events import CameraEventRecorder
+from gateway.camera.inference import InferenceEngine, feed_from_camera
+from gateway.camera.ota import ModelUpdater
+from gateway.camera.source import CameraSource, CameraSourceConfig
 from gateway.control.handlers import Applied
-from gateway.inference import InferenceEngine, feed_from_camera
-from gateway.ingest.camera import CameraSource, CameraSourceConfig
-from gateway.ingest.camera_change import ChangeConfig
-from gateway.models.ota import ModelUpdater
-from gateway.mqtt import MqttAdapter, MqttSettings
+from gateway.mqtt.adapter import MqttAdapter, MqttSettings
 from gateway.storage.interface import RecordLog
-from gateway.tasks import cancel_and_wait
 from gateway.uplink.blobs import BlobSpool
 from models.artifact import ArtifactError, load_artifact
 from protocol.config import CameraConfig
 from protocol.control import CameraSettings, ModelsSettings
 from protocol.topics import camera_events_topic, model_notice_topic
+from runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def _numbers(values: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in values.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
-class CameraRuntime:
+class CameraRunner:
     def __init__(self, config: CameraConfig, *, gateway_id: str, record_log: RecordLog,
                  mqtt_settings: MqttSettings, cloud_url: str, token: str | None, store_dir: Path,
                  blob_spool: BlobSpool | None, on_durable: Callable[[], None], flush_interval_s: float,
@@ -217,7 +217,8 @@ class CameraRuntime:
             await self.source.stop()
         if self._feed is not None:
             try:  # the stopped source is finished once its queue is taken: the feed task returns
-                await asyncio.wait_for(self._feed, STOP_FEED_S)
+                async with asyncio.timeout(STOP_FEED_S):
+                    await self._feed
             except TimeoutError:
                 log.error("camera: the feed task did not finish within %.0fs", STOP_FEED_S)
             self._feed = None

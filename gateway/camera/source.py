@@ -24,7 +24,8 @@ from typing import Literal
 
 import numpy as np
 
-from gateway.ingest.camera_change import ChangeConfig, ChangeDetector
+from gateway.camera.change import ChangeConfig, ChangeDetector
+from runtime.backoff import Backoff
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ class CameraSource:
 
     # ---- capture thread -----------------------------------------------------------------
     def _run(self) -> None:
-        backoff = self.config.backoff_initial_s
+        retry = Backoff(self.config.backoff_initial_s, self.config.backoff_max_s)
         first_open = True
         while not self._stop.is_set():
             self.state = "connecting"
@@ -163,7 +164,7 @@ class CameraSource:
                 self._detector.reset()
                 got_frames, ended = self._read_until_failure(capture)
                 if got_frames:
-                    backoff = self.config.backoff_initial_s
+                    retry.succeeded()
                 if ended:
                     capture.release()
                     if not self.config.loop_file:
@@ -173,9 +174,8 @@ class CameraSource:
                     continue
             capture.release()
             self.state = "backoff"
-            if self._stop.wait(backoff):
+            if self._stop.wait(retry.failed()):
                 break
-            backoff = min(backoff * 2, self.config.backoff_max_s)
         self.state = "stopped"
         self._notify()
 

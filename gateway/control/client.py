@@ -18,7 +18,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from gateway.mqtt import MqttAdapter, MqttError, MqttSettings
+from gateway.mqtt.adapter import MqttAdapter, MqttError, MqttSettings
 from protocol.control import ControlResponse, parse_response
 from protocol.errors import ProtocolError
 from protocol.topics import control_request_topic, control_response_topic, status_topic

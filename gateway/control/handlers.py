@@ -60,7 +60,7 @@ class UnconnectedHandler:
                                          "this gatewayd, so it is not applied yet")
 
 
-class RuntimeHandler:
+class RunnerHandler:
     """A service that a runtime object runs: its settings go, checked for their type, to its ``apply``."""
 
     settings_type: type[BaseModel] = BaseModel
@@ -98,21 +98,21 @@ class GatewayHandler:
         return Applied("running", True, f"log level {settings.log_level}")
 
 
-class CameraHandler(RuntimeHandler):
-    """camera: on/off, source and sample rate go to the camera runtime (gateway/camera_service.py), which
+class CameraHandler(RunnerHandler):
+    """camera: on/off, source and sample rate go to the camera runner (gateway/camera/runner.py), which
     switches a source only after the old one's delivered frames were fed to the engine."""
 
     settings_type = CameraSettings
 
 
-class ModelsHandler(RuntimeHandler):
+class ModelsHandler(RunnerHandler):
     """models: a pin (or its removal) goes to the model updater; applied only once the pinned version runs."""
 
     settings_type = ModelsSettings
 
 
-class TrainingHandler(RuntimeHandler):
-    """training: on/off and the privacy flag go to the training runtime (gateway/federated/service.py),
+class TrainingHandler(RunnerHandler):
+    """training: on/off and the privacy flag go to the training runner (gateway/federated/runner.py),
     which decides "upload raw" or "train locally" from the link and the flag, and acts on it."""
 
     settings_type = TrainingSettings

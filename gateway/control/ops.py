@@ -36,7 +36,7 @@ from protocol.control import (
     control_error_from,
 )
 
-# service -> task -> the side its graph pins it to (None: free); see gateway/services/catalog.py
+# service -> task -> the side its graph pins it to (None: free); see gateway/taskgraphs/catalog.py
 TaskCatalog = Mapping[str, Mapping[str, str | None]]
 
 

@@ -33,11 +33,10 @@ from gateway.control.ops import (
     effective,
     overrides_after,
 )
-from gateway.control.recent import RecentErrors
+from gateway.control.recent_errors import RecentErrors
 from gateway.control.store import ControlStore
-from gateway.mqtt import InboundMessage, MqttAdapter, MqttError
+from gateway.mqtt.adapter import InboundMessage, MqttAdapter, MqttError
 from gateway.ratelimit import RateLimitedLog
-from gateway.tasks import cancel_and_wait
 from protocol.control import (
     READ_ONLY_OPS,
     SERVICE_NAMES,
@@ -60,6 +59,7 @@ from protocol.topics import (
     is_valid_id,
     service_topic,
 )
+from runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 
-from gateway.tasks import cancel_and_wait
+from runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 from gateway.control.ops import TaskCatalog
-from gateway.services.catalog import default_services
+from gateway.taskgraphs.catalog import default_graphs
 from protocol.config import GatewayConfig
 from protocol.control import ControlError, DesiredConfig, control_error_from
 
@@ -39,4 +39,4 @@ def base_from_file(config: GatewayConfig) -> DesiredConfig:
 def task_catalog() -> TaskCatalog:
     """service -> task -> the side its graph requires (declared pins, sources, privacy; None: free)."""
     return {service.name: {task.name: service.required_pins().get(task.name) for task in service.tasks}
-            for service in default_services()}
+            for service in default_graphs()}

@@ -22,7 +22,7 @@ Mode = Literal["upload_raw", "train_locally"]
 
 
 class LinkLike(Protocol):
-    """What the choice reads of gateway.placement.model.LinkView."""
+    """What the choice reads of gateway.placement.cost.LinkView."""
 
     state: str
     goodput_Bps: float

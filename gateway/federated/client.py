@@ -31,11 +31,12 @@ from gateway.federated.encoder import CodecSpec, UpdateEncoder
 from gateway.federated.samples import SampleWindow
 from gateway.federated.trainer import LocalResult, LocalTrainer, TrainingStopped
 from gateway.storage.interface import RecordLog
-from gateway.tasks import cancel_and_wait
 from models.digits import build_digits_model
 from protocol.errors import ProtocolError
 from protocol.federated import GlobalModel, UpdateEnvelope, pack_payload, parse_global_model, split_payload
 from protocol.records import Record, encode_record
+from runtime.backoff import Backoff
+from runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,8 @@ class FederatedClient:
                  uplink_log: RecordLog, *, trainer: LocalTrainer, codec: CodecSpec | None = None,
                  wake_uplink: Callable[[], None] | None = None, device: str = "federated",
                  poll_interval_s: float = 1.0, retrain_after_s: float = 10.0, min_samples: int = 16,
-                 max_samples: int = 10_000, timeout_s: float = 10.0, rng: random.Random | None = None,
+                 max_samples: int = 10_000, timeout_s: float = 10.0, retry_max_s: float = 30.0,
+                 rng: random.Random | None = None,
                  clock: Callable[[], float] = time.monotonic, expect_model: str | None = None,
                  expect_arch: str | None = None) -> None:
         self.gateway_id = gateway_id
@@ -82,6 +84,7 @@ class FederatedClient:
         self.poll_interval_s, self.retrain_after_s = poll_interval_s, retrain_after_s
         self.min_samples, self.timeout_s = min_samples, timeout_s
         self._rng = rng or random.Random()
+        self._retry = Backoff(poll_interval_s, max(retry_max_s, poll_interval_s), self._rng)
         self._clock = clock
         self.expect_model, self.expect_arch = expect_model, expect_arch
         self._session: aiohttp.ClientSession | None = None
@@ -108,7 +111,6 @@ class FederatedClient:
             self._session = None
 
     async def _run(self) -> None:
-        delay = self.poll_interval_s
         while True:
             try:
                 outcome = await self.run_round()
@@ -119,10 +121,10 @@ class FederatedClient:
             self.last_outcome = outcome
             if outcome.kind in ("fetch_failed", "wrong_model", "error"):
                 self.last_error = outcome.detail
-                delay = min(30.0, delay * 2)
+                await asyncio.sleep(self._retry.failed())
             else:
-                delay = self.poll_interval_s
-            await asyncio.sleep(delay * (0.75 + 0.5 * self._rng.random()))
+                self._retry.succeeded()
+                await asyncio.sleep(self.poll_interval_s)
 
     async def fetch(self) -> RoundOutcome | None:
         """Bring the global model up to date; an outcome only when that failed."""

@@ -17,13 +17,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 from gateway.storage.interface import LogFull, RecordLog
-from gateway.tasks import cancel_and_wait
 from protocol.federated import SAMPLE_EVENT_TYPE
+from runtime.files import atomic_write
+from runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -31,18 +31,7 @@ SAMPLE_MARK = f'"type":"{SAMPLE_EVENT_TYPE}"'.encode()
 
 
 def write_cursor(path: Path, log_id: str, lsn: int) -> None:
-    """Atomically: temporary file, fsync, rename, fsync of the directory."""
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as out:
-        json.dump({"v": 1, "log_id": log_id, "lsn": lsn}, out)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    atomic_write(path, json.dumps({"v": 1, "log_id": log_id, "lsn": lsn}).encode())
 
 
 def read_cursor(path: Path, log_id: str) -> int:

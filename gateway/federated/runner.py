@@ -1,4 +1,4 @@
-"""TrainingRuntime: the ``training`` service inside gatewayd: the raw-vs-local choice, and acting on it.
+"""TrainingRunner: the ``training`` service inside gatewayd: the raw-vs-local choice, and acting on it.
 
     control plane (enabled, private) --apply--> decide: choose_training_mode(link, private, raw_Bps)
     placement plan / link change    --poke---->   train_locally -> FederatedClient (+ LocalTrainer thread)
@@ -26,7 +26,6 @@ decision is being acted on (torch loading, say), ``status()["state"]`` still nam
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import logging
 import sys
@@ -41,9 +40,9 @@ from gateway.federated.choice import LinkLike, TrainingChoice, choose_training_m
 from gateway.federated.forward import RawForwarder
 from gateway.storage.epoch_log import EpochLog
 from gateway.storage.interface import RecordLog
-from gateway.tasks import cancel_and_wait
 from protocol.config import TrainingConfig
 from protocol.control import TrainingSettings
+from runtime.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +52,9 @@ CLIENT_MODULE = "gateway.federated.client"  # imports torch
 
 def declared_raw_Bps() -> float:
     """The raw bytes/s the placement catalog's training service declares (its ``collect`` output)."""
-    from gateway.services.catalog import training_service
+    from gateway.taskgraphs.catalog import training_graph
 
-    return training_service().output_rate_bytes("collect")
+    return training_graph().output_rate_bytes("collect")
 
 
 def open_sample_log(data_dir: Path, config: TrainingConfig) -> EpochLog:
@@ -67,7 +66,7 @@ def open_sample_log(data_dir: Path, config: TrainingConfig) -> EpochLog:
                     max_bytes=budget, full_policy="drop_oldest", writer_threads=1)
 
 
-class TrainingRuntime:
+class TrainingRunner:
     def __init__(self, config: TrainingConfig, *, gateway_id: str, data_dir: Path, cloud_url: str,
                  token: str | None, uplink_log: RecordLog, link_view: Callable[[], LinkLike],
                  wake_uplink: Callable[[], None] | None = None,
@@ -138,8 +137,7 @@ class TrainingRuntime:
 
     async def _watch(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._poke.wait(), self.config.decide_interval_s)
+            await wait_event(self._poke, self.config.decide_interval_s)
             self._poke.clear()
             async with self._lock:
                 if self.settings is not None and self.settings.enabled:

@@ -14,22 +14,21 @@ policy "reject" refuses new data, loudly and counted. Nothing a device sends sto
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fnmatch
 import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gateway.ingest.recent import RecentSamples, SampleKey
-from gateway.mqtt import InboundMessage, MqttAdapter
+from gateway.ingest.recent_samples import RecentSamples, SampleKey
+from gateway.mqtt.adapter import InboundMessage, MqttAdapter
 from gateway.ratelimit import RateLimitedLog
 from gateway.storage.interface import LogFailed, LogFull, RecordLog
-from gateway.tasks import cancel_and_wait
 from protocol.errors import ProtocolError
 from protocol.records import telemetry_record
 from protocol.telemetry import parse_telemetry
 from protocol.topics import devices_subscription, parse_device_topic
+from runtime.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +121,8 @@ class SensorIngest:
         self._flush_now.set()
         if self._flusher is not None:
             try:
-                await asyncio.wait_for(self._flusher, timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await self._flusher
             except TimeoutError:
                 log.error("ingest: log not durable within %.1fs at shutdown; unacked messages "
                           "will be redelivered by the broker", timeout_s)
@@ -163,8 +163,7 @@ class SensorIngest:
 
     async def _flusher_loop(self) -> None:
         while not self._stopping:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._flush_now.wait(), self._interval_s)
+            await wait_event(self._flush_now, self._interval_s)
             self._flush_now.clear()
             if self._awaiting_ack or self._appended_since_flush:
                 await self._flush_and_ack()
@@ -181,7 +180,8 @@ class SensorIngest:
             epoch = await self._log.flush()
             while True:
                 try:
-                    await asyncio.wait_for(asyncio.shield(epoch.durable), DURABILITY_WARN_S)
+                    async with asyncio.timeout(DURABILITY_WARN_S):
+                        await asyncio.shield(epoch.durable)
                     break
                 except TimeoutError:
                     log.warning("ingest: epoch %d not durable after %.0fs (slow disk?)", epoch.number,

@@ -1,6 +1,6 @@
 """The gateway's one MQTT adapter: paho-mqtt 2.x driven by the daemon's asyncio loop.
 
-Built the way aiomqtt is: no paho network thread. gateway/mqtt_socket.py drives paho's socket from
+Built the way aiomqtt is: no paho network thread. gateway/mqtt/socket_driver.py drives paho's socket from
 the loop (reads, writes, keepalive); this module is the connection's life and its data path: connect,
 reconnect, the inbound queue, acks and publishes. The blocking TCP/TLS connect runs in an executor
 thread.
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import random
 import ssl
@@ -32,8 +31,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from gateway.mqtt_socket import SocketDriver
-from gateway.mqtt_types import (  # noqa: F401  (re-exported: the adapter's public names live here)
+from gateway.mqtt.socket_driver import SocketDriver
+from gateway.mqtt.types import (  # noqa: F401  (re-exported: the adapter's public names live here)
     InboundMessage,
     MqttConnectError,
     MqttCounters,
@@ -44,7 +43,8 @@ from gateway.mqtt_types import (  # noqa: F401  (re-exported: the adapter's publ
     Will,
     settings_from_config,
 )
-from gateway.tasks import cancel_and_wait
+from runtime.backoff import Backoff
+from runtime.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,8 @@ class MqttAdapter:
                     await self.publish(final.topic, final.payload, final.qos, final.retain,
                                        timeout_s=timeout_s / 2)
                 self._client.disconnect()
-                await asyncio.wait_for(self._state.lost.wait(), timeout_s / 2)
+                if not await wait_event(self._state.lost, timeout_s / 2):
+                    raise TimeoutError(f"no disconnect within {timeout_s / 2:.1f}s")
             except (MqttError, TimeoutError) as exc:
                 log.warning("mqtt: unclean disconnect: %s", exc)
         await cancel_and_wait(self._task)
@@ -162,7 +163,7 @@ class MqttAdapter:
     # --- the connection task ---------------------------------------------------------------------
 
     async def _connection_loop(self) -> None:
-        backoff = self.settings.backoff_initial_s
+        retry = Backoff(self.settings.backoff_initial_s, self.settings.backoff_max_s, self._rng)
         first = True
         while not self._stopping:
             try:
@@ -170,13 +171,12 @@ class MqttAdapter:
             except MqttError as exc:
                 self.counters.connect_failures += 1
                 self.last_connect_error = str(exc)
-                delay = min(backoff, self.settings.backoff_max_s) * (0.5 + self._rng.random())
+                delay = retry.failed()
                 log.warning("mqtt: cannot connect to %s (%s); retrying in %.1fs",
                             self.settings.url, exc, delay)
-                backoff = min(backoff * 2, self.settings.backoff_max_s)
                 await asyncio.sleep(delay)
                 continue
-            backoff = self.settings.backoff_initial_s
+            retry.succeeded()
             self.last_connect_error = None
             if not first:
                 self.counters.reconnects += 1
@@ -199,10 +199,11 @@ class MqttAdapter:
         else:
             kwargs = {}  # v3.1.1: clean_session was given to the Client
         try:
-            await asyncio.wait_for(loop.run_in_executor(
-                None, lambda: self._client.connect(host, port, self.settings.keepalive_s, **kwargs)),
-                self.settings.connect_timeout_s + 1)
-            await asyncio.wait_for(asyncio.shield(self._state.connack), self.settings.connect_timeout_s)
+            async with asyncio.timeout(self.settings.connect_timeout_s + 1):
+                await loop.run_in_executor(
+                    None, lambda: self._client.connect(host, port, self.settings.keepalive_s, **kwargs))
+            async with asyncio.timeout(self.settings.connect_timeout_s):
+                await asyncio.shield(self._state.connack)
         except (OSError, ssl.SSLError, ValueError) as exc:
             self._socket.close_socket()
             raise MqttConnectError(str(exc) or type(exc).__name__) from None
@@ -276,13 +277,11 @@ class MqttAdapter:
         then (queue full) at the broker.
         """
         if self._held:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._unheld.wait(), timeout_s)
+            await wait_event(self._unheld, timeout_s)
             return None
         if not self._inbound:
             self._inbound_ready.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._inbound_ready.wait(), timeout_s)
+            await wait_event(self._inbound_ready, timeout_s)
             if not self._inbound:
                 return None
         message = self._inbound.popleft()
@@ -349,7 +348,8 @@ class MqttAdapter:
         try:
             if info.is_published():
                 return
-            await asyncio.wait_for(waiter, timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await waiter
         except TimeoutError:
             raise MqttTimeout(f"no PUBACK for {topic} within {timeout_s}s") from None
         finally:

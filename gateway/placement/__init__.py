@@ -5,8 +5,8 @@ Math (``model``, ``search``, ``planner.plan_placement``) is pure; mechanism (``p
 """
 
 from gateway.placement.controller import PlacementController
+from gateway.placement.cost import Budgets, LinkView
 from gateway.placement.link import LinkEstimate, LinkMonitor
-from gateway.placement.model import Budgets, LinkView
 from gateway.placement.plan import Decision, Plan, ServicePlan
 from gateway.placement.planner import Hysteresis, PinError, PlacementPlanner, check_pins, plan_placement
 from gateway.placement.probe import LinkProber

@@ -8,7 +8,6 @@ only; an exception in ``on_plan`` is logged and counted, never kills the loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
@@ -16,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from gateway.placement.link import LinkMonitor
 from gateway.placement.plan import Plan
 from gateway.placement.planner import PlacementPlanner
-from gateway.tasks import cancel_and_wait
+from runtime.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +75,6 @@ class PlacementController:
 
     async def _run(self) -> None:
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._interval)
+            await wait_event(self._wake, self._interval)
             self._wake.clear()
             await self.check()

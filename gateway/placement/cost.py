@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from gateway.services.graph import Service, Side
+from gateway.taskgraphs.graph import Side, TaskGraph
 
 LinkState = Literal["up", "down", "flapping"]
 LATENCY_CAP_S = 1e6  # stands in for "never" (a saturated queue) so that scores stay comparable
@@ -90,7 +90,7 @@ def queue_factor(rho: float) -> float:
 class Option:
     """One placement of one service's tasks (``sides`` aligned with ``service.tasks``) and its loads."""
 
-    service: Service
+    service: TaskGraph
     sides: tuple[Side, ...]
     edge_cpu: float
     uplink_Bps: float
@@ -99,7 +99,7 @@ class Option:
         return self.sides[[t.name for t in self.service.tasks].index(task)]
 
 
-def make_option(service: Service, sides: Sequence[Side]) -> Option:
+def make_option(service: TaskGraph, sides: Sequence[Side]) -> Option:
     sides = tuple(sides)
     where = dict(zip((t.name for t in service.tasks), sides, strict=True))
     cpu = sum(service.input_rate(t.name) * t.edge_cost_s for t in service.tasks if where[t.name] == "edge")

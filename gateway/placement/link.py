@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gateway.placement.model import LinkState, LinkView
+from gateway.placement.cost import LinkState, LinkView
 
 log = logging.getLogger(__name__)
 

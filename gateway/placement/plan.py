@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.placement.model import LinkView
-from gateway.services.graph import Side
+from gateway.placement.cost import LinkView
+from gateway.taskgraphs.graph import Side
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gateway.placement.model import (
+from gateway.placement.cost import (
     Budgets,
     EffectiveLink,
     LinkView,
@@ -31,7 +31,7 @@ from gateway.placement.model import (
 )
 from gateway.placement.plan import Decision, Plan, ServicePlan, moves_between, placement_strings
 from gateway.placement.search import choose, service_options
-from gateway.services.graph import Service, Side
+from gateway.taskgraphs.graph import Side, TaskGraph
 
 Pins = Mapping[str, Side]  # "service/task" -> side, set by the operator
 
@@ -40,7 +40,7 @@ class PinError(ValueError):
     """An operator pin that names no task or contradicts the service (source, privacy)."""
 
 
-def check_pins(services: Sequence[Service], pins: Pins) -> tuple[str, ...]:
+def check_pins(services: Sequence[TaskGraph], pins: Pins) -> tuple[str, ...]:
     """Errors as values: one message per bad pin, empty when all are acceptable."""
     errors = []
     by_name = {s.name: s for s in services}
@@ -61,7 +61,7 @@ def check_pins(services: Sequence[Service], pins: Pins) -> tuple[str, ...]:
     return tuple(errors)
 
 
-def _pins_for(service: Service, pins: Pins) -> dict[str, Side]:
+def _pins_for(service: TaskGraph, pins: Pins) -> dict[str, Side]:
     merged = dict(service.required_pins())
     prefix = service.name + "/"
     merged.update({k[len(prefix) :]: v for k, v in pins.items() if k.startswith(prefix)})
@@ -73,7 +73,7 @@ def _kB(x: float) -> str:
 
 
 def plan_placement(
-    services: Sequence[Service],
+    services: Sequence[TaskGraph],
     link: LinkView,
     budgets: Budgets,
     pins: Pins | None = None,
@@ -206,7 +206,7 @@ def _down_latency(option: Option, eff: EffectiveLink, qf_edge: float) -> float |
     return option_latency(option, eff, qf_edge, 1.0)
 
 
-def _placement(service: Service, sides: Sequence[Side]) -> tuple[tuple[str, Side], ...]:
+def _placement(service: TaskGraph, sides: Sequence[Side]) -> tuple[tuple[str, Side], ...]:
     return tuple(zip((t.name for t in service.tasks), sides, strict=True))
 
 
@@ -291,7 +291,7 @@ class PlacementPlanner:
 
     def __init__(
         self,
-        services: Sequence[Service],
+        services: Sequence[TaskGraph],
         budgets: Budgets | None = None,
         *,
         hysteresis: Hysteresis | None = None,
@@ -327,7 +327,7 @@ class PlacementPlanner:
         self._budgets = budgets
         self._forced = "budgets changed"
 
-    def set_services(self, services: Sequence[Service]) -> None:
+    def set_services(self, services: Sequence[TaskGraph]) -> None:
         errors = check_pins(services, self._pins)
         if errors:
             raise PinError("; ".join(errors))

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import aiohttp
 
 from gateway.placement.link import LinkMonitor
-from gateway.tasks import cancel_and_wait
+from runtime.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +139,7 @@ class LinkProber:
         """Until the next probe is due: one interval after the last, or soon after a suspect failure
         (including one during the last probe)."""
         left = self._interval - (self._clock() - last_probe_at)
-        try:
-            await asyncio.wait_for(self._suspect.wait(), max(0.0, left))
-        except TimeoutError:
+        if not await wait_event(self._suspect, max(0.0, left)):
             return
         self._suspect.clear()
         self.confirm_probes += 1

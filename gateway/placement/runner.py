@@ -1,4 +1,4 @@
-"""PlacementRuntime: the daemon's placement subsystem, built from ``PlacementConfig``.
+"""PlacementRunner: the daemon's placement subsystem, built from ``PlacementConfig``.
 
 Owns the LinkProber and the PlacementController (the LinkMonitor is made by ``make_monitor`` so
 the uplink can feed it before this starts). Start order: prober, then controller (whose first
@@ -14,12 +14,12 @@ import logging
 from typing import Any
 
 from gateway.placement.controller import OnPlan, PlacementController
+from gateway.placement.cost import Budgets
 from gateway.placement.link import LinkMonitor
-from gateway.placement.model import Budgets
 from gateway.placement.planner import Hysteresis, PlacementPlanner
 from gateway.placement.probe import LinkProber
-from gateway.services import Service, default_services
-from gateway.services.graph import Side
+from gateway.taskgraphs import TaskGraph, default_graphs
+from gateway.taskgraphs.graph import Side
 from protocol.config import PlacementConfig
 
 log = logging.getLogger(__name__)
@@ -44,12 +44,12 @@ def hysteresis_from(config: PlacementConfig) -> Hysteresis:
                       goodput_ratio=config.goodput_ratio, up_fraction_delta=config.up_fraction_delta)
 
 
-class PlacementRuntime:
+class PlacementRunner:
     def __init__(self, config: PlacementConfig, cloud_url: str, monitor: LinkMonitor,
-                 on_plan: OnPlan | None = None, services: tuple[Service, ...] | None = None) -> None:
+                 on_plan: OnPlan | None = None, services: tuple[TaskGraph, ...] | None = None) -> None:
         self.config = config
         self.monitor = monitor
-        self.planner = PlacementPlanner(services or default_services(), budgets_from(config),
+        self.planner = PlacementPlanner(services or default_graphs(), budgets_from(config),
                                         hysteresis=hysteresis_from(config), pins=dict(config.pins))
         base = cloud_url.rstrip("/")
         self.prober = LinkProber(

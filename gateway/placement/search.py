@@ -21,20 +21,20 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 
-from gateway.placement.model import Budgets, EffectiveLink, Evaluation, Option, evaluate, make_option
-from gateway.services.graph import Service, Side
+from gateway.placement.cost import Budgets, EffectiveLink, Evaluation, Option, evaluate, make_option
+from gateway.taskgraphs.graph import Side, TaskGraph
 
 EXACT_MAX_FREE = 12
 EXACT_MAX_COMBOS = 20_000
 _MAX_DESCENT_ROUNDS = 50
 
 
-def free_positions(service: Service, pins: Mapping[str, Side]) -> list[int]:
+def free_positions(service: TaskGraph, pins: Mapping[str, Side]) -> list[int]:
     return [i for i, t in enumerate(service.tasks) if t.name not in pins]
 
 
 def _sides(
-    service: Service, pins: Mapping[str, Side], free: list[int], choice: Sequence[Side]
+    service: TaskGraph, pins: Mapping[str, Side], free: list[int], choice: Sequence[Side]
 ) -> list[Side]:
     sides: list[Side] = [pins.get(t.name, "edge") for t in service.tasks]
     for pos, side in zip(free, choice, strict=True):
@@ -42,7 +42,7 @@ def _sides(
     return sides
 
 
-def enumerate_options(service: Service, pins: Mapping[str, Side]) -> list[Option]:
+def enumerate_options(service: TaskGraph, pins: Mapping[str, Side]) -> list[Option]:
     free = free_positions(service, pins)
     return [
         make_option(service, _sides(service, pins, free, choice))
@@ -50,7 +50,7 @@ def enumerate_options(service: Service, pins: Mapping[str, Side]) -> list[Option
     ]
 
 
-def cut_options(service: Service, pins: Mapping[str, Side]) -> list[Option]:
+def cut_options(service: TaskGraph, pins: Mapping[str, Side]) -> list[Option]:
     free = free_positions(service, pins)
     return [
         make_option(service, _sides(service, pins, free, ["edge"] * k + ["cloud"] * (len(free) - k)))
@@ -59,7 +59,7 @@ def cut_options(service: Service, pins: Mapping[str, Side]) -> list[Option]:
 
 
 def heuristic_options(
-    service: Service, pins: Mapping[str, Side], link: EffectiveLink, budgets: Budgets
+    service: TaskGraph, pins: Mapping[str, Side], link: EffectiveLink, budgets: Budgets
 ) -> list[Option]:
     """Cut points plus a hill climb (single flips, best improvement) from the best cut."""
     cuts = cut_options(service, pins)
@@ -81,7 +81,7 @@ def heuristic_options(
 
 
 def service_options(
-    service: Service, pins: Mapping[str, Side], link: EffectiveLink, budgets: Budgets
+    service: TaskGraph, pins: Mapping[str, Side], link: EffectiveLink, budgets: Budgets
 ) -> tuple[list[Option], str]:
     if len(free_positions(service, pins)) <= EXACT_MAX_FREE:
         return enumerate_options(service, pins), "exact"

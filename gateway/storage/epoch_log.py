@@ -48,6 +48,7 @@ from gateway.storage.recovery import (
     recover_tail,
 )
 from gateway.storage.segment_reader import read_chunk
+from runtime.tasks import wait_event
 
 log = logging.getLogger(__name__)
 FullPolicy = Literal["reject", "drop_oldest"]
@@ -158,7 +159,8 @@ class EpochLog:
             return
         if self._failed is None and self._open_chunks:
             try:
-                await asyncio.wait_for(self.flush(wait=True), self.close_timeout_s)
+                async with asyncio.timeout(self.close_timeout_s):
+                    await self.flush(wait=True)
             except (LogFailed, TimeoutError) as exc:
                 log.error("epoch log %s: last epoch not durable at close: %s", self.directory, exc)
         self._closed = True
@@ -255,9 +257,7 @@ class EpochLog:
             if self._failed is not None:
                 raise LogFailed(str(self._failed))
             self._space.clear()
-            try:
-                await asyncio.wait_for(self._space.wait(), max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
+            if not await wait_event(self._space, max(0.0, deadline - time.monotonic())):
                 self._stats["rejected_records"] += 1
                 raise LogFull(f"buffer of {self.buffer_bytes} bytes still full after "
                               f"{self.append_timeout_s}s: the disk is not keeping up") from None
@@ -286,7 +286,7 @@ class EpochLog:
 
     # -- writer callbacks (on the loop) --------------------------------------------------------------
 
-    def _from_writer(self, callback):  # noqa: ANN001, ANN202 - thread -> loop trampoline
+    def _from_writer(self, callback):
         loop = self._loop
         assert loop is not None
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from gateway.storage.filelayer import FileLayer
 from gateway.storage.log_format import SegmentHeader, encode_commit
 from gateway.storage.recovery import Position
+from runtime.backoff import Backoff
 
 PARALLEL_MIN_BYTES = 1 << 20
 IOV_MAX = 1024  # buffers per pwritev (Linux UIO_MAXIOV)
@@ -205,18 +206,17 @@ class EpochWriter:
 
     def _with_enospc_retry(self, write: Callable[[], None]) -> None:
         """Run ``write`` (idempotent: same bytes, same offsets) until it succeeds; only ENOSPC is retried."""
-        delay = ENOSPC_RETRY_S[0]
+        retry = Backoff(*ENOSPC_RETRY_S)
         while True:
             try:
                 write()
                 return
             except OSError as exc:
-                if exc.errno != errno.ENOSPC or (self._stopping and delay >= ENOSPC_RETRY_S[1]):
+                if exc.errno != errno.ENOSPC or (self._stopping and retry.at_max):
                     raise _Fatal(exc) from exc
                 self._on_disk_full()
                 with self._cond:
-                    self._cond.wait(delay)
-                delay = min(delay * 2, ENOSPC_RETRY_S[1])
+                    self._cond.wait(retry.failed())
 
     def _fsync_all(self, fds: list[int]) -> None:
         for fd in fds:

@@ -17,6 +17,8 @@ import threading
 from dataclasses import dataclass
 from typing import Protocol
 
+import runtime.files
+
 
 class FileLayer(Protocol):
     def open(self, path: str, create: bool = False) -> int: ...
@@ -62,13 +64,8 @@ class OsFileLayer:
             os.fsync(fd)
 
     def fsync_dir(self, path: str) -> None:
-        if not self.sync:
-            return
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if self.sync:
+            runtime.files.fsync_dir(path)
 
     def truncate(self, fd: int, size: int) -> None:
         os.ftruncate(fd, size)

@@ -1,24 +1,24 @@
 """The per-service task graphs (sensor, camera, training) as validated data, and edge-cost profiling."""
 
-from gateway.services.catalog import (
-    camera_service,
-    default_services,
-    sensor_service,
-    training_service,
-    vibration_service,
+from gateway.taskgraphs.catalog import (
+    camera_graph,
+    default_graphs,
+    sensor_graph,
+    training_graph,
+    vibration_graph,
 )
-from gateway.services.graph import Service, ServiceError, Side, Task, format_services, parse_services
+from gateway.taskgraphs.graph import Side, Task, TaskGraph, TaskGraphError, format_graphs, parse_graphs
 
 __all__ = [
-    "Service",
-    "ServiceError",
+    "TaskGraph",
+    "TaskGraphError",
     "Side",
     "Task",
-    "camera_service",
-    "default_services",
-    "format_services",
-    "parse_services",
-    "sensor_service",
-    "training_service",
-    "vibration_service",
+    "camera_graph",
+    "default_graphs",
+    "format_graphs",
+    "parse_graphs",
+    "sensor_graph",
+    "training_graph",
+    "vibration_graph",
 ]

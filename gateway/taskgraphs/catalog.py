@@ -1,25 +1,25 @@
 """The predefined services: sensor, camera and training task graphs.
 
-Invariant: every graph here is a valid ``Service`` whose source is pinned to the edge and whose
+Invariant: every graph here is a valid ``TaskGraph`` whose source is pinned to the edge and whose
 last task, ``upload``, is the delivery of results into the cloud (pinned there, zero cost): a
 service's latency is the time from an input to its result, produced at the edge or in the cloud;
 delivering edge results is store-and-forward, bounded by the uplink, not by the target.
 
 Edge costs are defaults for a Raspberry-Pi-class gateway (one core); call
-``gateway.services.profile.with_profiled_costs`` to replace them with costs measured on this box.
+``gateway.taskgraphs.profile.with_profiled_costs`` to replace them with costs measured on this box.
 Cloud costs are declared. Sizes: a sensor sample is ~200 bytes of JSON, a camera frame a 150 kB
 JPEG; a farm scene changes rarely, so change detection passes ``changed_fraction`` of frames.
 """
 
 from __future__ import annotations
 
-from gateway.services.graph import Service, Task
+from gateway.taskgraphs.graph import Task, TaskGraph
 
 
-def sensor_service(
+def sensor_graph(
     rate_hz: float = 10.0, window: int = 10, target_s: float = 1.0, priority: int = 3
-) -> Service:
-    return Service(
+) -> TaskGraph:
+    return TaskGraph(
         name="sensor",
         latency_target_s=target_s,
         priority=priority,
@@ -48,15 +48,15 @@ def sensor_service(
     )
 
 
-def camera_service(
+def camera_graph(
     fps: float = 1.0,
     changed_fraction: float = 0.1,
     target_s: float = 2.0,
     priority: int = 2,
     frame_bytes: int = 150_000,
     cloud_infer_s: float = 0.03,
-) -> Service:
-    return Service(
+) -> TaskGraph:
+    return TaskGraph(
         name="camera",
         latency_target_s=target_s,
         priority=priority,
@@ -88,9 +88,9 @@ def camera_service(
     )
 
 
-def vibration_service(
+def vibration_graph(
     window_s: float = 2.0, target_s: float = 1.5, priority: int = 2, cloud_classify_s: float = 0.015
-) -> Service:
+) -> TaskGraph:
     """A machine-health classifier on a vibration/audio channel (16 kHz, 16-bit, 2 s windows).
 
     capture -> spectrogram -> classify (a small CNN: ~0.6 s on one Raspberry-Pi-class core, ~15 ms
@@ -104,7 +104,7 @@ def vibration_service(
     """
     raw_bytes = int(16_000 * 2 * window_s)
     mel_bands, frames = 128, 1 + int(window_s * 16_000) // 512  # centred frames: 63 for 2 s
-    return Service(
+    return TaskGraph(
         name="vibration",
         latency_target_s=target_s,
         priority=priority,
@@ -122,9 +122,9 @@ def vibration_service(
     )
 
 
-def training_service(round_every_s: float = 120.0, target_s: float = 60.0, priority: int = 1) -> Service:
+def training_graph(round_every_s: float = 120.0, target_s: float = 60.0, priority: int = 1) -> TaskGraph:
     """Local training on private data: only the (compressed) model update may leave the gateway."""
-    return Service(
+    return TaskGraph(
         name="training",
         latency_target_s=target_s,
         priority=priority,
@@ -146,5 +146,5 @@ def training_service(round_every_s: float = 120.0, target_s: float = 60.0, prior
     )
 
 
-def default_services() -> tuple[Service, ...]:
-    return (sensor_service(), camera_service(), training_service())
+def default_graphs() -> tuple[TaskGraph, ...]:
+    return (sensor_graph(), camera_graph(), training_graph())

@@ -1,17 +1,17 @@
-"""Services as task graphs, as data: ``Task`` and ``Service`` values, their validation and text form.
+"""Services as task graphs, as data: ``Task`` and ``TaskGraph`` values, their validation and text form.
 
-Invariant: a ``Service`` exists only if it is valid: task names are unique, every ``after`` names an
+Invariant: a ``TaskGraph`` exists only if it is valid: task names are unique, every ``after`` names an
 earlier task (so ``tasks`` is in topological order and the graph is a DAG), every source (a task
 with no predecessor) is pinned to the edge (raw data is born on the gateway), and in a private
 service no task that consumes raw output is pinned to the cloud. Invalid input raises
-``ServiceError`` naming the service, the task and the field.
+``TaskGraphError`` naming the service, the task and the field.
 
 Units: seconds, bytes, inputs per second. ``edge_cost_s``/``cloud_cost_s`` are compute seconds per
 input (edge: one edge core; cloud: declared); ``output_bytes`` is the size of one output message;
 ``selectivity`` is outputs per input (a window of 10 samples emits 0.1 outputs per input), so a
 task's input rate is derived from the service's source rate, never declared twice.
 
-Text form (one service per block; ``parse_services(format_services(s)) == s``)::
+Text form (one service per block; ``parse_graphs(format_graphs(s)) == s``)::
 
     service camera target=2.5 priority=2 private=no rate=1
       task capture edge=0.002 cloud=0.002 out=60000 pin=edge raw=yes
@@ -34,7 +34,7 @@ Side = Literal["edge", "cloud"]
 SIDES: tuple[Side, ...] = ("edge", "cloud")
 
 
-class ServiceError(ValueError):
+class TaskGraphError(ValueError):
     """An invalid service or task definition; the message names where and what."""
 
 
@@ -52,7 +52,7 @@ class Task:
 
 
 @dataclass(frozen=True)
-class Service:
+class TaskGraph:
     name: str
     tasks: tuple[Task, ...]
     latency_target_s: float
@@ -69,7 +69,7 @@ class Service:
         try:
             return self._index[name]
         except KeyError:
-            raise ServiceError(f"service {self.name!r} has no task {name!r}") from None
+            raise TaskGraphError(f"service {self.name!r} has no task {name!r}") from None
 
     def delivery_tasks(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.tasks if t.delivery)
@@ -113,10 +113,10 @@ class Service:
 
 
 def _fail(service: str, where: str, why: str) -> None:
-    raise ServiceError(f"service {service!r}: {where}: {why}")
+    raise TaskGraphError(f"service {service!r}: {where}: {why}")
 
 
-def _validate(s: Service) -> None:
+def _validate(s: TaskGraph) -> None:
     if not s.name or not s.name.replace("_", "").replace("-", "").isalnum():
         _fail(s.name, "name", "must be a non-empty identifier of [A-Za-z0-9_-]")
     if not (math.isfinite(s.latency_target_s) and s.latency_target_s > 0):
@@ -170,7 +170,7 @@ def _num(x: float) -> str:
     return text[:-2] if text.endswith(".0") else text
 
 
-def format_service(s: Service) -> str:
+def format_graph(s: TaskGraph) -> str:
     lines = [
         f"service {s.name} target={_num(s.latency_target_s)} priority={s.priority} "
         f"private={'yes' if s.private else 'no'} rate={_num(s.rate_hz)}"
@@ -194,8 +194,8 @@ def format_service(s: Service) -> str:
     return "\n".join(lines)
 
 
-def format_services(services: tuple[Service, ...] | list[Service]) -> str:
-    return "\n".join(format_service(s) for s in services) + "\n"
+def format_graphs(services: tuple[TaskGraph, ...] | list[TaskGraph]) -> str:
+    return "\n".join(format_graph(s) for s in services) + "\n"
 
 
 def _fields(words: list[str], allowed: set[str], where: str) -> dict[str, str]:
@@ -203,7 +203,7 @@ def _fields(words: list[str], allowed: set[str], where: str) -> dict[str, str]:
     for w in words:
         key, eq, value = w.partition("=")
         if not eq or key not in allowed:
-            raise ServiceError(f"{where}: unknown or malformed field {w!r} (allowed: {sorted(allowed)})")
+            raise TaskGraphError(f"{where}: unknown or malformed field {w!r} (allowed: {sorted(allowed)})")
         out[key] = value
     return out
 
@@ -211,23 +211,23 @@ def _fields(words: list[str], allowed: set[str], where: str) -> dict[str, str]:
 def _float(fields: dict[str, str], key: str, where: str, default: float | None = None) -> float:
     if key not in fields:
         if default is None:
-            raise ServiceError(f"{where}: missing field {key}=")
+            raise TaskGraphError(f"{where}: missing field {key}=")
         return default
     try:
         return float(fields[key])
     except ValueError:
-        raise ServiceError(f"{where}: {key}={fields[key]!r} is not a number") from None
+        raise TaskGraphError(f"{where}: {key}={fields[key]!r} is not a number") from None
 
 
 def _yes(value: str, where: str) -> bool:
     if value not in ("yes", "no"):
-        raise ServiceError(f"{where}: expected yes or no, got {value!r}")
+        raise TaskGraphError(f"{where}: expected yes or no, got {value!r}")
     return value == "yes"
 
 
-def parse_services(text: str) -> tuple[Service, ...]:
-    """Parse the text form; raise ServiceError naming the line on any problem."""
-    services: list[Service] = []
+def parse_graphs(text: str) -> tuple[TaskGraph, ...]:
+    """Parse the text form; raise TaskGraphError naming the line on any problem."""
+    services: list[TaskGraph] = []
     head: dict[str, str] | None = None
     name = ""
     tasks: list[Task] = []
@@ -245,7 +245,7 @@ def parse_services(text: str) -> tuple[Service, ...]:
             )
             pin = f.get("pin")
             if pin not in (None, "edge", "cloud"):
-                raise ServiceError(f"{where}: pin must be edge or cloud, not {pin!r}")
+                raise TaskGraphError(f"{where}: pin must be edge or cloud, not {pin!r}")
             tasks.append(
                 Task(
                     name=words[1],
@@ -261,7 +261,7 @@ def parse_services(text: str) -> tuple[Service, ...]:
             )
         elif words == ["end"] and head is not None:
             services.append(
-                Service(
+                TaskGraph(
                     name=name,
                     tasks=tuple(tasks),
                     latency_target_s=_float(head, "target", where),
@@ -272,10 +272,10 @@ def parse_services(text: str) -> tuple[Service, ...]:
             )
             head = None
         else:
-            raise ServiceError(f"{where}: unexpected {line.strip()!r}")
+            raise TaskGraphError(f"{where}: unexpected {line.strip()!r}")
     if head is not None:
-        raise ServiceError(f"service {name!r}: missing 'end'")
+        raise TaskGraphError(f"service {name!r}: missing 'end'")
     names = [s.name for s in services]
     if len(set(names)) != len(names):
-        raise ServiceError(f"duplicate service names in {names}")
+        raise TaskGraphError(f"duplicate service names in {names}")
     return tuple(services)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from gateway.services.graph import Service, ServiceError
+from gateway.taskgraphs.graph import TaskGraph, TaskGraphError
 
 
 def profile_edge_cost(
@@ -37,11 +37,11 @@ def profile_edge_cost(
     return statistics.median(times)
 
 
-def with_profiled_costs(service: Service, edge_costs_s: Mapping[str, float]) -> Service:
+def with_profiled_costs(service: TaskGraph, edge_costs_s: Mapping[str, float]) -> TaskGraph:
     """A copy of ``service`` whose named tasks carry the measured edge costs."""
     unknown = set(edge_costs_s) - {t.name for t in service.tasks}
     if unknown:
-        raise ServiceError(f"service {service.name!r} has no task(s) {sorted(unknown)}")
+        raise TaskGraphError(f"service {service.name!r} has no task(s) {sorted(unknown)}")
     tasks = tuple(
         dataclasses.replace(t, edge_cost_s=float(edge_costs_s[t.name])) if t.name in edge_costs_s else t
         for t in service.tasks
@@ -79,7 +79,7 @@ def builtin_kernels(seed: int = 0) -> dict[tuple[str, str], tuple[Callable[[Any]
     }
 
 
-def profile_builtin(services: tuple[Service, ...], repeats: int = 20) -> tuple[Service, ...]:
+def profile_builtin(services: tuple[TaskGraph, ...], repeats: int = 20) -> tuple[TaskGraph, ...]:
     """Replace the edge costs of the tasks ``builtin_kernels`` can run with costs measured here."""
     kernels = builtin_kernels()
     out = []

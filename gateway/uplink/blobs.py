@@ -21,7 +21,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -33,6 +32,7 @@ import aiohttp
 
 from gateway.uplink.drain import TokenBucket
 from protocol.records import Record, encode_record
+from runtime.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -86,14 +86,6 @@ def blob_refs(data: bytes) -> list[BlobRef]:
         return []
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class BlobSpool:
     """Blobs waiting for upload, one file each, named by id. Blocking I/O: call from an executor
     (``put`` hashes and fsyncs) or accept a short block for small blobs."""
@@ -113,13 +105,7 @@ class BlobSpool:
         twice are one blob, and an id never names two different contents."""
         sha = hashlib.sha256(data).hexdigest()
         blob_id = blob_id or sha[:40]
-        tmp = self.directory / f".{blob_id}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path(blob_id))
-        _fsync_dir(self.directory)
+        atomic_write(self.path(blob_id), data)
         return BlobRef(blob_id, len(data), sha, content_type)
 
     def read(self, blob_id: str, offset: int, size: int) -> bytes:

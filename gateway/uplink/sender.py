@@ -24,7 +24,6 @@ token bucket caps the uplink's bandwidth. Every upload is reported to the link m
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import random
@@ -39,11 +38,12 @@ from pydantic import ValidationError
 
 from gateway.ratelimit import RateLimitedLog
 from gateway.storage.interface import RecordLog
-from gateway.tasks import cancel_and_wait
 from gateway.uplink.blobs import BlobSpool, BlobUploader, blob_refs
 from gateway.uplink.drain import CLASSES, AckedRanges, BacklogIndex, TokenBucket, classify, runs_of
 from protocol.batch import BatchAck, encode_batch, idempotency_key
 from protocol.config import UplinkConfig
+from runtime.backoff import Backoff
+from runtime.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
 
@@ -57,16 +57,6 @@ LINK_FAILURES = ("connection", "timeout")  # the others got an answer: the link 
 
 class UploadObserver(Protocol):
     def observe_upload(self, nbytes: int, seconds: float, ok: bool) -> None: ...
-
-
-def next_backoff(previous_s: float, initial_s: float, max_s: float) -> float:
-    """Pure: the next base delay after a failure (doubling, capped)."""
-    return min(max_s, max(initial_s, previous_s * 2))
-
-
-def jittered(delay_s: float, rng: random.Random) -> float:
-    """Pure given ``rng``: a delay in [delay/2, delay], so gateways retrying together spread out."""
-    return delay_s * (0.5 + 0.5 * rng.random())
 
 
 @dataclass(frozen=True)
@@ -102,7 +92,7 @@ class Uplink:
         self._config = config
         self._url = f"{config.cloud_url.rstrip('/')}/v1/gateways/{gateway_id}/batches"
         self._token = read_token(config.token, config.token_file)
-        self._rng = rng or random.Random()
+        self._retry = Backoff(config.backoff_initial_s, config.backoff_max_s, rng)
         self._monitor = monitor
         self._link_down = link_down
         self._clock = clock
@@ -188,46 +178,42 @@ class Uplink:
 
     # -- the loop ------------------------------------------------------------------------------
     async def _run(self) -> None:
-        cfg = self._config
-        delay = 0.0
         while True:
             batch = await self._next_batch()
             if batch is None:
                 self.state = "idle"
                 self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), IDLE_WAKE_S)
+                await wait_event(self._wake, IDLE_WAKE_S)
                 continue
             if not batch.entries:  # a scan slice ran: go round again
                 continue
             outcome = await self._send(batch)
             if outcome.kind == "ok":
-                delay = 0.0
+                self._retry.succeeded()
                 self.state = "sending"
                 continue
             self.failures[outcome.kind] += 1
             self.last_error = f"{outcome.kind}: {outcome.detail}"
             self.state = "backoff"
+            link_known_down = (outcome.kind in LINK_FAILURES and self._link_down is not None
+                               and self._link_down())
+            if outcome.kind == "auth" or link_known_down:  # no retry storm against a refusal or a dead link
+                delay = self._retry.longest()
+            else:
+                delay = self._retry.failed()
             if outcome.kind == "auth":
-                delay = cfg.backoff_max_s
                 log.error("uplink: the cloud refused our token (%s); fix uplink.token; retrying in %.0fs",
                           outcome.detail, delay)
             else:
-                delay = next_backoff(delay, cfg.backoff_initial_s, cfg.backoff_max_s)
                 self._warn.warning(outcome.kind, "uplink: batch failed (%s: %s); retrying in %.1fs",
                                    outcome.kind, outcome.detail, delay)
-            await self._backoff(delay, link_failure=outcome.kind in LINK_FAILURES)
+            await self._wait_to_retry(delay)
 
-    async def _backoff(self, delay_s: float, link_failure: bool) -> None:
-        """Sleep the jittered delay, or until the link monitor sees the link come back."""
-        if link_failure and self._link_down is not None and self._link_down():
-            delay_s = self._config.backoff_max_s  # no retry storm while the link is known down
+    async def _wait_to_retry(self, delay_s: float) -> None:
+        """Sleep ``delay_s``, or less if the link monitor sees the link come back."""
         self._link_up.clear()
-        try:
-            await asyncio.wait_for(self._link_up.wait(), jittered(delay_s, self._rng))
+        if await wait_event(self._link_up, delay_s):
             self.counters["link_up_wakeups"] += 1
-        except TimeoutError:
-            pass
 
     # -- choosing what to send -----------------------------------------------------------------
     async def _next_batch(self) -> Batch | None:

@@ -10,8 +10,8 @@ from pathlib import Path
 from camtest_util import DevicesimCamera, GroundTruth, scene_artifact
 from conftest import free_port
 
-from gateway.inference import InferenceEngine, feed_from_camera
-from gateway.ingest.camera import CameraSource, CameraSourceConfig
+from gateway.camera.inference import InferenceEngine, feed_from_camera
+from gateway.camera.source import CameraSource, CameraSourceConfig
 
 ACCURACY_FLOOR = 0.8  # the committed model scores ~1.0 on held-out synthetic frames
 # A frame is read by the gateway some time after devicesim produced it (FFmpeg buffers while it

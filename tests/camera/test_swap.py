@@ -11,9 +11,9 @@ import pytest
 import torch
 from camtest_util import relabel, scene_artifact, write_video
 
-from gateway.inference import InferenceEngine, InferenceInput, feed_from_camera
-from gateway.ingest.camera import CameraSource, CameraSourceConfig
-from gateway.ingest.camera_change import ChangeConfig
+from gateway.camera.change import ChangeConfig
+from gateway.camera.inference import InferenceEngine, InferenceInput, feed_from_camera
+from gateway.camera.source import CameraSource, CameraSourceConfig
 from models.anomaly import INPUT_SPEC as ANOMALY_INPUT
 from models.anomaly import anomaly_autoencoder
 from models.artifact import ArtifactError, ModelArtifact, artifact_from_bytes, load_artifact, save_artifact

@@ -9,9 +9,9 @@ import subprocess
 import pytest
 import torch
 
+from cloud.jobs.torchrun import cancel_job, launch_job, read_progress
 from cloud.training import comm
 from cloud.training.compression.wire_codec import WIRE_FORMATS, register_wire_codecs
-from cloud.training.jobs import cancel_job, launch_job, read_progress
 from models.numerics import BfpCodec, encode
 
 torch.set_num_threads(1)

@@ -67,9 +67,9 @@ def test_store_is_atomic_and_survives_debris_and_corruption(tmp_path):
     assert store.load() is None
     stored = StoredControl(revision=3, overrides={"gateway": {"log_level": "DEBUG"}})
     store.save(stored)
-    (store.directory / ".desired.json.tmp").write_text("half a wri")  # a crash before the rename
+    (store.directory / ".desired.json.k3x9q.tmp").write_text("half a wri")  # crashed before its rename
     assert store.load() == stored
-    assert not (store.directory / ".desired.json.tmp").exists()
+    assert not (store.directory / ".desired.json.k3x9q.tmp").exists()
     store.path.write_text(json.dumps({"v": 1, "revision": -1}))  # not crash damage: corruption
     assert store.load() is None
     assert [p.name.split("-")[0] for p in store.directory.iterdir()] == ["desired.json.corrupt"]

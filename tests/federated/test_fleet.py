@@ -21,7 +21,7 @@ import pytest
 import torch
 from conftest import Cloudd, start_cloudd
 
-from cloud.federated.model import build_model
+from cloud.federated.layout import build_model
 from gateway.federated.client import FederatedClient, load_weights
 from gateway.federated.encoder import CodecSpec
 from gateway.federated.samples import sample_record

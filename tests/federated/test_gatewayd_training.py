@@ -19,8 +19,8 @@ import pytest
 from conftest import cloudd_token, start_cloudd
 from gwtest_util import Gatewayd, retained, wait_until, write_config
 
+from gateway.federated.runner import open_sample_log
 from gateway.federated.samples import sample_record
-from gateway.federated.service import open_sample_log
 from models.digits import load_digits_split
 from protocol.config import TrainingConfig
 from protocol.federated import FederatedJob, ModelArch, RoundConfig

@@ -11,13 +11,13 @@ import torch
 from cloud.federated import aggregate as agg
 from cloud.federated.decode import Refused, decode_update
 from cloud.federated.feed import UpdateFeed
-from cloud.federated.model import Layout, build_model
+from cloud.federated.layout import Layout, build_model
 from cloud.federated.strategies import ClientUpdate, FedAvg, FedBuff, FedProx, make_aggregator
 from cloud.store import DatasetStore
 from gateway.federated.choice import choose_training_mode
 from gateway.federated.encoder import CodecSpec, UpdateEncoder
 from gateway.federated.trainer import duty_sleep_s, train_local
-from gateway.placement.model import LinkView
+from gateway.placement.cost import LinkView
 from protocol.batch import UploadBatch
 from protocol.federated import FederatedJob, ModelArch, RoundConfig, UpdateEnvelope, pack_payload
 

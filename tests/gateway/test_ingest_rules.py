@@ -1,16 +1,14 @@
-"""The pure parts of the gateway: message verdicts, backoff, rate-limited logging."""
+"""The pure parts of the gateway: message verdicts, rate-limited logging."""
 
 from __future__ import annotations
 
 import json
 import logging
-import random
 
 from gwtest_util import telemetry
 
 from gateway.ingest.sensors import judge_message
 from gateway.ratelimit import RateLimitedLog
-from gateway.uplink.sender import jittered, next_backoff
 from protocol.records import decode_record
 
 
@@ -37,15 +35,6 @@ def test_each_rejection_reason():
     invalid = judge("edgefed/gw1/devices/s1/telemetry", json.dumps({"v": 1}).encode())
     assert invalid.reason == "invalid" and "device" in invalid.detail
     assert judge("edgefed/gw1/devices/s1/telemetry", telemetry("s2", 0)).reason == "device_mismatch"
-
-
-def test_backoff_doubles_to_the_cap_and_jitter_stays_in_range():
-    delays = [0.0]
-    for _ in range(8):
-        delays.append(next_backoff(delays[-1], 0.2, 5.0))
-    assert delays[1:] == [0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0, 5.0]
-    rng = random.Random(1)
-    assert all(2.5 <= jittered(5.0, rng) <= 5.0 for _ in range(100))
 
 
 def test_rate_limited_log_reports_what_it_suppressed(caplog):

@@ -6,7 +6,7 @@ import asyncio
 
 from gwtest_util import publish
 
-from gateway.mqtt import MqttAdapter, MqttSettings
+from gateway.mqtt.adapter import MqttAdapter, MqttSettings
 
 
 def settings(url: str, bound: int = 10_000) -> MqttSettings:

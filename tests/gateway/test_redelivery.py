@@ -1,4 +1,5 @@
-"""A sample the broker delivers twice is logged once (gateway/ingest/recent.py), also across a restart."""
+"""A sample the broker delivers twice is logged once (gateway/ingest/recent_samples.py), also across
+a restart."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 
 from gwtest_util import Gatewayd, publish, telemetry, wait_until, write_config
 
-from gateway.ingest.recent import RecentSamples
+from gateway.ingest.recent_samples import RecentSamples
 
 
 def test_window_forgets_oldest_first():

@@ -16,9 +16,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "camera"))
 from camtest_util import relabel, scene_artifact  # noqa: E402
 
-from cloud.registry import setup_model_routes  # noqa: E402
-from gateway.inference import InferenceEngine  # noqa: E402
-from gateway.models.ota import ModelUpdater  # noqa: E402
+from cloud.api.registry import setup_model_routes  # noqa: E402
+from gateway.camera.inference import InferenceEngine  # noqa: E402
+from gateway.camera.ota import ModelUpdater  # noqa: E402
 from models.artifact import ModelArtifact, sha256_hex  # noqa: E402
 from protocol.events import ModelNotice  # noqa: E402
 from protocol.topics import model_notice_topic  # noqa: E402

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gateway.placement.link import LinkMonitor
-from gateway.placement.runtime import make_monitor
+from gateway.placement.runner import make_monitor
 from protocol.config import PlacementConfig
 
 

@@ -18,13 +18,13 @@ from gateway.placement import (
     PlacementController,
     PlacementPlanner,
 )
-from gateway.services import Service, Task, sensor_service
+from gateway.taskgraphs import Task, TaskGraph, sensor_graph
 
 pytestmark = pytest.mark.timeout(90)
 
 # A camera whose inference is slow on the gateway (1 s) and fast in the cloud: on a fast link it
 # belongs in the cloud, on a slow one at the edge.
-CAMERA = Service(
+CAMERA = TaskGraph(
     "camera",
     latency_target_s=3.0,
     priority=2,
@@ -84,7 +84,7 @@ async def test_placement_follows_connectivity_trace(cloud):
         alpha=0.7, window_s=3.0, down_after_failures=2, flap_transitions=4, prior_goodput_Bps=100_000
     )
     planner = PlacementPlanner(
-        [sensor_service(), CAMERA],
+        [sensor_graph(), CAMERA],
         Budgets(uplink_Bps=1_000_000),
         hysteresis=Hysteresis(up_fraction_delta=0.3),
     )

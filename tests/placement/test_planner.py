@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from gateway.placement.model import Budgets, LinkView, effective_link, evaluate, make_option
+from gateway.placement.cost import Budgets, LinkView, effective_link, evaluate, make_option
 from gateway.placement.planner import Hysteresis, PinError, PlacementPlanner, plan_placement, replan_trigger
 from gateway.placement.search import (
     cut_options,
@@ -16,20 +16,20 @@ from gateway.placement.search import (
     search_descent,
     search_exact,
 )
-from gateway.services import (
-    Service,
+from gateway.taskgraphs import (
     Task,
-    camera_service,
-    default_services,
-    sensor_service,
-    training_service,
+    TaskGraph,
+    camera_graph,
+    default_graphs,
+    sensor_graph,
+    training_graph,
 )
 
 UP = LinkView("up", 0.04, 1_000_000)
 SLOW = LinkView("up", 0.3, 30_000)
 
 
-def _chain(rng: random.Random, n: int, name: str = "s", priority: int = 1) -> Service:
+def _chain(rng: random.Random, n: int, name: str = "s", priority: int = 1) -> TaskGraph:
     tasks = [Task("t0", 0.001, 0.001, rng.randint(1_000, 200_000), raw=True)]
     for i in range(1, n):
         edge = rng.uniform(0.001, 0.5)
@@ -44,7 +44,7 @@ def _chain(rng: random.Random, n: int, name: str = "s", priority: int = 1) -> Se
             )
         )
     tasks.append(Task("upload", 0, 0, 0, after=(f"t{n - 1}",), pin="cloud", delivery=rng.random() < 0.5))
-    return Service(
+    return TaskGraph(
         name,
         tuple(tasks),
         latency_target_s=rng.uniform(0.2, 3),
@@ -53,7 +53,7 @@ def _chain(rng: random.Random, n: int, name: str = "s", priority: int = 1) -> Se
     )
 
 
-def _dag(rng: random.Random, n: int, name: str = "d") -> Service:
+def _dag(rng: random.Random, n: int, name: str = "d") -> TaskGraph:
     tasks = [Task("t0", 0.001, 0.001, rng.randint(1_000, 100_000), raw=True)]
     for i in range(1, n):
         preds = tuple(sorted(set(rng.sample([f"t{j}" for j in range(i)], k=min(i, rng.randint(1, 2))))))
@@ -62,7 +62,7 @@ def _dag(rng: random.Random, n: int, name: str = "d") -> Service:
             Task(f"t{i}", edge, edge * rng.uniform(0.02, 1.0), rng.randint(10, 100_000), after=preds)
         )
     tasks.append(Task("upload", 0, 0, 0, after=(f"t{n - 1}",), pin="cloud"))
-    return Service(name, tuple(tasks), latency_target_s=2.0, rate_hz=rng.uniform(0.2, 2))
+    return TaskGraph(name, tuple(tasks), latency_target_s=2.0, rate_hz=rng.uniform(0.2, 2))
 
 
 def test_exact_equals_brute_force_over_joint_assignments():
@@ -136,19 +136,19 @@ def test_descent_within_bound_of_exhaustive_joint_search():
 
 
 def test_fast_link_sends_inference_to_cloud_slow_link_keeps_it_at_edge():
-    services = default_services()
+    services = default_graphs()
     assert plan_placement(services, UP, Budgets()).side("camera", "infer") == "cloud"
     slow = plan_placement(services, SLOW, Budgets())
     assert slow.side("camera", "infer") == "edge" and slow.side("camera", "change") == "edge"
 
 
 def test_link_down_puts_everything_at_the_edge_and_results_wait():
-    plan = plan_placement(default_services(), LinkView("down", 0.04, 1e6), Budgets())
+    plan = plan_placement(default_graphs(), LinkView("down", 0.04, 1e6), Budgets())
     for s in plan.services:
         assert all(side == "edge" for task, side in s.placement if task != "upload")
         assert s.latency_s is not None and s.latency_s > 0  # computed at the edge; delivery waits
     pinned = plan_placement(
-        default_services(), LinkView("down", 0.04, 1e6), Budgets(), {"camera/infer": "cloud"}
+        default_graphs(), LinkView("down", 0.04, 1e6), Budgets(), {"camera/infer": "cloud"}
     )
     assert pinned.service("camera").latency_s is None and pinned.service("sensor").latency_s is not None
     assert any("results wait in the log" in r for r in plan.reasons)
@@ -156,26 +156,26 @@ def test_link_down_puts_everything_at_the_edge_and_results_wait():
 
 def test_private_service_never_sends_raw_data():
     for link in (UP, SLOW, LinkView("up", 0.001, 1e9)):
-        plan = plan_placement([training_service()], link, Budgets(edge_cores=100))
+        plan = plan_placement([training_graph()], link, Budgets(edge_cores=100))
         assert plan.side("training", "train") == "edge"
 
 
 def test_operator_pins_are_honoured_and_validated():
     pins = {"camera/infer": "edge"}
-    plan = plan_placement(default_services(), UP, Budgets(), pins)
+    plan = plan_placement(default_graphs(), UP, Budgets(), pins)
     assert plan.side("camera", "infer") == "edge"
     assert any("pinned by operator: camera/infer@edge" in r for r in plan.reasons)
     with pytest.raises(PinError, match="camera/capture"):
-        plan_placement(default_services(), UP, Budgets(), {"camera/capture": "cloud"})
+        plan_placement(default_graphs(), UP, Budgets(), {"camera/capture": "cloud"})
     with pytest.raises(PinError, match="training/train"):
-        plan_placement(default_services(), UP, Budgets(), {"training/train": "cloud"})
+        plan_placement(default_graphs(), UP, Budgets(), {"training/train": "cloud"})
     with pytest.raises(PinError, match="no such"):
-        plan_placement(default_services(), UP, Budgets(), {"camera/nope": "edge"})
+        plan_placement(default_graphs(), UP, Budgets(), {"camera/nope": "edge"})
 
 
 def test_uplink_budget_binds():
     plan = plan_placement(
-        [camera_service(changed_fraction=1.0)], UP, Budgets(uplink_Bps=50_000, byte_weight=0)
+        [camera_graph(changed_fraction=1.0)], UP, Budgets(uplink_Bps=50_000, byte_weight=0)
     )
     assert plan.uplink_Bps <= 50_000
     assert plan.side("camera", "infer") == "edge"
@@ -184,18 +184,18 @@ def test_uplink_budget_binds():
 
 def test_edge_cpu_budget_binds():
     budgets = Budgets(uplink_Bps=1e9, edge_cores=0.5, byte_weight=0)
-    plan = plan_placement([camera_service(fps=4, changed_fraction=0.5)], UP, budgets)
+    plan = plan_placement([camera_graph(fps=4, changed_fraction=0.5)], UP, budgets)
     assert plan.edge_utilisation <= budgets.edge_cpu_share
     assert plan.side("camera", "infer") == "cloud"
-    neither = plan_placement([camera_service(fps=4, changed_fraction=0.5)], SLOW, budgets)
+    neither = plan_placement([camera_graph(fps=4, changed_fraction=0.5)], SLOW, budgets)
     assert any("no placement fits the budgets" in r for r in neither.reasons)
 
 
 def test_priority_decides_who_misses():
     # Two cameras that both need the cloud to meet 0.5 s; the uplink fits only one of them.
-    hi = camera_service(changed_fraction=1.0, target_s=0.5, priority=5)
-    lo = camera_service(changed_fraction=1.0, target_s=0.5, priority=1)
-    lo = Service("camera2", lo.tasks, lo.latency_target_s, lo.priority, lo.private, lo.rate_hz)
+    hi = camera_graph(changed_fraction=1.0, target_s=0.5, priority=5)
+    lo = camera_graph(changed_fraction=1.0, target_s=0.5, priority=1)
+    lo = TaskGraph("camera2", lo.tasks, lo.latency_target_s, lo.priority, lo.private, lo.rate_hz)
     budgets = Budgets(uplink_Bps=200_000, byte_weight=0)
     plan = plan_placement([lo, hi], UP, budgets)
     assert plan.service("camera").meets_target is True
@@ -216,7 +216,7 @@ def test_hysteresis_band():
 
 def test_planner_replans_only_outside_band_and_logs_decisions():
     t = [0.0]
-    planner = PlacementPlanner(default_services(), clock=lambda: t[0], log_size=3)
+    planner = PlacementPlanner(default_graphs(), clock=lambda: t[0], log_size=3)
     assert planner.update(UP) is not None
     assert planner.update(LinkView("up", 0.045, 950_000)) is None
     t[0] = 5.0
@@ -234,5 +234,5 @@ def test_planner_replans_only_outside_band_and_logs_decisions():
 
 
 def test_plan_text_form_names_everything():
-    text = plan_placement([sensor_service()], UP, Budgets()).to_text()
+    text = plan_placement([sensor_graph()], UP, Budgets()).to_text()
     assert "sensor p3:" in text and "ingest@edge" in text and "reason:" in text

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cloud.training.sync.balance import (
+from cloud.training.sync.split import (
     SpeedTracker,
     imbalance,
     should_resplit,
@@ -47,7 +47,7 @@ def test_hysteresis_ignores_small_drift_and_follows_real_change() -> None:
 
 
 def test_affine_cost_fit_and_split() -> None:
-    from cloud.training.sync.balance import affine_split, fit_affine
+    from cloud.training.sync.split import affine_split, fit_affine
 
     fixed, per_sample = fit_affine([(32, 0.006 + 32 * 0.001), (64, 0.006 + 64 * 0.001)])
     assert abs(fixed - 0.006) < 1e-12 and abs(per_sample - 0.001) < 1e-12

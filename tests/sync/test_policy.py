@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from cloud.training.sync.barrier import LayerWindow, SyncPolicy, WindowTable
 from cloud.training.sync.engine import EngineConfig, PolicyEngine, judge, propose
-from cloud.training.sync.policy import LayerWindow, SyncPolicy, WindowTable
 
 ORDER = ("0", "2", "4", "6")
 KB = 1024

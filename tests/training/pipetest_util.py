@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from cloud.jobs.torchrun import launch_job, read_progress
 from cloud.training import checkpoint
-from cloud.training.jobs import launch_job, read_progress
 from cloud.training.run import DigitsStream
 from cloud.training.schedules import build_schedule
 from models.digits import digits_cnn
@@ -53,7 +53,7 @@ def run_job(job: Path, nproc: int, timeout: float = 120.0) -> list[dict]:
     try:
         code = proc.wait(timeout)
     except subprocess.TimeoutExpired:
-        from cloud.training.jobs import cancel_job
+        from cloud.jobs.torchrun import cancel_job
         cancel_job(proc)
         raise
     log = (job.parent / "torchrun.log").read_text()

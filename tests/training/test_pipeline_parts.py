@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cloud.jobs.torchrun import read_progress, torchrun_command
 from cloud.training import checkpoint, comm
-from cloud.training.job import JobError, load_job
-from cloud.training.jobs import read_progress, torchrun_command
+from cloud.training.jobfile import JobError, load_job
 from cloud.training.profiler import cached_profile, model_signature
 from models.digits import digits_cnn
 
@@ -90,7 +90,7 @@ def test_one_stage_executor_equals_plain_sgd(schedule_name):
     microbatch computed on the stashed snapshot (which, with one stage, is never stale)."""
     from torch import nn
 
-    from cloud.training.runtime import StageExecutor
+    from cloud.training.executor import StageExecutor
     from cloud.training.schedules import build_schedule
 
     torch.manual_seed(0)

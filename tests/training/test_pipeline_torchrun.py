@@ -20,7 +20,7 @@ from pipetest_util import (
     write_job,
 )
 
-from cloud.training.jobs import kill_job, launch_job, read_progress
+from cloud.jobs.torchrun import kill_job, launch_job, read_progress
 from models.digits import accuracy, digits_cnn, load_digits_split, train_single_process
 
 pytestmark = pytest.mark.timeout(400)  # torch imports crawl on 2 shared, loaded cores

@@ -14,7 +14,7 @@ from cloud.training.compression.controller import (
 )
 from cloud.training.compression.gist import GistPair, GistPlan, ReluMaxPoolBinarized, gist_transform
 from cloud.training.compression.hooks import OUTSIDE_LAYERS, ActivationCompressor, LayerBytes
-from cloud.training.compression.policy import LayerPolicy
+from cloud.training.compression.layer_formats import LayerPolicy
 from cloud.training.compression.trainer import TrainResult, count_saved_bytes, train_compressed
 
 __all__ = [

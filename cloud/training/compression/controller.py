@@ -44,7 +44,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from cloud.training.compression.policy import LayerPolicy
+from cloud.training.compression.layer_formats import LayerPolicy
 from models.numerics import BfpFormat
 
 log = logging.getLogger(__name__)

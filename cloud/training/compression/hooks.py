@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cloud.training.compression.policy import LayerPolicy
+from cloud.training.compression.layer_formats import LayerPolicy
 from cloud.training.compression.sparse import SparsePacked, count_nonzero_bits, decode_sparse, encode_sparse
 from models.numerics import BfpCodec, BfpFormat, Packed, error_stats, packed_nbytes
 

@@ -23,7 +23,7 @@ from torch import nn
 from cloud.training.compression.controller import AdaptiveController, ControllerSettings
 from cloud.training.compression.gist import gist_transform
 from cloud.training.compression.hooks import OUTSIDE_LAYERS, ActivationCompressor, leaf_names
-from cloud.training.compression.policy import LayerPolicy
+from cloud.training.compression.layer_formats import LayerPolicy
 from models.numerics import BfpFormat
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from cloud.training.sync.balance import (
+from cloud.training.sync.split import (
     SpeedTracker,
     affine_split,
     fit_affine,

@@ -90,7 +90,7 @@ class LayerWindow:
     blocked_s: float  # mean per iteration: compute held up waiting for this layer's sync
     sync_s: float  # mean time of the message carrying this layer, from hand-off to done
     queue_s: float = 0.0  # mean time that message waited in its lane behind earlier messages
-    # what the planner (plan.py) models an iteration from; 0 where not measured
+    # what the planner (predict.py) models an iteration from; 0 where not measured
     wire_s: float = 0.0  # mean time the message held the (emulated) wire; 0 without emulation
     reduce_s: float = 0.0  # shortest time of its collective, launch to done (means count peer waits)
     forward_s: float = 0.0  # mean forward compute (the last layer's: until backward's first gradient)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field, replace
 
-from cloud.training.sync.plan import Cost, LinkModel, best_plan
-from cloud.training.sync.policy import LayerWindow, SyncPolicy, WindowTable
+from cloud.training.sync.barrier import LayerWindow, SyncPolicy, WindowTable
+from cloud.training.sync.predict import Cost, LinkModel, best_plan
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def propose(table: WindowTable, current: SyncPolicy, cfg: EngineConfig = EngineC
     order when the link no longer carries a backlog (all syncs together below ``backlog_min_s``);
     (3) if a layer is blocked behind a heavy sync that the next forward needs later, send it first
     (priority lane), or, if that was tried and reverted, hold the heavy syncs behind the barrier;
-    (4) when the window can be modelled (``plan.py``: per-layer compute times and a link fit), try
+    (4) when the window can be modelled (``predict.py``: per-layer compute times and a link fit), try
     the candidate policy with the shortest predicted iteration if it beats the current policy's
     prediction by ``plan_min_gain``, else keep the current policy (the planner weighs grouping and
     sending order together, which rules 5 and 6 only approach one step at a time). Otherwise:

@@ -31,7 +31,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from cloud.training.sync.policy import LayerWindow, SyncPolicy
+from cloud.training.sync.barrier import LayerWindow, SyncPolicy
 
 
 @dataclass(frozen=True)

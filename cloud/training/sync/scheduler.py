@@ -9,7 +9,7 @@ pre-hook on each layer waits for that layer's sync, writes the summed gradient b
 received message), steps that layer's optimizer and clears its gradients; before it waits, it
 steps the layers whose syncs already arrived, so their steps fill the wait instead of following
 it. The time spent in that wait is the layer's blockage. The window also measures what the
-planner (``plan.py``) models an iteration from: each layer's forward compute and when its gradients
+planner (``predict.py``) models an iteration from: each layer's forward compute and when its gradients
 were ready in backward, and each message's time on the wire and in its collective.
 Every ``window`` iterations the ranks combine their tables (blockage: max over ranks; sync and
 queue time: min, since a rank that launched early also counts the time it waited for its peers) and
@@ -35,9 +35,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from cloud.training.sync.barrier import LayerWindow, SyncPolicy, WindowTable
 from cloud.training.sync.engine import EngineConfig, PolicyEngine
 from cloud.training.sync.link import CommThread, LinkDelay, PendingSync, SharedWire
-from cloud.training.sync.policy import LayerWindow, SyncPolicy, WindowTable
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 

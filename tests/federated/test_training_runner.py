@@ -14,9 +14,9 @@ import torch
 from conftest import free_port
 
 from gateway.federated.forward import RawForwarder
+from gateway.federated.runner import TrainingRunner, open_sample_log
 from gateway.federated.samples import sample_record
-from gateway.federated.service import TrainingRuntime, open_sample_log
-from gateway.placement.model import LinkView
+from gateway.placement.cost import LinkView
 from gateway.storage.epoch_log import EpochLog
 from protocol.config import TrainingConfig
 from protocol.control import TrainingSettings
@@ -58,7 +58,7 @@ async def test_choice_is_made_shown_and_acted_on(tmp_path: Path) -> None:
     await uplink_log.open()
     link = [GOOD]
     wakes = []
-    runtime = TrainingRuntime(config, gateway_id="gw1", data_dir=tmp_path,
+    runtime = TrainingRunner(config, gateway_id="gw1", data_dir=tmp_path,
                               cloud_url=f"http://127.0.0.1:{free_port()}", token="t", uplink_log=uplink_log,
                               link_view=lambda: link[0], wake_uplink=lambda: wakes.append(1))
     try:

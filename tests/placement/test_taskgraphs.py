@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.services import Service, ServiceError, Task, default_services, format_services, parse_services
-from gateway.services.profile import profile_builtin, profile_edge_cost
+from gateway.taskgraphs import Task, TaskGraph, TaskGraphError, default_graphs, format_graphs, parse_graphs
+from gateway.taskgraphs.profile import profile_builtin, profile_edge_cost
 
 
 def test_text_form_round_trips():
-    services = default_services()
-    assert parse_services(format_services(services)) == services
+    services = default_graphs()
+    assert parse_graphs(format_graphs(services)) == services
 
 
 def test_derived_rates():
-    sensor = default_services()[0]
+    sensor = default_graphs()[0]
     assert sensor.input_rate("detect") == pytest.approx(1.0)
     assert sensor.output_rate_bytes("ingest") == pytest.approx(2000)
 
@@ -39,18 +39,18 @@ def test_derived_rates():
     ],
 )
 def test_invalid_definitions_are_rejected_naming_the_field(text, match):
-    with pytest.raises(ServiceError, match=match):
-        parse_services(text)
+    with pytest.raises(TaskGraphError, match=match):
+        parse_graphs(text)
 
 
 def test_duplicate_task_rejected():
-    with pytest.raises(ServiceError, match="unique"):
-        Service("s", (Task("a", 0, 0, 0), Task("a", 0, 0, 0)), 1.0)
+    with pytest.raises(TaskGraphError, match="unique"):
+        TaskGraph("s", (Task("a", 0, 0, 0), Task("a", 0, 0, 0)), 1.0)
 
 
 def test_profiler_measures_with_injected_clock():
     ticks = iter(range(100))
     cost = profile_edge_cost(lambda x: x, 0, repeats=5, warmup=0, clock=lambda: float(next(ticks)))
     assert cost == 1.0
-    profiled = profile_builtin(default_services(), repeats=3)
-    assert profiled[0].task("aggregate").edge_cost_s != default_services()[0].task("aggregate").edge_cost_s
+    profiled = profile_builtin(default_graphs(), repeats=3)
+    assert profiled[0].task("aggregate").edge_cost_s != default_graphs()[0].task("aggregate").edge_cost_s

@@ -1,0 +1,10 @@
+"""The gateway's one MQTT adapter, paho-mqtt 2.x driven by the daemon's asyncio loop (aiomqtt's way).
+
+    adapter.py        ``MqttAdapter``: the connection's life (connect, reconnect) and its data path
+                      (the bounded inbound queue, manual acks, publishes)
+    socket_driver.py  ``SocketDriver``: paho's socket on the loop, in place of paho's network thread
+    types.py          the values it takes and gives: settings, the last will, messages, errors, counters
+
+Sensor ingest and the camera use an adapter each; the control plane and gatewayctl use
+``types`` without starting a connection.
+"""
