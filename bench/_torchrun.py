@@ -25,8 +25,20 @@ def launch(script: Path, args: list[str], nproc: int = 2, timeout_s: float = 300
     with tempfile.TemporaryDirectory() as out:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "BENCH_OUT": out}
         torchrun = Path(sys.executable).with_name("torchrun")
-        command = [str(torchrun), "--nnodes", "1", "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
-                   "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", str(script), "--worker", *args]
+        command = [
+            str(torchrun),
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            str(nproc),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{_free_port()}",
+            str(script),
+            "--worker",
+            *args,
+        ]
         subprocess.run(command, env=env, check=True, timeout=timeout_s, cwd=ROOT)
         return json.loads((Path(out) / "rank0.json").read_text())
 

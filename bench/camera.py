@@ -73,8 +73,16 @@ def raw_inference_fps(artifact, frames: list[np.ndarray]) -> float:
 
 
 async def pipeline(artifact, video: Path, change: bool) -> dict[str, float]:
-    source = CameraSource(CameraSourceConfig("bench", str(video), full_policy="block", queue_size=32,
-                                             change=ChangeConfig(enabled=change), jpeg_quality=JPEG_QUALITY))
+    source = CameraSource(
+        CameraSourceConfig(
+            "bench",
+            str(video),
+            full_policy="block",
+            queue_size=32,
+            change=ChangeConfig(enabled=change),
+            jpeg_quality=JPEG_QUALITY,
+        )
+    )
     engine = InferenceEngine(max_batch=8, queue_size=1024, results_size=100_000)
     assert (await engine.start(artifact)).ok
     start = time.perf_counter()
@@ -84,8 +92,12 @@ async def pipeline(artifact, video: Path, change: bool) -> dict[str, float]:
     elapsed = time.perf_counter() - start
     await source.stop()
     assert engine.counters.inferred == fed, engine.counters
-    return {"fps": source.counters.frames_read / elapsed, "inferred": fed,
-            "frames": source.counters.frames_read, "jpeg_bytes": source.counters.jpeg_bytes}
+    return {
+        "fps": source.counters.frames_read / elapsed,
+        "inferred": fed,
+        "frames": source.counters.frames_read,
+        "jpeg_bytes": source.counters.jpeg_bytes,
+    }
 
 
 def main() -> int:
@@ -105,16 +117,22 @@ def main() -> int:
         every = asyncio.run(pipeline(artifact, video, change=False))
     all_bytes = sum(len(cv2.imencode(".jpg", f, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])[1]) for f in frames)
     case = f"{frames_n} frames 320x240, seed {args.seed}"
-    measured = [("onnxruntime alone (decoded frames)", "frames_per_s", raw_fps),
-                ("camera path, change detection", "frames_per_s", ours["fps"]),
-                ("camera path, every frame", "frames_per_s", every["fps"]),
-                ("camera path, change detection", "frames_inferred", ours["inferred"]),
-                ("upload every frame", "upload_bytes", all_bytes),
-                ("upload changed frames", "upload_bytes", ours["jpeg_bytes"])]
-    rows = [{"case": case, "system": system, "metric": metric, "value": float(value)}
-            for system, metric, value in measured]
-    ratios = {"pipeline_vs_raw_inference": ours["fps"] / raw_fps,
-              "bytes_vs_all_frames": all_bytes / max(1, ours["jpeg_bytes"])}
+    measured = [
+        ("onnxruntime alone (decoded frames)", "frames_per_s", raw_fps),
+        ("camera path, change detection", "frames_per_s", ours["fps"]),
+        ("camera path, every frame", "frames_per_s", every["fps"]),
+        ("camera path, change detection", "frames_inferred", ours["inferred"]),
+        ("upload every frame", "upload_bytes", all_bytes),
+        ("upload changed frames", "upload_bytes", ours["jpeg_bytes"]),
+    ]
+    rows = [
+        {"case": case, "system": system, "metric": metric, "value": float(value)}
+        for system, metric, value in measured
+    ]
+    ratios = {
+        "pipeline_vs_raw_inference": ours["fps"] / raw_fps,
+        "bytes_vs_all_frames": all_bytes / max(1, ours["jpeg_bytes"]),
+    }
     print(f"{'system':40} {'metric':16} {'value':>14}")
     for row in rows:
         print(f"{row['system']:40} {row['metric']:16} {row['value']:14.1f}")
@@ -123,11 +141,19 @@ def main() -> int:
     torch_version = "none"
     try:
         from importlib.metadata import version
+
         torch_version = version("torch").split("+")[0]
-    except Exception:  # noqa: BLE001 - only for the report header
+    except Exception:
         pass
-    result = {"bench": "camera", "quick": args.quick, "python": platform.python_version(),
-              "torch": torch_version, "cpus": os.cpu_count(), "rows": rows, "ratios": ratios}
+    result = {
+        "bench": "camera",
+        "quick": args.quick,
+        "python": platform.python_version(),
+        "torch": torch_version,
+        "cpus": os.cpu_count(),
+        "rows": rows,
+        "ratios": ratios,
+    }
     out = REPO / "bench" / "results" / "camera.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")

@@ -42,10 +42,20 @@ class Results:
         self._print()
         RESULTS.mkdir(parents=True, exist_ok=True)
         path = RESULTS / f"{self.bench}.json"
-        path.write_text(json.dumps({
-            "bench": self.bench, "quick": self.quick, "python": platform.python_version(),
-            "torch": _torch_version(), "cpus": os.cpu_count(), "rows": self.rows, "ratios": self.ratios,
-        }, indent=1))
+        path.write_text(
+            json.dumps(
+                {
+                    "bench": self.bench,
+                    "quick": self.quick,
+                    "python": platform.python_version(),
+                    "torch": _torch_version(),
+                    "cpus": os.cpu_count(),
+                    "rows": self.rows,
+                    "ratios": self.ratios,
+                },
+                indent=1,
+            )
+        )
         print(f"wrote {path}")
         return path
 

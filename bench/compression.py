@@ -39,8 +39,18 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import Results, parse_args  # noqa: E402
 
-CASES = ["fp32", "bfp8", "bfp6", "bfp4", "bfp3", "nonuniform4", "bfp4+outliers1%", "adaptive", "gist",
-         "gist+adaptive"]
+CASES = [
+    "fp32",
+    "bfp8",
+    "bfp6",
+    "bfp4",
+    "bfp3",
+    "nonuniform4",
+    "bfp4+outliers1%",
+    "adaptive",
+    "gist",
+    "gist+adaptive",
+]
 HEADLINE = "digits"  # its accuracy is stable across seeds; the scene CNN's figures are beside it
 # (epochs, batch, lr, optimizer, seeds) per model and size. Seeds: one digits run's accuracy moves
 # by ~0.9 pp (s.d. of fp32 - gist+adaptive over 10 paired seeds; 1 test digit = 0.28 pp), so 3
@@ -50,8 +60,12 @@ HEADLINE = "digits"  # its accuracy is stable across seeds; the scene CNN's figu
 # accuracies are in the JSON).
 # Quick: enough steps (digits 72, scene 48) that most of the timed ones come after the
 # controller's first window (20 steps at m8), as in a real run.
-SETTINGS = {("digits", True): (6, 128, 0.05, "sgd", 1), ("digits", False): (15, 128, 0.05, "sgd", 10),
-            ("scene", True): (8, 16, 2e-3, "adam", 1), ("scene", False): (8, 32, 2e-3, "adam", 4)}
+SETTINGS = {
+    ("digits", True): (6, 128, 0.05, "sgd", 1),
+    ("digits", False): (15, 128, 0.05, "sgd", 10),
+    ("scene", True): (8, 16, 2e-3, "adam", 1),
+    ("scene", False): (8, 32, 2e-3, "adam", 4),
+}
 SCENE_FRAMES = {True: (128, 160, 120), False: (1600, 320, 240)}  # (frames, render width, height)
 WARMUP = 10  # first steps of a case left out of step_ms (allocator and caches warming up)
 _DATA: dict = {}
@@ -68,11 +82,15 @@ def _setup(case: str, model):  # -> (model, compressor | None, controller | None
     from cloud.training.compression.stage import leaf_names
     from models.numerics import BfpFormat
 
-    fixed = {"bfp8": BfpFormat(mantissa_bits=8), "bfp6": BfpFormat(mantissa_bits=6),
-             "bfp4": BfpFormat(mantissa_bits=4), "bfp3": BfpFormat(mantissa_bits=3),
-             "nonuniform4": BfpFormat(mantissa_bits=4, levels="log"),
-             "bfp4+outliers1%": BfpFormat(mantissa_bits=4, outlier_fraction=0.01),
-             "gist": BfpFormat(mantissa_bits=8)}  # Gist's delayed precision reduction at 8 bits
+    fixed = {
+        "bfp8": BfpFormat(mantissa_bits=8),
+        "bfp6": BfpFormat(mantissa_bits=6),
+        "bfp4": BfpFormat(mantissa_bits=4),
+        "bfp3": BfpFormat(mantissa_bits=3),
+        "nonuniform4": BfpFormat(mantissa_bits=4, levels="log"),
+        "bfp4+outliers1%": BfpFormat(mantissa_bits=4, outlier_fraction=0.01),
+        "gist": BfpFormat(mantissa_bits=8),
+    }  # Gist's delayed precision reduction at 8 bits
     ssdc: frozenset[str] = frozenset()
     if case.startswith("gist"):
         model, plan = gist_transform(model)
@@ -130,8 +148,17 @@ def run_case(task: str, case: str, quick: bool) -> dict:
     for seed in range(seeds):
         torch.manual_seed(seed)
         model, compressor, controller = _setup(case, make())
-        result = train_compressed(model, split, compressor=compressor, controller=controller, epochs=epochs,
-                                  batch_size=batch, lr=lr, optimizer_name=opt, seed=seed)
+        result = train_compressed(
+            model,
+            split,
+            compressor=compressor,
+            controller=controller,
+            epochs=epochs,
+            batch_size=batch,
+            lr=lr,
+            optimizer_name=opt,
+            seed=seed,
+        )
         accuracies.append(accuracy(model, split.test_x, split.test_y))
         window = controller.settings.window if controller else 1
         cpu.append(step_time(result.step_cpu_s, result.probe_steps, WARMUP, window))
@@ -142,11 +169,16 @@ def run_case(task: str, case: str, quick: bool) -> dict:
     if controller is not None:
         counter.policy = controller.policy
     count_saved_bytes(model, counter, split.train_x[:batch], split.train_y[:batch])
-    return {"saved_bytes": counter.total().stored, "peak_saved_bytes": counter.peak_live_bytes,
-            "peak_rss_delta_mb": (peak - before) / 1024, "accuracy": statistics.mean(accuracies),
-            "accuracies": [round(a, 4) for a in accuracies],
-            "step_ms": statistics.median(cpu) * 1e3, "step_wall_ms": statistics.median(wall) * 1e3,
-            "decisions": decisions}
+    return {
+        "saved_bytes": counter.total().stored,
+        "peak_saved_bytes": counter.peak_live_bytes,
+        "peak_rss_delta_mb": (peak - before) / 1024,
+        "accuracy": statistics.mean(accuracies),
+        "accuracies": [round(a, 4) for a in accuracies],
+        "step_ms": statistics.median(cpu) * 1e3,
+        "step_wall_ms": statistics.median(wall) * 1e3,
+        "decisions": decisions,
+    }
 
 
 def _load_data(quick: bool) -> None:
@@ -192,8 +224,14 @@ def main() -> int:
                 row = pool.apply_async(run_case, (task, case, args.quick)).get(timeout=900)
             measured[task, case] = row
             print(f"{task}/{case}: {json.dumps(row)} ({time.perf_counter() - started:.0f}s)", flush=True)
-            for metric in ("saved_bytes", "peak_saved_bytes", "peak_rss_delta_mb", "accuracy", "step_ms",
-                           "step_wall_ms"):
+            for metric in (
+                "saved_bytes",
+                "peak_saved_bytes",
+                "peak_rss_delta_mb",
+                "accuracy",
+                "step_ms",
+                "step_wall_ms",
+            ):
                 results.add(f"{task}/{case}", "fp32" if case == "fp32" else "ours", metric, row[metric])
     for task in ("digits", "scene"):
         base, ours = measured[task, "fp32"], measured[task, "gist+adaptive"]
@@ -203,18 +241,23 @@ def main() -> int:
         results.ratios[f"{task}_step_time_vs_fp32_wall"] = base["step_wall_ms"] / ours["step_wall_ms"]
         for case in CASES[1:]:
             results.ratios[f"{task}_saved_bytes_reduction[{case}]"] = (
-                base["saved_bytes"] / measured[task, case]["saved_bytes"])
+                base["saved_bytes"] / measured[task, case]["saved_bytes"]
+            )
             results.ratios[f"{task}_step_time_vs_fp32[{case}]"] = (
-                base["step_ms"] / measured[task, case]["step_ms"])
+                base["step_ms"] / measured[task, case]["step_ms"]
+            )
     for name in ("saved_bytes_reduction", "accuracy_drop_pp", "step_time_vs_fp32"):
         results.ratios[name] = results.ratios[f"{HEADLINE}_{name}"]
     path = results.write()
     document = json.loads(path.read_text())
-    document["headline"] = {"model": HEADLINE, "setting": "gist+adaptive",
-                            "note": f"unprefixed ratios are the {HEADLINE} CNN's; digits_* and scene_* "
-                                    "are both reported"}
-    document["accuracies_per_seed"] = {f"{task}/{case}": row["accuracies"]
-                                       for (task, case), row in measured.items()}
+    document["headline"] = {
+        "model": HEADLINE,
+        "setting": "gist+adaptive",
+        "note": f"unprefixed ratios are the {HEADLINE} CNN's; digits_* and scene_* are both reported",
+    }
+    document["accuracies_per_seed"] = {
+        f"{task}/{case}": row["accuracies"] for (task, case), row in measured.items()
+    }
     path.write_text(json.dumps(document, indent=1))
     print(f"total {time.perf_counter() - started:.0f}s")
     return 0

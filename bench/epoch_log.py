@@ -27,10 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import Results, parse_args  # noqa: E402
-from gateway.storage.epoch_log import EpochLog  # noqa: E402
-from gateway.storage.filelayer import OsFileLayer  # noqa: E402
-from gateway.storage.recovery import recover_all  # noqa: E402
+from bench.common import Results, parse_args
+from gateway.storage.epoch_log import EpochLog
+from gateway.storage.filelayer import OsFileLayer
+from gateway.storage.recovery import recover_all
 
 SIZES = (128, 1024, 65536)
 EPOCHS = (1, 16, 256)
@@ -56,8 +56,9 @@ def _schedstat() -> tuple[float, float] | None:
         return None
 
 
-async def _log_run(directory: Path, size: int, per_epoch: int, records: int, sync: bool,
-                   latencies: list[float] | None = None) -> dict[str, float]:
+async def _log_run(
+    directory: Path, size: int, per_epoch: int, records: int, sync: bool, latencies: list[float] | None = None
+) -> dict[str, float]:
     log = EpochLog(directory, segment_bytes=64 << 20, max_bytes=64 << 30, file_layer=OsFileLayer(sync=sync))
     await log.open()
     record = os.urandom(size)
@@ -78,13 +79,20 @@ async def _log_run(directory: Path, size: int, per_epoch: int, records: int, syn
     durable = time.perf_counter() - started
     await log.close()
     n = (records // per_epoch) * per_epoch
-    out = {"records_per_s": n / written, "mb_per_s": n * size / written / 1e6,
-           "records_per_s_durable": n / durable, "p50_ms": _percentile(latencies, 0.5) * 1e3,
-           "p99_ms": _percentile(latencies, 0.99) * 1e3}
+    out = {
+        "records_per_s": n / written,
+        "mb_per_s": n * size / written / 1e6,
+        "records_per_s_durable": n / durable,
+        "p50_ms": _percentile(latencies, 0.5) * 1e3,
+        "p99_ms": _percentile(latencies, 0.99) * 1e3,
+    }
     if sched is not None and sched_after is not None:
         on_cpu, preempted = sched_after[0] - sched[0], sched_after[1] - sched[1]
-        out.update(writer_on_cpu_ms=on_cpu * 1e3, writer_preempted_ms=preempted * 1e3,
-                   writer_blocked_ms=max(0.0, written - on_cpu - preempted) * 1e3)
+        out.update(
+            writer_on_cpu_ms=on_cpu * 1e3,
+            writer_preempted_ms=preempted * 1e3,
+            writer_blocked_ms=max(0.0, written - on_cpu - preempted) * 1e3,
+        )
     return out
 
 
@@ -95,8 +103,9 @@ async def _headline(base: Path, pairs: int, records: int, results: Results) -> t
     latencies: list[float] = []
     for pair in range(pairs):
         for system, sync in (("epoch_log", True), ("epoch_log_no_fsync", False)):
-            run = await _log_run(base / f"headline-{system}-{pair}", 1024, 256, records, sync,
-                                 latencies if sync else None)
+            run = await _log_run(
+                base / f"headline-{system}-{pair}", 1024, 256, records, sync, latencies if sync else None
+            )
             runs[system].append(run)
     for system, rows in runs.items():
         for metric in rows[0]:
@@ -109,12 +118,16 @@ async def _headline(base: Path, pairs: int, records: int, results: Results) -> t
         results.add(case, system, "records_per_s_max", max(rates))
     results.add(case, "epoch_log", "p50_ms", _percentile(latencies, 0.5) * 1e3)
     results.add(case, "epoch_log", "p99_ms", _percentile(latencies, 0.99) * 1e3)
-    pair_ratios = [a["records_per_s"] / b["records_per_s"]
-                   for a, b in zip(runs["epoch_log"], runs["epoch_log_no_fsync"], strict=True)]
+    pair_ratios = [
+        a["records_per_s"] / b["records_per_s"]
+        for a, b in zip(runs["epoch_log"], runs["epoch_log_no_fsync"], strict=True)
+    ]
     results.add(case, "epoch_log / no_fsync", "pair_ratio_min", min(pair_ratios))
     results.add(case, "epoch_log / no_fsync", "pair_ratio_max", max(pair_ratios))
-    return (statistics.median(r["records_per_s"] for r in runs["epoch_log"]),
-            statistics.median(r["records_per_s"] for r in runs["epoch_log_no_fsync"]))
+    return (
+        statistics.median(r["records_per_s"] for r in runs["epoch_log"]),
+        statistics.median(r["records_per_s"] for r in runs["epoch_log_no_fsync"]),
+    )
 
 
 def _fsync_per_record(path: Path, size: int, records: int) -> float:
@@ -203,8 +216,12 @@ async def main() -> None:
         backlog = 100_000 if args.quick else 1_000_000
         recovery = await _recovery(base / "recovery", backlog)
         for metric, value in recovery.items():
-            results.add(f"backlog {backlog} x 1KiB" + (" (quick: not 1,000,000)" if args.quick else ""),
-                        "epoch_log", metric, value)
+            results.add(
+                f"backlog {backlog} x 1KiB" + (" (quick: not 1,000,000)" if args.quick else ""),
+                "epoch_log",
+                metric,
+                value,
+            )
     finally:
         import shutil
 

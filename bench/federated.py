@@ -36,9 +36,11 @@ from protocol.records import Record, encode_record
 N_GATEWAYS = 10
 ARCH = ModelArch(kind="digits_mlp", width=64)
 ROUND = RoundConfig(lr=0.05, momentum=0.9, local_epochs=2, batch_size=16)
-CODECS = {"fp32": CodecSpec("fp32"),
-          "bfp6": CodecSpec("bfp", BfpFormat(block_size=32, mantissa_bits=6)),
-          "topk10+bfp6": CodecSpec("topk_bfp", BfpFormat(block_size=32, mantissa_bits=6), topk_fraction=0.1)}
+CODECS = {
+    "fp32": CodecSpec("fp32"),
+    "bfp6": CodecSpec("bfp", BfpFormat(block_size=32, mantissa_bits=6)),
+    "topk10+bfp6": CodecSpec("topk_bfp", BfpFormat(block_size=32, mantissa_bits=6), topk_fraction=0.1),
+}
 
 
 @dataclass
@@ -72,15 +74,25 @@ def run_federated(split, parts: list[torch.Tensor], spec: CodecSpec, versions: i
         base_version, base = fetched[g]
         local = build_model(ARCH)
         local.load_state_dict(layout.unflatten(base))
-        result = train_local(local, split.train_x[parts[g]], split.train_y[parts[g]], ROUND,
-                             generator=generators[g])
+        result = train_local(
+            local, split.train_x[parts[g]], split.train_y[parts[g]], ROUND, generator=generators[g]
+        )
         entries, sections = encoders[g].encode(result.delta)
         b64, sha = pack_payload(sections)
-        envelope = UpdateEnvelope(update_id=f"u{curve.updates}", model="digits", base_version=base_version,
-                                  samples=result.samples, local_steps=result.steps, codec=spec.describe(),
-                                  tensors=entries, payload_sha256=sha, payload_b64=b64)
-        record = encode_record(Record(kind="update", device="trainer", received_ts=0.0,
-                                      body=envelope.model_dump(mode="json")))
+        envelope = UpdateEnvelope(
+            update_id=f"u{curve.updates}",
+            model="digits",
+            base_version=base_version,
+            samples=result.samples,
+            local_steps=result.steps,
+            codec=spec.describe(),
+            tensors=entries,
+            payload_sha256=sha,
+            payload_b64=b64,
+        )
+        record = encode_record(
+            Record(kind="update", device="trainer", received_ts=0.0, body=envelope.model_dump(mode="json"))
+        )
         curve.updates += 1
         curve.payload_bytes += sum(t.nbytes for t in entries)
         curve.record_bytes += len(record)
@@ -104,8 +116,10 @@ def run_federated(split, parts: list[torch.Tensor], spec: CodecSpec, versions: i
 
 
 def run_raw(split, epochs: int, seed: int = 0) -> Curve:
-    upload = sum(len(sample_record("camera", 0.0, split.train_x[i], int(split.train_y[i])))
-                 for i in range(len(split.train_y)))
+    upload = sum(
+        len(sample_record("camera", 0.0, split.train_x[i], int(split.train_y[i])))
+        for i in range(len(split.train_y))
+    )
     torch.manual_seed(seed)
     model = build_model(ARCH)
     curve = Curve([], [], [], payload_bytes=upload, record_bytes=upload, updates=0)
@@ -147,8 +161,9 @@ def main(argv: list[str] | None = None) -> None:
     results.ratio("update_bytes_vs_fp32", fp32.payload_bytes / fp32.updates, bfp.payload_bytes / bfp.updates)
     results.ratios["accuracy_drop_pp"] = 100.0 * (fp32.tail_accuracy() - bfp.tail_accuracy())
     topk = curves["topk10+bfp6"]
-    results.ratio("topk_update_bytes_vs_fp32", fp32.payload_bytes / fp32.updates,
-                  topk.payload_bytes / topk.updates)
+    results.ratio(
+        "topk_update_bytes_vs_fp32", fp32.payload_bytes / fp32.updates, topk.payload_bytes / topk.updates
+    )
     results.ratios["topk_accuracy_drop_pp"] = 100.0 * (fp32.tail_accuracy() - topk.tail_accuracy())
     results.ratio("raw_bytes_vs_fp32_fleet_bytes", raw.record_bytes, fp32.record_bytes)
     results.write()

@@ -27,14 +27,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch import nn  # noqa: E402
+import torch
+import torch.distributed as dist
+from torch import nn
 
-from bench._torchrun import launch, leave_together, write_rank_result  # noqa: E402
-from bench.common import Results  # noqa: E402
-from cloud.training.sync.balancer import Balancer, weighted_allreduce  # noqa: E402
-from models.digits import digits_cnn  # noqa: E402
+from bench._torchrun import launch, leave_together, write_rank_result
+from bench.common import Results
+from cloud.training.sync.balancer import Balancer, weighted_allreduce
+from models.digits import digits_cnn
 
 WIDTH, GLOBAL_BATCH = 512, 1024
 ROUNDS = 3  # interleaved runs per system; the best of each counts
@@ -48,8 +48,9 @@ def make_workload(name: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     if name == "cnn":
         model, x = digits_cnn(), torch.randn(GLOBAL_BATCH, 1, 8, 8, generator=generator)
     else:
-        model = nn.Sequential(nn.Linear(64, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH), nn.ReLU(),
-                              nn.Linear(WIDTH, 10))
+        model = nn.Sequential(
+            nn.Linear(64, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, 10)
+        )
         x = torch.randn(GLOBAL_BATCH, 64, generator=generator)
     return model, x, torch.randint(0, 10, (GLOBAL_BATCH,), generator=generator)
 

@@ -27,10 +27,10 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cloud.training.executor import StageExecutor  # noqa: E402
-from cloud.training.partition import partition  # noqa: E402
-from cloud.training.profiler import profile_layers  # noqa: E402
-from cloud.training.schedules import Topology, build_schedule, predicted_bubble  # noqa: E402
+from cloud.training.executor import StageExecutor
+from cloud.training.partition import partition
+from cloud.training.profiler import profile_layers
+from cloud.training.schedules import Topology, build_schedule, predicted_bubble
 
 OURS = ("gpipe", "1f1b-flush", "1f1b-stash")
 
@@ -82,7 +82,7 @@ def _timed(rank: int, cfg: dict, step) -> float:
 
 def _stage_module(cfg: dict, rank: int) -> nn.Sequential:
     first, last = cfg["stages"][rank]
-    return wide_mlp(cfg["width"], cfg["depth"])[first:last + 1]
+    return wide_mlp(cfg["width"], cfg["depth"])[first : last + 1]
 
 
 def _ours(rank: int, cfg: dict, name: str) -> float:
@@ -94,12 +94,14 @@ def _ours(rank: int, cfg: dict, name: str) -> float:
     x, y = make_data(cfg)
     xs = dict(enumerate(x.chunk(cfg["microbatches"])))
     ys = dict(enumerate(y.chunk(cfg["microbatches"])))
-    return _timed(rank, cfg, lambda: executor.run_step(schedule, xs if rank == 0 else None,
-                                                       ys if rank == 1 else None))
+    return _timed(
+        rank, cfg, lambda: executor.run_step(schedule, xs if rank == 0 else None, ys if rank == 1 else None)
+    )
 
 
 def _torch_1f1b(rank: int, cfg: dict) -> float:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
     module = _stage_module(cfg, rank)
     optimizer = torch.optim.SGD(module.parameters(), lr=1e-3)
     stage = PipelineStage(module, rank, 2, torch.device("cpu"))
@@ -119,8 +121,9 @@ def _torch_1f1b(rank: int, cfg: dict) -> float:
 
 def _worker(rank: int, cfg: dict, port: int, results) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=120)
+    )
     try:
         measured: dict[str, float] = {}
         # Rounds interleave the systems and keep each one's best, so that a burst of load from other
@@ -138,6 +141,7 @@ def _worker(rank: int, cfg: dict, port: int, results) -> None:
 
 def _free_port() -> int:
     import socket
+
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -153,7 +157,7 @@ def main() -> None:
     full = {"width": 1024, "depth": 8, "batch": 512, "microbatches": 16, "steps": 10, "rounds": 3}
     cfg = quick if args.quick else full
     model, (x, _) = wide_mlp(cfg["width"], cfg["depth"]), make_data(cfg)
-    costs = profile_layers(model, x[:cfg["batch"] // cfg["microbatches"]], threads=1, repeats=3)
+    costs = profile_layers(model, x[: cfg["batch"] // cfg["microbatches"]], threads=1, repeats=3)
     plan = partition(costs, 2, 1e9, straight=True)  # the partitioner picks the split both peers use
     cfg["stages"] = [(s.first, s.last) for s in plan.stages]
     rows, case = [], f"mlp {cfg['depth']}x{cfg['width']} batch {cfg['batch']} m={cfg['microbatches']}"
@@ -169,23 +173,40 @@ def main() -> None:
         rows.append({"case": case, "system": system, "metric": "samples_per_s", "value": round(value, 2)})
     for stages in (4, 8, 12, 16):
         for name, m in (("gpipe", 16), ("1f1b-flush", 16), ("1f1b-stash", 64)):
-            rows.append({"case": f"{stages} stages m={m}", "system": f"simulator_{name}",
-                         "metric": "bubble_fraction", "value": round(predicted_bubble(name, stages, m), 4)})
+            rows.append(
+                {
+                    "case": f"{stages} stages m={m}",
+                    "system": f"simulator_{name}",
+                    "metric": "bubble_fraction",
+                    "value": round(predicted_bubble(name, stages, m), 4),
+                }
+            )
     best = max(measured[f"ours_{n}"] for n in OURS)
     peer = measured["torch_pipelining_1f1b"]
-    ratios = {"vs_single_process": round(best / single[1], 3),
-              "vs_single_process_2threads": round(best / single[2], 3),
-              "vs_torch_pipelining_1f1b": round(measured["ours_1f1b-flush"] / peer, 3),
-              "best_vs_torch_pipelining_1f1b": round(best / peer, 3)}
+    ratios = {
+        "vs_single_process": round(best / single[1], 3),
+        "vs_single_process_2threads": round(best / single[2], 3),
+        "vs_torch_pipelining_1f1b": round(measured["ours_1f1b-flush"] / peer, 3),
+        "best_vs_torch_pipelining_1f1b": round(best / peer, 3),
+    }
     print(f"partition: {plan.text()}")
     print(f"{'case':<40} {'system':<28} {'metric':<16} value")
     for row in rows:
         print(f"{row['case']:<40} {row['system']:<28} {row['metric']:<16} {row['value']}")
     print("ratios:", ratios)
-    print(f"load average during the run: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus "
-          "(other processes on the cores skew every figure)")
-    out = {"bench": "pipeline", "quick": args.quick, "python": platform.python_version(),
-           "torch": torch.__version__.split("+")[0], "cpus": os.cpu_count(), "rows": rows, "ratios": ratios}
+    print(
+        f"load average during the run: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus "
+        "(other processes on the cores skew every figure)"
+    )
+    out = {
+        "bench": "pipeline",
+        "quick": args.quick,
+        "python": platform.python_version(),
+        "torch": torch.__version__.split("+")[0],
+        "cpus": os.cpu_count(),
+        "rows": rows,
+        "ratios": ratios,
+    }
     path = Path(__file__).resolve().parent / "results" / "pipeline.json"
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")

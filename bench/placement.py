@@ -41,10 +41,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gateway.placement.cost import Budgets, LinkView  # noqa: E402
-from gateway.placement.link import LinkMonitor  # noqa: E402
-from gateway.placement.planner import PlacementPlanner, plan_placement  # noqa: E402
-from gateway.taskgraphs import (  # noqa: E402
+from gateway.placement.cost import Budgets, LinkView
+from gateway.placement.link import LinkMonitor
+from gateway.placement.planner import PlacementPlanner, plan_placement
+from gateway.taskgraphs import (
     TaskGraph,
     camera_graph,
     sensor_graph,
@@ -158,9 +158,7 @@ class Sim:
         self.now = 0.0
         self.probes = 0
         self.samples_seen = 0
-        self.monitor = LinkMonitor(
-            clock=lambda: self.now, alpha=0.5, window_s=120, prior_goodput_Bps=250_000
-        )
+        self.monitor = LinkMonitor(clock=lambda: self.now, alpha=0.5, window_s=120, prior_goodput_Bps=250_000)
         self.monitor.add_suspect_listener(self._confirm_soon)
         self.confirm_pending = False
         self.planner = PlacementPlanner(services, BUDGETS, clock=lambda: self.now)
@@ -329,9 +327,7 @@ class Sim:
 
     def _on_up_fail(self, s, i, born, size, delivery, started) -> None:
         self.up_busy = False
-        self.stats.uplink_bytes += (self.now - started) * self.link.at(
-            started
-        ).goodput_Bps  # sent, then lost
+        self.stats.uplink_bytes += (self.now - started) * self.link.at(started).goodput_Bps  # sent, then lost
         if self.system == "planner":
             self.monitor.observe_upload(size, self.now - started, ok=False)
         if s is not None:

@@ -39,15 +39,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
-from bench._torchrun import launch, leave_together, write_rank_result  # noqa: E402
-from bench.common import Results  # noqa: E402
-from cloud.training.sync.link import CommThread, LinkDelay  # noqa: E402
-from cloud.training.sync.scheduler import SyncScheduler  # noqa: E402
+from bench._torchrun import launch, leave_together, write_rank_result
+from bench.common import Results
+from cloud.training.sync.link import CommThread, LinkDelay
+from cloud.training.sync.scheduler import SyncScheduler
 
 WIDTH, DEPTH, BATCH = 768, 6, 48
 LINK_OF_RECORD = "400,3"  # MB/s, ms per message: the link bench/results/sync.json is measured on
@@ -79,7 +79,7 @@ def make_optimizer(params: list[nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.01, momentum=0.9)
 
 
-def ddp_hook(comm, bucket):  # noqa: ANN001 (DDP rejects string annotations on a comm hook)
+def ddp_hook(comm, bucket):
     tensor = bucket.buffer().div_(dist.get_world_size())
     result: torch.futures.Future = torch.futures.Future()
     comm.submit(tensor, (f"bucket{bucket.index()}",)).on_done(lambda _p: result.set_result(tensor))
@@ -96,8 +96,14 @@ class System:
         self.sync: SyncScheduler | None = None
         self.x, self.y = data
         if name.startswith("sync"):
-            self.sync = SyncScheduler(self.model, make_optimizer, group=dist.new_group(backend="gloo"),
-                                      window=4, link=link, adaptive=name == "sync_scheduler")
+            self.sync = SyncScheduler(
+                self.model,
+                make_optimizer,
+                group=dist.new_group(backend="gloo"),
+                window=4,
+                link=link,
+                adaptive=name == "sync_scheduler",
+            )
             return
         if name.startswith("ddp"):
             self.comm = CommThread(dist.new_group(backend="gloo"), link)
@@ -145,8 +151,12 @@ def settle(system: System, min_windows: int, max_iterations: int) -> dict:
             break
     mean = torch.tensor(statistics.mean(times))
     dist.all_reduce(mean, op=dist.ReduceOp.MAX)
-    return {"iterations": len(times), "mean_iteration_s": float(mean), "policy": system.sync.policy.text(),
-            "decisions": len(system.sync.engine.decisions)}
+    return {
+        "iterations": len(times),
+        "mean_iteration_s": float(mean),
+        "policy": system.sync.policy.text(),
+        "decisions": len(system.sync.engine.decisions),
+    }
 
 
 def worker(quick: bool, link: LinkDelay) -> None:
@@ -156,8 +166,10 @@ def worker(quick: bool, link: LinkDelay) -> None:
     # --quick keeps the baselines and ours; the floor and the engine-off variant only in the full run
     systems_run = SYSTEMS if not quick else ("ddp_default", "ddp_layer_buckets", "sync_scheduler")
     generator = torch.Generator().manual_seed(dist.get_rank())
-    data = (torch.randn(BATCH, WIDTH, generator=generator),
-            torch.randint(0, 10, (BATCH,), generator=generator))
+    data = (
+        torch.randn(BATCH, WIDTH, generator=generator),
+        torch.randint(0, 10, (BATCH,), generator=generator),
+    )
     initial = make_model()
     systems = [System(name, initial, data, link) for name in systems_run]
     for system in systems:
@@ -176,19 +188,34 @@ def worker(quick: bool, link: LinkDelay) -> None:
     statuses = {system.name: system.close() for system in systems}
     if dist.get_rank() == 0:
         status = statuses["sync_scheduler"]
-        write_rank_result({"medians": medians, "policy": status["policy"], "decisions": status["decisions"],
-                           "decisions_while_measured": len(status["decisions"]) - decisions_settled,
-                           "settling": settling, "last_window": status["last_window"], "warmup": warmup,
-                           "rounds": rounds, "per_round": per_round, "skip": skip}, 0)
+        write_rank_result(
+            {
+                "medians": medians,
+                "policy": status["policy"],
+                "decisions": status["decisions"],
+                "decisions_while_measured": len(status["decisions"]) - decisions_settled,
+                "settling": settling,
+                "last_window": status["last_window"],
+                "warmup": warmup,
+                "rounds": rounds,
+                "per_round": per_round,
+                "skip": skip,
+            },
+            0,
+        )
     leave_together()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--link", default=LINK_OF_RECORD, metavar="MB/s,ms",
-                        help=f"emulated link: bandwidth and fixed cost per message (default "
-                             f"{LINK_OF_RECORD}; another writes bench/results/sync_link_<MB/s>_<ms>.json)")
+    parser.add_argument(
+        "--link",
+        default=LINK_OF_RECORD,
+        metavar="MB/s,ms",
+        help=f"emulated link: bandwidth and fixed cost per message (default "
+        f"{LINK_OF_RECORD}; another writes bench/results/sync_link_<MB/s>_<ms>.json)",
+    )
     parser.add_argument("--worker", action="store_true")
     args = parser.parse_args()
     try:
@@ -203,14 +230,19 @@ def main() -> None:
     medians = figures["medians"]
     name = "sync" if args.link == LINK_OF_RECORD else "sync_link_" + args.link.replace(",", "_")
     results = Results(name, args.quick)
-    case = (f"{DEPTH}x linear {WIDTH}, batch {BATCH}, link {1e-6 / link.per_byte_s:.0f}MB/s + "
-            f"{link.per_message_s * 1e3:g}ms/msg, {figures['rounds']} rounds")
+    case = (
+        f"{DEPTH}x linear {WIDTH}, batch {BATCH}, link {1e-6 / link.per_byte_s:.0f}MB/s + "
+        f"{link.per_message_s * 1e3:g}ms/msg, {figures['rounds']} rounds"
+    )
     for system, values in medians.items():
         results.add(case, system, "iteration_ms_median_over_rounds", statistics.median(values) * 1e3)
         results.add(case, system, "iteration_ms_min_round", min(values) * 1e3)
         results.add(case, system, "iteration_ms_max_round", max(values) * 1e3)
-    for name, baseline in (("vs_ddp", "ddp_default"), ("vs_ddp_layer_buckets", "ddp_layer_buckets"),
-                           ("vs_sync_fifo", "sync_fifo")):
+    for name, baseline in (
+        ("vs_ddp", "ddp_default"),
+        ("vs_ddp_layer_buckets", "ddp_layer_buckets"),
+        ("vs_sync_fifo", "sync_fifo"),
+    ):
         if baseline not in medians:
             continue
         per_round = [b / o for b, o in zip(medians[baseline], medians["sync_scheduler"], strict=True)]
@@ -233,6 +265,7 @@ def main() -> None:
         print("    layer " + " ".join(f"{key[:-3]:>8}" for key in columns))
         for layer in last["layers"]:
             print(f"    {layer['layer']:>5} " + " ".join(f"{layer[key]:8.2f}" for key in columns))
+
 
 if __name__ == "__main__":
     main()

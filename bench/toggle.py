@@ -40,10 +40,10 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import Results  # noqa: E402
-from cloud.training.data.sampler import ToggleSampler  # noqa: E402
-from cloud.training.data.toggle import ToggleTracker  # noqa: E402
-from models.digits import accuracy, digits_cnn, load_digits_split  # noqa: E402
+from bench.common import Results
+from cloud.training.data.sampler import ToggleSampler
+from cloud.training.data.toggle import ToggleTracker
+from models.digits import accuracy, digits_cnn, load_digits_split
 
 BATCH, EVAL_EVERY, VAL_FRACTION = 32, 64, 0.2
 LR, FRACTION, SETTLE_AFTER, MAX_EPOCHS, TARGET = 0.02, 0.2, 2, 40, 0.985
@@ -54,8 +54,14 @@ def split_with_validation(seed: int) -> dict[str, torch.Tensor]:
     order = torch.randperm(len(split.train_y), generator=torch.Generator().manual_seed(10_000 + seed))
     n_val = int(len(order) * VAL_FRACTION)
     val, train = order[:n_val], order[n_val:]
-    return {"train_x": split.train_x[train], "train_y": split.train_y[train], "val_x": split.train_x[val],
-            "val_y": split.train_y[val], "test_x": split.test_x, "test_y": split.test_y}
+    return {
+        "train_x": split.train_x[train],
+        "train_y": split.train_y[train],
+        "val_x": split.train_x[val],
+        "val_y": split.train_y[val],
+        "test_x": split.test_x,
+        "test_y": split.test_y,
+    }
 
 
 def run(system: str, seed: int, targets: list[float], args: argparse.Namespace) -> dict:
@@ -67,8 +73,14 @@ def run(system: str, seed: int, targets: list[float], args: argparse.Namespace) 
     loss_fn = nn.CrossEntropyLoss()
     n = len(data["train_y"])
     tracker = ToggleTracker(n)
-    sampler = ToggleSampler(n, fraction=args.fraction, floor=args.floor, seed=seed,
-                            warmup_epochs=args.warmup_epochs, settle_after=args.settle_after)
+    sampler = ToggleSampler(
+        n,
+        fraction=args.fraction,
+        floor=args.floor,
+        seed=seed,
+        warmup_epochs=args.warmup_epochs,
+        settle_after=args.settle_after,
+    )
     generator = torch.Generator().manual_seed(seed)
     reached: dict[float, tuple[int, float]] = {}
     samples, next_eval, epoch = 0, EVAL_EVERY, 0
@@ -79,7 +91,7 @@ def run(system: str, seed: int, targets: list[float], args: argparse.Namespace) 
             sampler.set_epoch(epoch, tracker.merge() if epoch else None)
             order = torch.tensor(list(sampler))
         for start in range(0, len(order), BATCH):
-            index = order[start:start + BATCH]
+            index = order[start : start + BATCH]
             optimizer.zero_grad()
             logits = model(data["train_x"][index])
             loss_fn(logits, data["train_y"][index]).backward()
@@ -93,8 +105,12 @@ def run(system: str, seed: int, targets: list[float], args: argparse.Namespace) 
                     if target not in reached and val >= target:
                         reached[target] = (samples, accuracy(model, data["test_x"], data["test_y"]))
         epoch += 1
-    return {"reached": reached, "final_val": accuracy(model, data["val_x"], data["val_y"]),
-            "final_test": accuracy(model, data["test_x"], data["test_y"]), "samples": samples}
+    return {
+        "reached": reached,
+        "final_val": accuracy(model, data["val_x"], data["val_y"]),
+        "final_test": accuracy(model, data["test_x"], data["test_y"]),
+        "samples": samples,
+    }
 
 
 def _fraction(text: str) -> float | None:
@@ -106,8 +122,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--target", type=float, default=TARGET, help="validation accuracy to reach")
     parser.add_argument("--lr", type=float, default=LR, help="learning rate of both arms")
-    parser.add_argument("--fraction", type=_fraction, default=FRACTION,
-                        help="share of items per epoch, or 'none': every unsettled item plus the floor")
+    parser.add_argument(
+        "--fraction",
+        type=_fraction,
+        default=FRACTION,
+        help="share of items per epoch, or 'none': every unsettled item plus the floor",
+    )
     parser.add_argument("--floor", type=float, default=0.1)
     parser.add_argument("--settle-after", type=int, default=SETTLE_AFTER)
     parser.add_argument("--warmup-epochs", type=int, default=1)
@@ -120,8 +140,9 @@ def main() -> None:
     seeds = range(args.first_seed, args.first_seed + (args.seeds or (3 if args.quick else 10)))
     targets = [0.97, 0.975, 0.98, 0.985, 0.99] if args.sweep_targets else [args.target]
     started = time.perf_counter()
-    runs = {system: [run(system, seed, targets, args) for seed in seeds]
-            for system in ("uniform", "toggle_rate")}
+    runs = {
+        system: [run(system, seed, targets, args) for seed in seeds] for system in ("uniform", "toggle_rate")
+    }
     if args.sweep_targets:
         for target in targets:
             for system, rs in runs.items():
@@ -130,12 +151,15 @@ def main() -> None:
         return
     target = args.target
     results = Results("toggle", args.quick)
-    case = (f"digits cnn, lr {args.lr}, target val acc {target}, {len(seeds)} seeds, "
-            f"fraction {args.fraction or 'unsettled'}, floor {args.floor}, settle after {args.settle_after}, "
-            f"warmup {args.warmup_epochs} epochs")
+    case = (
+        f"digits cnn, lr {args.lr}, target val acc {target}, {len(seeds)} seeds, "
+        f"fraction {args.fraction or 'unsettled'}, floor {args.floor}, settle after {args.settle_after}, "
+        f"warmup {args.warmup_epochs} epochs"
+    )
     # A run that never reached the target counts with all the samples it trained on (a lower bound).
-    counts = {system: [r["reached"].get(target, (r["samples"], None))[0] for r in rs]
-              for system, rs in runs.items()}
+    counts = {
+        system: [r["reached"].get(target, (r["samples"], None))[0] for r in rs] for system, rs in runs.items()
+    }
     # A seed on which neither arm reached the target within the budget says nothing about which is
     # faster (both count the budget, a ratio of 1 by construction): the headline leaves it out and
     # says how many; ``samples_vs_uniform_all_seeds`` keeps it.
@@ -145,8 +169,12 @@ def main() -> None:
         results.add(case, system, "sample_gradients_to_target_stdev", statistics.stdev(counts[system]))
         results.add(case, system, "forward_only_scoring_samples", 0)
         results.add(case, system, "runs_reaching_target", sum(target in r["reached"] for r in rs))
-        results.add(case, system, "test_acc_at_target_mean",
-                    statistics.mean(r["reached"][target][1] for r in rs if target in r["reached"]))
+        results.add(
+            case,
+            system,
+            "test_acc_at_target_mean",
+            statistics.mean(r["reached"][target][1] for r in rs if target in r["reached"]),
+        )
         results.add(case, system, "final_val_acc_mean", statistics.mean(r["final_val"] for r in rs))
         results.add(case, system, "final_test_acc_mean", statistics.mean(r["final_test"] for r in rs))
     per_seed = [u / t for u, t in zip(counts["uniform"], counts["toggle_rate"], strict=True)]
@@ -154,8 +182,11 @@ def main() -> None:
     results.add(case, "per_seed_ratio", "max", max(per_seed))
     results.add(case, "both", "seeds_neither_reached", len(seeds) - len(informative))
     if informative:
-        results.ratio("samples_vs_uniform", sum(counts["uniform"][i] for i in informative),
-                      sum(counts["toggle_rate"][i] for i in informative))
+        results.ratio(
+            "samples_vs_uniform",
+            sum(counts["uniform"][i] for i in informative),
+            sum(counts["toggle_rate"][i] for i in informative),
+        )
     results.ratio("samples_vs_uniform_all_seeds", sum(counts["uniform"]), sum(counts["toggle_rate"]))
     results.add(case, "both", "bench_seconds", time.perf_counter() - started)
     results.write()

@@ -27,11 +27,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Results, parse_args  # noqa: E402
-from gateway.storage.epoch_log import EpochLog  # noqa: E402
-from gateway.uplink.sender import Uplink  # noqa: E402
-from protocol.config import UplinkConfig  # noqa: E402
-from protocol.records import Record, encode_record  # noqa: E402
+from bench.common import Results, parse_args
+from gateway.storage.epoch_log import EpochLog
+from gateway.uplink.sender import Uplink
+from protocol.config import UplinkConfig
+from protocol.records import Record, encode_record
 
 REPO = Path(__file__).resolve().parent.parent
 LIVE_HZ = 50.0
@@ -45,19 +45,46 @@ def _free_port() -> int:
 
 def _record(i: int) -> bytes:
     if i % 1000 == 0:
-        return encode_record(Record(kind="event", device="cam-1", received_ts=float(i),
-                                    body={"severity": "alert", "i": i}))
+        return encode_record(
+            Record(kind="event", device="cam-1", received_ts=float(i), body={"severity": "alert", "i": i})
+        )
     if i % 10 == 0:
-        return encode_record(Record(kind="event", device="s1", received_ts=float(i),
-                                    body={"severity": "info", "mean": 20.5, "i": i}))
-    return encode_record(Record(kind="telemetry", device="s1", received_ts=float(i),
-                                body={"v": 1, "device": "s1", "seq": i, "readings": {"t": 21.5}}))
+        return encode_record(
+            Record(
+                kind="event",
+                device="s1",
+                received_ts=float(i),
+                body={"severity": "info", "mean": 20.5, "i": i},
+            )
+        )
+    return encode_record(
+        Record(
+            kind="telemetry",
+            device="s1",
+            received_ts=float(i),
+            body={"v": 1, "device": "s1", "seq": i, "readings": {"t": 21.5}},
+        )
+    )
 
 
 def _start_cloud(base: Path) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "cloud.server", "--data-dir", str(base / "cloud"),
-                             "--port", str(port), "--token", "gw1=t", "--log-level", "WARNING"], cwd=REPO)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cloud.server",
+            "--data-dir",
+            str(base / "cloud"),
+            "--port",
+            str(port),
+            "--token",
+            "gw1=t",
+            "--log-level",
+            "WARNING",
+        ],
+        cwd=REPO,
+    )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:
@@ -83,8 +110,14 @@ async def _case(base: Path, backlog: int, fifo: bool, live_s: float | None) -> d
             await log.flush(wait=True)
     await log.flush(wait=True)
     print(f"  filled {backlog} records in {time.perf_counter() - filled:.1f}s", flush=True)
-    config = UplinkConfig(cloud_url=url, token="t", batch_max_records=1000, backoff_initial_s=0.05,
-                          backoff_max_s=0.5, backlog_threshold_records=10**9 if fifo else 2000)
+    config = UplinkConfig(
+        cloud_url=url,
+        token="t",
+        batch_max_records=1000,
+        backoff_initial_s=0.05,
+        backoff_max_s=0.5,
+        backlog_threshold_records=10**9 if fifo else 2000,
+    )
     uplink = Uplink(log, "gw1", config)
     delays: list[float] = []
     pending: dict[int, float] = {}
@@ -95,8 +128,12 @@ async def _case(base: Path, backlog: int, fifo: bool, live_s: float | None) -> d
     try:
         while True:
             now = time.perf_counter()
-            if (drained_at is None and backlog and uplink.acknowledged(backlog)
-                    and uplink.backlog <= len(pending)):
+            if (
+                drained_at is None
+                and backlog
+                and uplink.acknowledged(backlog)
+                and uplink.backlog <= len(pending)
+            ):
                 drained_at = now - started
             done = (drained_at is not None or not backlog) and (live_s is None or now - started >= live_s)
             if done and not pending:
@@ -116,11 +153,15 @@ async def _case(base: Path, backlog: int, fifo: bool, live_s: float | None) -> d
         proc.terminate()
         proc.wait(20)
     delays.sort()
-    return {"live_records": len(delays), "live_mean_s": statistics.mean(delays),
-            "live_p50_s": delays[int(0.5 * (len(delays) - 1))],
-            "live_p95_s": delays[int(0.95 * (len(delays) - 1))], "live_max_s": delays[-1],
-            "drain_s": drained_at or 0.0,
-            "drain_records_per_s": backlog / drained_at if drained_at else 0.0}
+    return {
+        "live_records": len(delays),
+        "live_mean_s": statistics.mean(delays),
+        "live_p50_s": delays[int(0.5 * (len(delays) - 1))],
+        "live_p95_s": delays[int(0.95 * (len(delays) - 1))],
+        "live_max_s": delays[-1],
+        "drain_s": drained_at or 0.0,
+        "drain_records_per_s": backlog / drained_at if drained_at else 0.0,
+    }
 
 
 async def main() -> None:
@@ -132,8 +173,11 @@ async def main() -> None:
     results = Results("uplink", args.quick)
     figures = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, n, fifo, live_s in (("no-backlog", 0, False, 5.0), ("priority", backlog, False, None),
-                                      ("fifo", backlog, True, None)):
+        for name, n, fifo, live_s in (
+            ("no-backlog", 0, False, 5.0),
+            ("priority", backlog, False, None),
+            ("fifo", backlog, True, None),
+        ):
             base = Path(tmp) / name
             base.mkdir()
             figures[name] = await _case(base, n, fifo, live_s)
@@ -141,11 +185,15 @@ async def main() -> None:
             for metric, value in figures[name].items():
                 results.add(case, name, metric, value)
             print(name, {k: round(v, 4) for k, v in figures[name].items()}, flush=True)
-    results.ratio("live_p95_fifo_over_priority", figures["fifo"]["live_p95_s"],
-                  figures["priority"]["live_p95_s"])
+    results.ratio(
+        "live_p95_fifo_over_priority", figures["fifo"]["live_p95_s"], figures["priority"]["live_p95_s"]
+    )
     for q in ("p95", "p50"):
-        results.ratio(f"live_{q}_no_backlog_over_priority", figures["no-backlog"][f"live_{q}_s"],
-                      figures["priority"][f"live_{q}_s"])
+        results.ratio(
+            f"live_{q}_no_backlog_over_priority",
+            figures["no-backlog"][f"live_{q}_s"],
+            figures["priority"][f"live_{q}_s"],
+        )
     results.write()
 
 

@@ -37,8 +37,9 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """Left-aligned columns, two spaces apart; numbers right-aligned."""
     cells = [[str(h) for h in headers]] + [["-" if v is None else str(v) for v in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    numeric = [bool(rows) and all(isinstance(row[i], int | float) for row in rows)
-               for i in range(len(headers))]
+    numeric = [
+        bool(rows) and all(isinstance(row[i], int | float) for row in rows) for i in range(len(headers))
+    ]
     lines = []
     for row in cells:
         parts = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(row, widths, numeric, strict=True)]
@@ -62,11 +63,15 @@ def format_status(doc: dict[str, Any], now: float, jobs: dict[str, Any] | None =
     queued job and for the latest finished one."""
     gateways = format_table(
         ["GATEWAY", "LAST SEEN", "RECORDS", "BATCHES", "DUPLICATES"],
-        [[g["id"], _when(g["last_seen"], now), g["records"], g["batches"], g["duplicates"]]
-         for g in doc["gateways"]])
+        [
+            [g["id"], _when(g["last_seen"], now), g["records"], g["batches"], g["duplicates"]]
+            for g in doc["gateways"]
+        ],
+    )
     devices = format_table(
         ["GATEWAY", "DEVICE", "RECORDS", "LAST TS"],
-        [[d["gateway"], d["device"], d["records"], _when(d["last_ts"], now)] for d in doc["devices"]])
+        [[d["gateway"], d["device"], d["records"], _when(d["last_ts"], now)] for d in doc["devices"]],
+    )
     totals = doc["totals"]
     text = f"{gateways}\n\n{devices}\n\ntotal: {totals['records']} records in {totals['batches']} batches"
     return text + ("\n\n" + format_job_progress(jobs) if jobs is not None else "")
@@ -96,11 +101,26 @@ def format_jobs(doc: dict[str, Any]) -> str:
         p = job.get("progress") or {}
         steps = f"{p.get('step')}/{p.get('total_steps')}" if p.get("total_steps") else None
         model = f"{job['model']['name']}@{job['model']['version']}" if job.get("model") else None
-        rows.append([job["id"], job["state"], job["spec"]["model"], job["spec"]["nproc"], steps,
-                     _num(p.get("loss")), _num(p.get("accuracy"), 3), model, job.get("error")])
+        rows.append(
+            [
+                job["id"],
+                job["state"],
+                job["spec"]["model"],
+                job["spec"]["nproc"],
+                steps,
+                _num(p.get("loss")),
+                _num(p.get("accuracy"), 3),
+                model,
+                job.get("error"),
+            ]
+        )
     counts = doc.get("counts", {})
-    return (format_table(["JOB", "STATE", "MODEL", "NPROC", "STEPS", "LOSS", "ACCURACY", "VERSION", "ERROR"],
-                         rows) + f"\n\n{counts.get('running', 0)} running, {counts.get('queued', 0)} queued")
+    return (
+        format_table(
+            ["JOB", "STATE", "MODEL", "NPROC", "STEPS", "LOSS", "ACCURACY", "VERSION", "ERROR"], rows
+        )
+        + f"\n\n{counts.get('running', 0)} running, {counts.get('queued', 0)} queued"
+    )
 
 
 def _lineage_text(lineage: dict[str, Any] | None) -> str:
@@ -114,31 +134,59 @@ def _lineage_text(lineage: dict[str, Any] | None) -> str:
 
 
 def format_models(doc: dict[str, Any], now: float) -> str:
-    return format_table(["MODEL", "VERSION", "SEQ", "BYTES", "STORED", "LINEAGE"],
-                        [[m["name"], m["version"], m["seq"], m["size"], _when(m["uploaded_ts"], now),
-                          _lineage_text(m.get("lineage"))] for m in doc["models"]])
+    return format_table(
+        ["MODEL", "VERSION", "SEQ", "BYTES", "STORED", "LINEAGE"],
+        [
+            [
+                m["name"],
+                m["version"],
+                m["seq"],
+                m["size"],
+                _when(m["uploaded_ts"], now),
+                _lineage_text(m.get("lineage")),
+            ]
+            for m in doc["models"]
+        ],
+    )
 
 
 def format_fleet(doc: dict[str, Any], now: float) -> str:
     rows = []
     for g in doc["gateways"]:
         link = g.get("link")
-        link_text = None if link is None else ("down" if not link["up"] else
-                                               f"{link.get('rtt_ms') or 0:.0f}ms")
+        link_text = (
+            None if link is None else ("down" if not link["up"] else f"{link.get('rtt_ms') or 0:.0f}ms")
+        )
         cloud = [p for p in g["placement"] if p["where"] == "cloud"]
         placement = f"{len(g['placement']) - len(cloud)}gw/{len(cloud)}cloud" if g["placement"] else None
-        rows.append([g["id"], "online" if g["online"] else "offline", _when(g["last_seen"], now),
-                     g["backlog_records"], link_text, placement, g["records"]])
+        rows.append(
+            [
+                g["id"],
+                "online" if g["online"] else "offline",
+                _when(g["last_seen"], now),
+                g["backlog_records"],
+                link_text,
+                placement,
+                g["records"],
+            ]
+        )
     t = doc["totals"]
-    return (format_table(["GATEWAY", "STATE", "LAST SEEN", "BACKLOG", "LINK", "PLACEMENT", "RECORDS"], rows)
-            + f"\n\n{t['online']} online, {t['offline']} offline of {t['gateways']}")
+    return (
+        format_table(["GATEWAY", "STATE", "LAST SEEN", "BACKLOG", "LINK", "PLACEMENT", "RECORDS"], rows)
+        + f"\n\n{t['online']} online, {t['offline']} offline of {t['gateways']}"
+    )
 
 
 def format_datasets(doc: dict[str, Any], now: float) -> str:
-    rows = [[g["id"], d["device"], d["records"], _when(d["last_ts"], now)]
-            for g in doc["gateways"] for d in g["devices"]]
-    return (format_table(["GATEWAY", "DEVICE", "RECORDS", "LAST READING"], rows)
-            + f"\n\ntotal: {doc['totals']['records']} records from {doc['totals']['devices']} devices")
+    rows = [
+        [g["id"], d["device"], d["records"], _when(d["last_ts"], now)]
+        for g in doc["gateways"]
+        for d in g["devices"]
+    ]
+    return (
+        format_table(["GATEWAY", "DEVICE", "RECORDS", "LAST READING"], rows)
+        + f"\n\ntotal: {doc['totals']['records']} records from {doc['totals']['devices']} devices"
+    )
 
 
 def progress_line(summary: dict[str, Any], width: int = 30) -> str:
@@ -157,8 +205,13 @@ def progress_line(summary: dict[str, Any], width: int = 30) -> str:
 
 
 # -- HTTP --------------------------------------------------------------------------------------------
-def _request(url: str, token: str | None, method: str = "GET", body: bytes | None = None,
-             content_type: str = "application/json") -> urllib.request.Request:
+def _request(
+    url: str,
+    token: str | None,
+    method: str = "GET",
+    body: bytes | None = None,
+    content_type: str = "application/json",
+) -> urllib.request.Request:
     request = urllib.request.Request(url, data=body, method=method, headers={"Accept": "application/json"})
     if body is not None:
         request.add_header("Content-Type", content_type)
@@ -176,8 +229,14 @@ def _http_error(url: str, exc: urllib.error.HTTPError) -> CtlError:
     return CtlError(f"{url}: HTTP {exc.code} ({why})")
 
 
-def call_json(url: str, token: str | None, timeout: float = 10.0, method: str = "GET",
-              body: bytes | None = None, content_type: str = "application/json") -> dict[str, Any]:
+def call_json(
+    url: str,
+    token: str | None,
+    timeout: float = 10.0,
+    method: str = "GET",
+    body: bytes | None = None,
+    content_type: str = "application/json",
+) -> dict[str, Any]:
     request = _request(url, token, method, body, content_type)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -247,8 +306,9 @@ def watch(base: str, token: str | None, job_id: str, as_json: bool, out=sys.stdo
             continue
         if tty and kind in ("step", "eval"):
             print("\r" + progress_line(summary), end="", file=out, flush=True)
-        elif kind in ("step", "eval") and (time.monotonic() - last_plain >= 2.0
-                                           or summary["step"] == summary["total_steps"]):
+        elif kind in ("step", "eval") and (
+            time.monotonic() - last_plain >= 2.0 or summary["step"] == summary["total_steps"]
+        ):
             print(progress_line(summary), file=out, flush=True)
             last_plain = time.monotonic()
         elif kind in ("state", "registered", "error"):
@@ -278,8 +338,9 @@ def spec_from_args(args: argparse.Namespace) -> tuple[bytes, str]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cloudctl", description="talk to a running cloudd")
     parser.add_argument("--url", default=DEFAULT_URL, help=f"cloudd base URL (default {DEFAULT_URL})")
-    parser.add_argument("--token", default=os.environ.get("CLOUDCTL_TOKEN"),
-                        help="operator token (default $CLOUDCTL_TOKEN)")
+    parser.add_argument(
+        "--token", default=os.environ.get("CLOUDCTL_TOKEN"), help="operator token (default $CLOUDCTL_TOKEN)"
+    )
     parser.add_argument("--timeout", type=float, default=10.0)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print cloudd's JSON")
@@ -294,8 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("job_id")
     train = commands.add_parser("train", parents=[common], help="submit a training job; prints its id")
     train.add_argument("--file", help="a job spec as TOML (the other flags are then ignored)")
-    train.add_argument("--model", default="digits_cnn",
-                       choices=["digits_cnn", "anomaly_autoencoder", "scene_cnn"])
+    train.add_argument(
+        "--model", default="digits_cnn", choices=["digits_cnn", "anomaly_autoencoder", "scene_cnn"]
+    )
     train.add_argument("--nproc", type=int, default=2)
     train.add_argument("--epochs", type=int, default=1)
     train.add_argument("--schedule", default="1f1b-flush", choices=["gpipe", "1f1b-flush", "1f1b-stash"])
@@ -303,12 +365,18 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--batch-size", type=int)
     train.add_argument("--microbatches", type=int)
     train.add_argument("--max-steps", type=int)
-    train.add_argument("--registry-name",
-                       help="model name in the registry (default: digits / anomaly / scene)")
-    train.add_argument("--gateway", action="append", default=[],
-                       help="uploaded data (sensor windows, camera frames) of this gateway only")
-    train.add_argument("--wait", action="store_true",
-                       help="follow the job to its end (exit 1 unless it succeeded)")
+    train.add_argument(
+        "--registry-name", help="model name in the registry (default: digits / anomaly / scene)"
+    )
+    train.add_argument(
+        "--gateway",
+        action="append",
+        default=[],
+        help="uploaded data (sensor windows, camera frames) of this gateway only",
+    )
+    train.add_argument(
+        "--wait", action="store_true", help="follow the job to its end (exit 1 unless it succeeded)"
+    )
     return parser
 
 
@@ -321,8 +389,11 @@ def run(args: argparse.Namespace) -> int:
             return 0
         print(format_status(doc, now, get_json(base + "/v1/jobs", token, args.timeout)))
         return 0
-    simple = {"models": ("/v1/models", format_models),
-              "fleet": ("/v1/fleet", format_fleet), "datasets": ("/v1/datasets", format_datasets)}
+    simple = {
+        "models": ("/v1/models", format_models),
+        "fleet": ("/v1/fleet", format_fleet),
+        "datasets": ("/v1/datasets", format_datasets),
+    }
     if args.command in simple:
         path, formatter = simple[args.command]
         doc = get_json(base + path, token, args.timeout)
@@ -350,8 +421,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.json:
         final = get_json(f"{base}/v1/jobs/{job['id']}", token, args.timeout)
         model = final.get("model")
-        print(f"{final['id']} {final['state']}" + (f": registered {model['name']}@{model['version']}" if model
-                                                     else f": {final.get('error')}"))
+        print(
+            f"{final['id']} {final['state']}"
+            + (f": registered {model['name']}@{model['version']}" if model else f": {final.get('error')}")
+        )
     return code
 
 

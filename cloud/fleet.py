@@ -34,30 +34,40 @@ class FleetView:
         return dict(self._latest)
 
 
-def fleet_document(gateways: list[str], latest: dict[str, Seen], uploads: dict[str, dict[str, Any]],
-                   now: float) -> dict[str, Any]:
+def fleet_document(
+    gateways: list[str], latest: dict[str, Seen], uploads: dict[str, dict[str, Any]], now: float
+) -> dict[str, Any]:
     """One row per configured gateway: online/offline from heartbeats, upload counts from the store."""
     rows = []
     for gateway in sorted(set(gateways) | set(latest)):
         seen, upload = latest.get(gateway), uploads.get(gateway, {})
         beat = seen.heartbeat if seen else None
-        last_seen = max(filter(None, [seen.received_ts if seen else None, upload.get("last_seen")]),
-                        default=None)
-        rows.append({
-            "id": gateway,
-            "online": is_online(seen.received_ts if seen else None, beat.interval_s if beat else None, now),
-            "last_heartbeat": seen.received_ts if seen else None,
-            "last_seen": last_seen,
-            "interval_s": beat.interval_s if beat else None,
-            "backlog_records": beat.backlog_records if beat else None,
-            "backlog_bytes": beat.backlog_bytes if beat else None,
-            "link": beat.link.model_dump() if beat and beat.link else None,
-            "placement": [p.model_dump() for p in beat.placement] if beat else [],
-            "software": beat.software if beat else None,
-            "records": upload.get("records", 0),
-            "batches": upload.get("batches", 0),
-        })
+        last_seen = max(
+            filter(None, [seen.received_ts if seen else None, upload.get("last_seen")]), default=None
+        )
+        rows.append(
+            {
+                "id": gateway,
+                "online": is_online(
+                    seen.received_ts if seen else None, beat.interval_s if beat else None, now
+                ),
+                "last_heartbeat": seen.received_ts if seen else None,
+                "last_seen": last_seen,
+                "interval_s": beat.interval_s if beat else None,
+                "backlog_records": beat.backlog_records if beat else None,
+                "backlog_bytes": beat.backlog_bytes if beat else None,
+                "link": beat.link.model_dump() if beat and beat.link else None,
+                "placement": [p.model_dump() for p in beat.placement] if beat else [],
+                "software": beat.software if beat else None,
+                "records": upload.get("records", 0),
+                "batches": upload.get("batches", 0),
+            }
+        )
     online = sum(r["online"] for r in rows)
-    return {"v": 1, "now": now, "offline_after_intervals": OFFLINE_AFTER_INTERVALS,
-            "totals": {"gateways": len(rows), "online": online, "offline": len(rows) - online},
-            "gateways": rows}
+    return {
+        "v": 1,
+        "now": now,
+        "offline_after_intervals": OFFLINE_AFTER_INTERVALS,
+        "totals": {"gateways": len(rows), "online": online, "offline": len(rows) - online},
+        "gateways": rows,
+    }

@@ -53,8 +53,11 @@ class NotifyConfig:
 
 
 def add_notify_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--broker", help="MQTT broker for model notices (mqtt:// or mqtts://); "
-                                         "none: gateways learn of new models by polling only")
+    parser.add_argument(
+        "--broker",
+        help="MQTT broker for model notices (mqtt:// or mqtts://); "
+        "none: gateways learn of new models by polling only",
+    )
     parser.add_argument("--broker-username")
     parser.add_argument("--broker-password-file", type=Path)
     parser.add_argument("--broker-ca-file", type=Path, help="CA for mqtts://")
@@ -72,15 +75,23 @@ def notify_config_from(args: argparse.Namespace) -> NotifyConfig | None:
     """None without ``--broker``; ValueError naming the flag for a bad URL."""
     if not args.broker:
         return None
-    config = NotifyConfig(args.broker, args.broker_username, args.broker_password_file, args.broker_ca_file,
-                          args.broker_client_id)
+    config = NotifyConfig(
+        args.broker,
+        args.broker_username,
+        args.broker_password_file,
+        args.broker_ca_file,
+        args.broker_client_id,
+    )
     config.host_port_tls()
     return config
 
 
 def notice_for(metadata: ModelMetadata) -> bytes:
-    return ModelNotice(name=metadata.name, version=metadata.version, sha256=metadata.sha256,
-                       size=metadata.size).model_dump_json().encode()
+    return (
+        ModelNotice(name=metadata.name, version=metadata.version, sha256=metadata.sha256, size=metadata.size)
+        .model_dump_json()
+        .encode()
+    )
 
 
 class ModelNotifier:
@@ -91,15 +102,24 @@ class ModelNotifier:
         self._thread: threading.Thread | None = None
         self._connected = threading.Event()
         self._stopping = False
-        self.counters = {"notices": 0, "queued": 0, "dropped": 0, "published": 0, "held_for_reconnect": 0,
-                         "publish_failures": 0, "connects": 0, "disconnects": 0}
+        self.counters = {
+            "notices": 0,
+            "queued": 0,
+            "dropped": 0,
+            "published": 0,
+            "held_for_reconnect": 0,
+            "publish_failures": 0,
+            "connects": 0,
+            "disconnects": 0,
+        }
         self._client = self._make_client()
 
     def _make_client(self) -> paho.Client:
         config = self.config
         _, _, tls = config.host_port_tls()
-        client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id=config.client_id,
-                             protocol=paho.MQTTv5)
+        client = paho.Client(
+            callback_api_version=CallbackAPIVersion.VERSION2, client_id=config.client_id, protocol=paho.MQTTv5
+        )
         if tls:
             client.tls_set(ca_certs=str(config.ca_file) if config.ca_file else None)
         if config.username is not None:
@@ -148,8 +168,12 @@ class ModelNotifier:
                 self.counters["queued"] += 1
             except queue.Full:
                 self.counters["dropped"] += 1
-                log.warning("model notice for %s@%s to %s dropped: queue full (the gateway will poll)",
-                            metadata.name, metadata.version, gateway)
+                log.warning(
+                    "model notice for %s@%s to %s dropped: queue full (the gateway will poll)",
+                    metadata.name,
+                    metadata.version,
+                    gateway,
+                )
 
     # --- threads ---------------------------------------------------------------------------------
 

@@ -47,8 +47,13 @@ class ModelRegistry:
         return self.root / check_id("model", name) / check_id("version", version)
 
     def entries(self, name: str | None = None) -> list[dict[str, Any]]:
-        names = [name] if name else sorted(p.name for p in self.root.iterdir() if p.is_dir()) \
-            if self.root.exists() else []
+        names = (
+            [name]
+            if name
+            else sorted(p.name for p in self.root.iterdir() if p.is_dir())
+            if self.root.exists()
+            else []
+        )
         found = []
         for each in names:
             folder = self.root / each
@@ -75,9 +80,15 @@ class ModelRegistry:
             if existing is not None:
                 return (200 if existing["sha256"] == metadata.sha256 else 409), existing
             seq = 1 + max((e["seq"] for e in self.entries(metadata.name)), default=0)
-            entry = {"name": metadata.name, "version": metadata.version, "sha256": metadata.sha256,
-                     "size": metadata.size, "seq": seq, "uploaded_ts": time.time(),
-                     "lineage": metadata.notes.get("lineage")}  # what produced it; None if uploaded by hand
+            entry = {
+                "name": metadata.name,
+                "version": metadata.version,
+                "sha256": metadata.sha256,
+                "size": metadata.size,
+                "seq": seq,
+                "uploaded_ts": time.time(),
+                "lineage": metadata.notes.get("lineage"),
+            }  # what produced it; None if uploaded by hand
             await asyncio.to_thread(self._write, artifact, entry)
         for listener in self._listeners:
             listener(metadata)

@@ -34,12 +34,20 @@ from cloud.web import routes as web_routes
 
 log = logging.getLogger("cloudd")
 
-ROUTE_GROUPS: tuple[Callable[[web.Application], None], ...] = (health.setup, ingest.setup, status.setup,
-                                                               probe.setup, blobs.setup,
-                                                               # registry before jobs: jobs register versions
-                                                               registry.setup, jobs.setup, fleet.setup,
-                                                               openapi.setup, web_routes.setup,
-                                                               federated.setup)
+ROUTE_GROUPS: tuple[Callable[[web.Application], None], ...] = (
+    health.setup,
+    ingest.setup,
+    status.setup,
+    probe.setup,
+    blobs.setup,
+    # registry before jobs: jobs register versions
+    registry.setup,
+    jobs.setup,
+    fleet.setup,
+    openapi.setup,
+    web_routes.setup,
+    federated.setup,
+)
 
 
 async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
@@ -56,8 +64,9 @@ async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
         await writer.close()
 
 
-def build_app(config: CloudConfig, *, extra_routes: Sequence[Callable[[web.Application], None]] = ()
-              ) -> web.Application:
+def build_app(
+    config: CloudConfig, *, extra_routes: Sequence[Callable[[web.Application], None]] = ()
+) -> web.Application:
     """The cloudd application; ``extra_routes`` lets a caller add route groups (tests, features)."""
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[json_errors])
     app[CONFIG] = config
@@ -106,8 +115,11 @@ class CloudServer:
             await runner.cleanup()
 
 
-async def serve(config: CloudConfig, ready: Callable[[CloudServer], None] | None = None,
-                notify: NotifyConfig | None = None) -> None:
+async def serve(
+    config: CloudConfig,
+    ready: Callable[[CloudServer], None] | None = None,
+    notify: NotifyConfig | None = None,
+) -> None:
     """Run cloudd until SIGTERM or SIGINT, then shut down within a deadline. With ``notify``, each new
     model version is announced on MQTT (cloud/notify.py)."""
     server = CloudServer(config)
@@ -122,8 +134,12 @@ async def serve(config: CloudConfig, ready: Callable[[CloudServer], None] | None
         loop.add_signal_handler(sig, stop.set)
     try:
         await server.start()
-        log.info("cloudd listening on %s (data in %s, %d gateways)", server.url, config.data_dir,
-                 len(config.gateway_tokens))
+        log.info(
+            "cloudd listening on %s (data in %s, %d gateways)",
+            server.url,
+            config.data_dir,
+            len(config.gateway_tokens),
+        )
         if ready is not None:
             ready(server)
         await stop.wait()
@@ -146,8 +162,13 @@ def parse_args(argv: Sequence[str] | None = None) -> CloudConfig:
     parser.add_argument("--data-dir", required=True, type=Path, help="datasets and meta.sqlite live here")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", default=8700, type=int)
-    parser.add_argument("--token", action="append", default=[], metavar="GW=TOKEN",
-                        help="a gateway's upload token (repeatable)")
+    parser.add_argument(
+        "--token",
+        action="append",
+        default=[],
+        metavar="GW=TOKEN",
+        help="a gateway's upload token (repeatable)",
+    )
     parser.add_argument("--tokens-file", type=Path, help='TOML file: [gateways] gw1 = "token"')
     parser.add_argument("--operator-token", help="required by the operator API and dashboard when set")
     parser.add_argument("--shutdown-timeout", type=float, default=10.0)
@@ -162,10 +183,17 @@ def parse_args(argv: Sequence[str] | None = None) -> CloudConfig:
     tokens.update(parse_token_arg(arg) for arg in args.token)
     if args.operator_token == "":
         raise ConfigError("--operator-token must not be empty")
-    return CloudConfig(data_dir=args.data_dir, host=args.host, port=args.port, gateway_tokens=tokens,
-                       operator_token=args.operator_token, shutdown_timeout=args.shutdown_timeout,
-                       max_running_jobs=args.max_running_jobs, max_queued_jobs=args.max_queued_jobs,
-                       max_job_nproc=args.max_job_nproc)
+    return CloudConfig(
+        data_dir=args.data_dir,
+        host=args.host,
+        port=args.port,
+        gateway_tokens=tokens,
+        operator_token=args.operator_token,
+        shutdown_timeout=args.shutdown_timeout,
+        max_running_jobs=args.max_running_jobs,
+        max_queued_jobs=args.max_queued_jobs,
+        max_job_nproc=args.max_job_nproc,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -68,10 +68,12 @@ class EmbeddedBroker:
     async def __aenter__(self) -> str:
         from amqtt.broker import Broker
 
-        self._broker = Broker({
-            "listeners": {"default": {"type": "tcp", "bind": f"127.0.0.1:{self.port}"}},
-            "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
-        })
+        self._broker = Broker(
+            {
+                "listeners": {"default": {"type": "tcp", "bind": f"127.0.0.1:{self.port}"}},
+                "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
+            }
+        )
         await self._broker.start()
         return f"mqtt://127.0.0.1:{self.port}"
 
@@ -96,15 +98,27 @@ class Demo:
         bin_dir = Path(sys.executable).parent
         logs = self.data / "logs"
         logs.mkdir()
-        self._spawn("cloudd", [bin_dir / "cloudd", "--data-dir", self.data / "cloud",
-                               "--port", self.cloud_port, "--token", f"{GATEWAY}={self.token}"], logs)
+        self._spawn(
+            "cloudd",
+            [
+                bin_dir / "cloudd",
+                "--data-dir",
+                self.data / "cloud",
+                "--port",
+                self.cloud_port,
+                "--token",
+                f"{GATEWAY}={self.token}",
+            ],
+            logs,
+        )
         protocol = "3.1.1" if self.args.broker is None else "5"
         config = self.data / "gateway.toml"
         config.write_text(
             f'gateway_id = "{GATEWAY}"\ndata_dir = "gateway"\n'
             f'[mqtt]\nbroker = "{self.broker_url}"\nprotocol_version = "{protocol}"\n'
             f'[uplink]\ncloud_url = "http://127.0.0.1:{self.cloud_port}"\ntoken = "{self.token}"\n'
-            f'[http]\nlisten = "127.0.0.1:{self.gateway_port}"\n')
+            f'[http]\nlisten = "127.0.0.1:{self.gateway_port}"\n'
+        )
         self._spawn("gatewayd", [bin_dir / "gatewayd", "--config", config], logs)
 
     def _spawn(self, name: str, argv: list, logs: Path) -> None:
@@ -130,10 +144,17 @@ class Demo:
         try:
             await wait_http(f"http://127.0.0.1:{self.cloud_port}/healthz")
             await wait_http(f"http://127.0.0.1:{self.gateway_port}/status")
-            sensor_run = SensorRun(broker=self.broker_url, gateway=GATEWAY, count=self.args.count,
-                                   rate_hz=self.args.rate, duration_s=self.args.duration, seed=self.args.seed)
+            sensor_run = SensorRun(
+                broker=self.broker_url,
+                gateway=GATEWAY,
+                count=self.args.count,
+                rate_hz=self.args.rate,
+                duration_s=self.args.duration,
+                seed=self.args.seed,
+            )
             sensors = asyncio.get_running_loop().run_in_executor(
-                None, lambda: run_sensors(sensor_run, self.stop_sensors, self._on_progress))
+                None, lambda: run_sensors(sensor_run, self.stop_sensors, self._on_progress)
+            )
             async with aiohttp.ClientSession() as session:
                 print(f"{'time':>6} {'sent':>8} {'in log':>8} {'uploaded':>9} {'in cloud':>9}")
                 start = time.monotonic()
@@ -161,8 +182,11 @@ class Demo:
         cloud = await get_json(session, f"http://127.0.0.1:{self.cloud_port}/v1/status") or {}
         uplink = gateway.get("uplink", {})
         stored = cloud.get("totals", {}).get("records", 0)
-        print(f"{elapsed:6.0f} {self.sent.total:8d} {uplink.get('backlog', '?')!s:>8} "
-              f"{uplink.get('records_uploaded', '?')!s:>9} {stored:9d}", flush=True)
+        print(
+            f"{elapsed:6.0f} {self.sent.total:8d} {uplink.get('backlog', '?')!s:>8} "
+            f"{uplink.get('records_uploaded', '?')!s:>9} {stored:9d}",
+            flush=True,
+        )
         return stored
 
     def account(self) -> int:
@@ -176,8 +200,10 @@ class Demo:
         print("\n== summary ==")
         print(f"sent (acknowledged by the broker): {len(sent)}")
         print(f"stored in the cloud:                {sum(stored.values())} ({len(stored)} distinct)")
-        print(f"missing: {len(missing)}   duplicates: {duplicates}   "
-              f"stored but not recorded as sent: {len(extra)}")
+        print(
+            f"missing: {len(missing)}   duplicates: {duplicates}   "
+            f"stored but not recorded as sent: {len(extra)}"
+        )
         for device, seqs in sorted(self.sent.sent.items()):
             have = sum(1 for seq in seqs if (device, seq) in stored)
             print(f"  {device}: sent {len(seqs)}, stored {have}")

@@ -69,7 +69,7 @@ def make_handler(latest: LatestFrame) -> type[BaseHTTPRequestHandler]:
     class MjpegHandler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.0"
 
-        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        def do_GET(self) -> None:
             if self.path not in ("/", "/stream.mjpg"):
                 self.send_error(404)
                 return
@@ -84,33 +84,43 @@ def make_handler(latest: LatestFrame) -> type[BaseHTTPRequestHandler]:
                     if item is None:
                         continue
                     seen, jpeg = item
-                    self.wfile.write(f"--{BOUNDARY}\r\nContent-Type: image/jpeg\r\n"
-                                     f"Content-Length: {len(jpeg)}\r\nX-Frame-Index: {seen}\r\n\r\n".encode())
+                    self.wfile.write(
+                        f"--{BOUNDARY}\r\nContent-Type: image/jpeg\r\n"
+                        f"Content-Length: {len(jpeg)}\r\nX-Frame-Index: {seen}\r\n\r\n".encode()
+                    )
                     self.wfile.write(jpeg)
                     self.wfile.write(b"\r\n")
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client went away; that is its right
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: object) -> None:
             pass
 
     return MjpegHandler
 
 
-def produce(args: argparse.Namespace, latest: LatestFrame | None, truth: IO[str] | None,
-            stop: threading.Event) -> int:
+def produce(
+    args: argparse.Namespace, latest: LatestFrame | None, truth: IO[str] | None, stop: threading.Event
+) -> int:
     """Render frames in order; pace them in real time only when someone watches over HTTP."""
     import cv2
 
     from models.synthetic_scene import SceneSynth
 
     total = args.frames if args.frames > 0 else 10**9
-    synth = SceneSynth(seed=args.seed, width=args.width, height=args.height, fps=args.fps,
-                       n_frames=min(total, 10**6), noise_sigma=args.noise)
+    synth = SceneSynth(
+        seed=args.seed,
+        width=args.width,
+        height=args.height,
+        fps=args.fps,
+        n_frames=min(total, 10**6),
+        noise_sigma=args.noise,
+    )
     writer = None
     if args.out is not None:
-        writer = cv2.VideoWriter(str(args.out), cv2.VideoWriter_fourcc(*"MJPG"), args.fps,
-                                 (args.width, args.height))
+        writer = cv2.VideoWriter(
+            str(args.out), cv2.VideoWriter_fourcc(*"MJPG"), args.fps, (args.width, args.height)
+        )
         if not writer.isOpened():
             print(f"cannot open video writer for {args.out}", file=sys.stderr)
             return 1

@@ -59,8 +59,9 @@ class SentRecord:
 
 def _connect(url: str, client_id: str) -> mqtt.Client:
     parsed = urlparse(url)
-    client = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
-                         protocol=mqtt.MQTTv311)
+    client = mqtt.Client(
+        callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311
+    )
     client.max_inflight_messages_set(200)
     client.max_queued_messages_set(0)
     if parsed.scheme == "mqtts":
@@ -70,8 +71,11 @@ def _connect(url: str, client_id: str) -> mqtt.Client:
     return client
 
 
-def run_sensors(run: SensorRun, stop: threading.Event | None = None,
-                on_progress: Callable[[SentRecord], None] | None = None) -> SentRecord:
+def run_sensors(
+    run: SensorRun,
+    stop: threading.Event | None = None,
+    on_progress: Callable[[SentRecord], None] | None = None,
+) -> SentRecord:
     """Publish until the duration, the message count or ``stop``; return what the broker acked."""
     stop = stop or threading.Event()
     devices = [f"{run.prefix}-{i:03d}" for i in range(run.count)]
@@ -100,8 +104,16 @@ def run_sensors(run: SensorRun, stop: threading.Event | None = None,
                     continue
                 values, status = readings(state, sim_time)
                 seq = next_seq[device]
-                payload = json.dumps({"v": 1, "device": device, "seq": seq, "ts": round(sim_time, 3),
-                                      "readings": values, "status": status})
+                payload = json.dumps(
+                    {
+                        "v": 1,
+                        "device": device,
+                        "seq": seq,
+                        "ts": round(sim_time, 3),
+                        "readings": values,
+                        "status": status,
+                    }
+                )
                 info = client.publish(telemetry_topic(run.gateway, device), payload, qos=1)
                 in_flight.append((device, seq, info))
                 next_seq[device] = seq + 1
@@ -154,9 +166,18 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s devicesim %(levelname)s %(message)s")
     if args.count < 1 or args.rate <= 0:
         raise SystemExit("devicesim sensors: --count must be >= 1 and --rate > 0")
-    sensor_run = SensorRun(broker=args.broker, gateway=args.gateway, count=args.count, rate_hz=args.rate,
-                           duration_s=args.duration or None, messages=args.messages, seed=args.seed,
-                           prefix=args.prefix, dropout_probability=args.dropout, record=args.record)
+    sensor_run = SensorRun(
+        broker=args.broker,
+        gateway=args.gateway,
+        count=args.count,
+        rate_hz=args.rate,
+        duration_s=args.duration or None,
+        messages=args.messages,
+        seed=args.seed,
+        prefix=args.prefix,
+        dropout_probability=args.dropout,
+        record=args.record,
+    )
     try:
         record = run_sensors(sensor_run)
     except (OSError, ValueError) as exc:

@@ -28,8 +28,9 @@ class SensorState:
 
 def new_sensor(seed: int, index: int) -> SensorState:
     rng = random.Random(seed * 1_000_003 + index)
-    return SensorState(rng=rng, temp_offset=rng.uniform(-2, 2), humidity_offset=rng.uniform(-5, 5),
-                       soil=rng.uniform(25, 45))
+    return SensorState(
+        rng=rng, temp_offset=rng.uniform(-2, 2), humidity_offset=rng.uniform(-5, 5), soil=rng.uniform(25, 45)
+    )
 
 
 def readings(state: SensorState, sim_time: float) -> tuple[dict[str, float | None], str]:

@@ -38,8 +38,9 @@ def _json_arg(text: str) -> dict[str, Any]:
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
-    parser = argparse.ArgumentParser(prog="gatewayctl", description="operate an edgefed gateway over MQTT",
-                                     parents=[common])
+    parser = argparse.ArgumentParser(
+        prog="gatewayctl", description="operate an edgefed gateway over MQTT", parents=[common]
+    )
     parser.add_argument("--broker", required=True, help="mqtt://HOST:PORT or mqtts://HOST:PORT")
     parser.add_argument("--gateway", required=True, help="gateway id")
     parser.add_argument("--username")
@@ -78,8 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     placement.add_argument("service", nargs="?")
     placement.add_argument("task", nargs="?")
     placement.add_argument("where", nargs="?", choices=("edge", "cloud"))
-    sub.add_parser("log-level", parents=[common]).add_argument("level",
-                                                               choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    sub.add_parser("log-level", parents=[common]).add_argument(
+        "level", choices=("DEBUG", "INFO", "WARNING", "ERROR")
+    )
     logs = sub.add_parser("logs", parents=[common], help="recent warnings and errors")
     logs.add_argument("--limit", type=int, default=50)
     return parser
@@ -118,8 +120,11 @@ def plan_request(args: argparse.Namespace) -> tuple[str, dict[str, Any]] | None:
         if not (args.service and args.task) or (args.action == "pin" and not args.where):
             usage = "SERVICE TASK edge|cloud" if args.action == "pin" else "SERVICE TASK"
             raise CtlError(f"placement {args.action}: {usage}", EXIT_USAGE)
-        return "placement.pin", {"service": args.service, "task": args.task,
-                                 "where": args.where if args.action == "pin" else None}
+        return "placement.pin", {
+            "service": args.service,
+            "task": args.task,
+            "where": args.where if args.action == "pin" else None,
+        }
     if c == "log-level":
         return "log.level", {"level": args.level}
     if c == "logs":
@@ -147,8 +152,9 @@ def human(args: argparse.Namespace, response: ControlResponse) -> str:
     if args.command == "placement" and args.action is None:
         pins = data["config"]["pins"]
         rows = [{"task": k, "pinned": v} for k, v in sorted(pins.items())]
-        return (table(rows, ["task", "pinned"]) if rows else "no pins (the planner decides)") + \
-            f"\n(state {data['state']}: {data['detail']})"
+        return (
+            table(rows, ["task", "pinned"]) if rows else "no pins (the planner decides)"
+        ) + f"\n(state {data['state']}: {data['detail']})"
     if args.command == "config" and args.action == "get":
         head = f"{data['service']} (revision {data['revision']}, {data['state']}, applied: {data['applied']})"
         return head + "\n" + json.dumps(data["config"], indent=2, sort_keys=True)
@@ -156,8 +162,10 @@ def human(args: argparse.Namespace, response: ControlResponse) -> str:
         return f"no change (revision {response.revision})"
     out = [f"revision {response.revision}"]
     for view in data["services"].values():
-        out.append(f"  {view['service']}: {view['state']}, applied: {view['applied']}"
-                   + (f" ({view['detail']})" if view["detail"] else ""))
+        out.append(
+            f"  {view['service']}: {view['state']}, applied: {view['applied']}"
+            + (f" ({view['detail']})" if view["detail"] else "")
+        )
     return "\n".join(out)
 
 
@@ -165,17 +173,30 @@ async def run(args: argparse.Namespace) -> int:
     as_json = getattr(args, "json", False)
     password = args.password_file.read_text().strip() if args.password_file else None
     planned = plan_request(args)
-    async with ControlClient(args.broker, args.gateway, username=args.username, password=password,
-                             ca_file=args.ca_file, cert_file=args.cert_file, key_file=args.key_file,
-                             protocol_version=args.protocol, timeout_s=args.timeout) as client:
+    async with ControlClient(
+        args.broker,
+        args.gateway,
+        username=args.username,
+        password=password,
+        ca_file=args.ca_file,
+        cert_file=args.cert_file,
+        key_file=args.key_file,
+        protocol_version=args.protocol,
+        timeout_s=args.timeout,
+    ) as client:
         if planned is None:
             status = await client.read_status(wait_s=args.timeout)
             if status is None:
-                raise CtlError(f"gateway {args.gateway} offline or no status (nothing on "
-                               f"edgefed/{args.gateway}/status within {args.timeout:g}s)")
-            print(json.dumps(status) if as_json else
-                  f"gateway {status.get('gateway', args.gateway)}: {status.get('state', '?')} "
-                  f"(since {status.get('ts', '?')})")
+                raise CtlError(
+                    f"gateway {args.gateway} offline or no status (nothing on "
+                    f"edgefed/{args.gateway}/status within {args.timeout:g}s)"
+                )
+            print(
+                json.dumps(status)
+                if as_json
+                else f"gateway {status.get('gateway', args.gateway)}: {status.get('state', '?')} "
+                f"(since {status.get('ts', '?')})"
+            )
             return EXIT_OK
         response = await client.request(*planned)
     if as_json:
@@ -185,8 +206,9 @@ async def run(args: argparse.Namespace) -> int:
     if response.status == "error":
         assert response.error is not None
         where = f" {response.error.field}:" if response.error.field else ""
-        print(f"gatewayctl: refused ({response.error.reason}):{where} {response.error.detail}",
-              file=sys.stderr)
+        print(
+            f"gatewayctl: refused ({response.error.reason}):{where} {response.error.detail}", file=sys.stderr
+        )
         return EXIT_REFUSED
     return EXIT_OK
 

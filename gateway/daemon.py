@@ -27,8 +27,9 @@ log = logging.getLogger(__name__)
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG = 0, 1, 2
 
 
-async def run_daemon(config: GatewayConfig, config_path: Path | None = None,
-                     recent: RecentErrors | None = None) -> int:
+async def run_daemon(
+    config: GatewayConfig, config_path: Path | None = None, recent: RecentErrors | None = None
+) -> int:
     notifier = SystemdNotifier()
     runner = GatewayRunner(config, config_path, recent)
     try:
@@ -71,8 +72,11 @@ async def run_daemon(config: GatewayConfig, config_path: Path | None = None,
 
 def setup_logging(gateway_id: str, level: str) -> RecentErrors:
     """stderr lines that name the gateway, and the ring of recent warnings/errors (``gatewayctl logs``)."""
-    logging.basicConfig(stream=sys.stderr, level=level,
-                        format=f"%(asctime)s %(levelname)s gw={gateway_id} %(name)s: %(message)s")
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=level,
+        format=f"%(asctime)s %(levelname)s gw={gateway_id} %(name)s: %(message)s",
+    )
     recent = RecentErrors()
     logging.getLogger().addHandler(recent)
     return recent

@@ -33,8 +33,9 @@ class DataDirLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise StartupError(f"data dir {self.path.parent} is in use by another gatewayd "
-                               f"(lock {self.path} is held)") from None
+            raise StartupError(
+                f"data dir {self.path.parent} is in use by another gatewayd (lock {self.path} is held)"
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
@@ -48,5 +49,9 @@ class DataDirLock:
 
 def open_record_log(config: GatewayConfig) -> RecordLog:
     """The one place the daemon's durable log is built."""
-    return EpochLog(config.data_dir / "log", segment_bytes=config.log.segment_bytes,
-                    max_bytes=config.log.max_bytes, full_policy=config.log.full_policy)
+    return EpochLog(
+        config.data_dir / "log",
+        segment_bytes=config.log.segment_bytes,
+        max_bytes=config.log.max_bytes,
+        full_policy=config.log.full_policy,
+    )

@@ -26,24 +26,37 @@ log = logging.getLogger(__name__)
 
 
 def heartbeat_link(estimate: LinkEstimate) -> HeartbeatLink:
-    return HeartbeatLink(up=estimate.state != "down",
-                         rtt_ms=None if estimate.rtt_s is None else estimate.rtt_s * 1000,
-                         bandwidth_bps=estimate.goodput_Bps * 8 if estimate.goodput_measured else None,
-                         availability=estimate.up_fraction)
+    return HeartbeatLink(
+        up=estimate.state != "down",
+        rtt_ms=None if estimate.rtt_s is None else estimate.rtt_s * 1000,
+        bandwidth_bps=estimate.goodput_Bps * 8 if estimate.goodput_measured else None,
+        availability=estimate.up_fraction,
+    )
 
 
 def heartbeat_placement(plan: Plan | None) -> list[PlacementDecision]:
     if plan is None:
         return []
     reason = "; ".join(plan.reasons)[:200]
-    return [PlacementDecision(service=s.name, task=task, where="gateway" if side == "edge" else "cloud",
-                              reason=reason)
-            for s in plan.services for task, side in s.placement]
+    return [
+        PlacementDecision(
+            service=s.name, task=task, where="gateway" if side == "edge" else "cloud", reason=reason
+        )
+        for s in plan.services
+        for task, side in s.placement
+    ]
 
 
 class HeartbeatSender:
-    def __init__(self, gateway_id: str, cloud_url: str, token: str | None, interval_s: float,
-                 describe: Callable[[], dict[str, Any]], timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        gateway_id: str,
+        cloud_url: str,
+        token: str | None,
+        interval_s: float,
+        describe: Callable[[], dict[str, Any]],
+        timeout_s: float = 5.0,
+    ) -> None:
         """``describe()`` returns the heartbeat's changing fields: backlog_records, backlog_bytes,
         link, placement (see protocol/fleet.py)."""
         self._url = f"{cloud_url.rstrip('/')}/v1/gateways/{gateway_id}/heartbeat"
@@ -63,8 +76,9 @@ class HeartbeatSender:
         self._task = None
 
     def body(self) -> bytes:
-        beat = GatewayHeartbeat(gateway=self.gateway_id, sent_ts=time.time(), interval_s=self.interval_s,
-                                **self._describe())
+        beat = GatewayHeartbeat(
+            gateway=self.gateway_id, sent_ts=time.time(), interval_s=self.interval_s, **self._describe()
+        )
         return beat.model_dump_json().encode()
 
     async def _run(self) -> None:

@@ -39,12 +39,14 @@ class StatsCollector:
         self._sources: list[_Source] = []
         self._labeled: list[_Labeled] = []
 
-    def add(self, subsystem: str, stats: Callable[[], dict[str, float]],
-            gauges: set[str] | None = None) -> None:
+    def add(
+        self, subsystem: str, stats: Callable[[], dict[str, float]], gauges: set[str] | None = None
+    ) -> None:
         self._sources.append(_Source(subsystem, stats, frozenset(gauges or ())))
 
-    def add_labeled_counter(self, name: str, help_text: str, label: str,
-                            values: Callable[[], dict[str, float]]) -> None:
+    def add_labeled_counter(
+        self, name: str, help_text: str, label: str, values: Callable[[], dict[str, float]]
+    ) -> None:
         self._labeled.append(_Labeled(name, help_text, label, values))
 
     def collect(self) -> Iterator[Metric]:

@@ -12,8 +12,9 @@ from collections.abc import Callable
 
 
 class RateLimitedLog:
-    def __init__(self, logger: logging.Logger, interval_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, logger: logging.Logger, interval_s: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._logger = logger
         self._interval_s = interval_s
         self._clock = clock

@@ -68,8 +68,9 @@ TRAINING_LIVE_FIELDS = {"enabled": False, "private": True}  # [training] fields 
 
 
 class GatewayRunner:
-    def __init__(self, config: GatewayConfig, config_path: Path | None = None,
-                 recent: RecentErrors | None = None) -> None:
+    def __init__(
+        self, config: GatewayConfig, config_path: Path | None = None, recent: RecentErrors | None = None
+    ) -> None:
         self.config = config
         gw = config.gateway_id
         self.started_at = time.monotonic()
@@ -87,25 +88,47 @@ class GatewayRunner:
         # The link monitor hears the uplink's real uploads and the prober's probes; the uplink retries
         # as soon as it says the link is back (docs/placement.md).
         self.link_monitor = make_monitor(config.placement)
-        self.uplink = Uplink(self.log, gw, config.uplink, monitor=self.link_monitor,
-                             link_down=lambda: self.link_monitor.snapshot().state == "down")
+        self.uplink = Uplink(
+            self.log,
+            gw,
+            config.uplink,
+            monitor=self.link_monitor,
+            link_down=lambda: self.link_monitor.snapshot().state == "down",
+        )
         self.link_monitor.add_listener(lambda up: self.uplink.link_up() if up else None)
-        self.placement = (PlacementRunner(config.placement, config.uplink.cloud_url, self.link_monitor,
-                                           on_plan=self._on_plan) if config.placement.enabled else None)
+        self.placement = (
+            PlacementRunner(
+                config.placement, config.uplink.cloud_url, self.link_monitor, on_plan=self._on_plan
+            )
+            if config.placement.enabled
+            else None
+        )
         try:
             self.token = read_token(config.uplink.token, config.uplink.token_file)
         except OSError as exc:
             raise StartupError(f"uplink.token_file: cannot read: {exc.strerror}") from None
-        self.heartbeat = HeartbeatSender(gw, config.uplink.cloud_url, self.token,
-                                         config.uplink.heartbeat_interval_s, self._heartbeat_fields)
+        self.heartbeat = HeartbeatSender(
+            gw,
+            config.uplink.cloud_url,
+            self.token,
+            config.uplink.heartbeat_interval_s,
+            self._heartbeat_fields,
+        )
         self.fatal: asyncio.Future[BaseException] | None = None
-        self.ingest = SensorIngest(self.mqtt, self.log, gw, config.devices.allow,
-                                   config.log.flush_interval_ms, on_durable=self.uplink.wake,
-                                   on_fatal=self._on_fatal)
+        self.ingest = SensorIngest(
+            self.mqtt,
+            self.log,
+            gw,
+            config.devices.allow,
+            config.log.flush_interval_ms,
+            on_durable=self.uplink.wake,
+            on_fatal=self._on_fatal,
+        )
         self.recent = recent or RecentErrors()
         self.handlers = HandlerSet()
-        self.handlers.connect("sensor", SensorHandler(lambda allow: self.ingest.set_allow(allow),
-                                                      self.mqtt.hold))
+        self.handlers.connect(
+            "sensor", SensorHandler(lambda allow: self.ingest.set_allow(allow), self.mqtt.hold)
+        )
         self.handlers.connect("gateway", GatewayHandler())
         self.handlers.connect("placement", PlacementHandler(self.set_placement_pins))
         self.camera = self._make_camera(control_settings) if config.camera is not None else None
@@ -119,24 +142,47 @@ class GatewayRunner:
         except ControlError as exc:
             raise StartupError(f"invalid config: {exc.detail}") from None
         store = ControlStore(config.data_dir / "control")
-        self.control = ControlPlane(gw, MqttAdapter(control_settings), store, base, self.handlers,
-                                    task_catalog(), self.recent, self.status)
+        self.control = ControlPlane(
+            gw,
+            MqttAdapter(control_settings),
+            store,
+            base,
+            self.handlers,
+            task_catalog(),
+            self.recent,
+            self.status,
+        )
         self.reloads = {"ok": 0, "failed": 0}
         self.last_reload: dict[str, Any] | None = None
         collector = StatsCollector(gw)
         collector.add("mqtt", self.mqtt.stats, gauges={"connected", "inbound_queued", "reading_paused"})
-        collector.add("log", self.log.stats, gauges={"durable_lsn", "trimmed_lsn", "next_lsn", "bytes_used",
-                                                     "max_bytes", "buffered_bytes", "segments"})
+        collector.add(
+            "log",
+            self.log.stats,
+            gauges={
+                "durable_lsn",
+                "trimmed_lsn",
+                "next_lsn",
+                "bytes_used",
+                "max_bytes",
+                "buffered_bytes",
+                "segments",
+            },
+        )
         collector.add("ingest", self.ingest.stats, gauges={"awaiting_ack"})
-        collector.add_labeled_counter("ingest_rejected", "device messages rejected, by reason", "reason",
-                                      lambda: self.ingest.rejected)
-        collector.add("uplink", lambda: {**self.uplink.counters, "backlog": self.uplink.backlog},
-                      gauges={"backlog"})
-        collector.add_labeled_counter("uplink_failures", "failed uploads, by kind", "kind",
-                                      lambda: self.uplink.failures)
+        collector.add_labeled_counter(
+            "ingest_rejected", "device messages rejected, by reason", "reason", lambda: self.ingest.rejected
+        )
+        collector.add(
+            "uplink", lambda: {**self.uplink.counters, "backlog": self.uplink.backlog}, gauges={"backlog"}
+        )
+        collector.add_labeled_counter(
+            "uplink_failures", "failed uploads, by kind", "kind", lambda: self.uplink.failures
+        )
         collector.add("control", self.control.stats, gauges={"revision"})
-        collector.add_labeled_counter("control_refused", "control requests refused, by reason", "reason",
-                                      lambda: self.control.refused)
+        collector.add_labeled_counter(
+            "control_refused", "control requests refused, by reason", "reason", lambda: self.control.refused
+        )
         collector.add("reload", lambda: dict(self.reloads))
         collector.add("heartbeat", lambda: dict(self.heartbeat.counters))
         if self.camera is not None:
@@ -159,31 +205,50 @@ class GatewayRunner:
         config, camera = self.config, self.config.camera
         assert camera is not None
         # its own connection: retained model notices in, QoS 0 events out, never in the telemetry path
-        settings = dataclasses.replace(control_settings, client_id=control_settings.client_id.replace(
-            "-control", "-camera"), inbound_bound=100)
-        return CameraRunner(camera, gateway_id=config.gateway_id, record_log=self.log,
-                             mqtt_settings=settings,
-                             cloud_url=config.uplink.cloud_url, token=self.token,
-                             store_dir=config.data_dir / "models",
-                             blob_spool=self.uplink.blobs.spool if self.uplink.blobs is not None else None,
-                             on_durable=self.uplink.wake,
-                             flush_interval_s=config.log.flush_interval_ms / 1000, on_fatal=self._on_fatal)
+        settings = dataclasses.replace(
+            control_settings,
+            client_id=control_settings.client_id.replace("-control", "-camera"),
+            inbound_bound=100,
+        )
+        return CameraRunner(
+            camera,
+            gateway_id=config.gateway_id,
+            record_log=self.log,
+            mqtt_settings=settings,
+            cloud_url=config.uplink.cloud_url,
+            token=self.token,
+            store_dir=config.data_dir / "models",
+            blob_spool=self.uplink.blobs.spool if self.uplink.blobs is not None else None,
+            on_durable=self.uplink.wake,
+            flush_interval_s=config.log.flush_interval_ms / 1000,
+            on_fatal=self._on_fatal,
+        )
 
     def _make_training(self) -> Any:
         """The training runner: cheap until enabled; torch loads only when a local round is to run."""
         from gateway.federated.runner import TrainingRunner
 
         config = self.config
-        return TrainingRunner(config.training, gateway_id=config.gateway_id, data_dir=config.data_dir,
-                               cloud_url=config.uplink.cloud_url, token=self.token, uplink_log=self.log,
-                               link_view=lambda: self.link_monitor.snapshot().view(),
-                               wake_uplink=self.uplink.wake,
-                               report=lambda applied: self.handlers.report("training", applied))
+        return TrainingRunner(
+            config.training,
+            gateway_id=config.gateway_id,
+            data_dir=config.data_dir,
+            cloud_url=config.uplink.cloud_url,
+            token=self.token,
+            uplink_log=self.log,
+            link_view=lambda: self.link_monitor.snapshot().view(),
+            wake_uplink=self.uplink.wake,
+            report=lambda applied: self.handlers.report("training", applied),
+        )
 
     def _heartbeat_fields(self) -> dict[str, Any]:
         plan = self.placement.planner.current if self.placement is not None else None
-        return {"backlog_records": self.uplink.backlog, "backlog_bytes": self.log.stats()["bytes_used"],
-                "link": heartbeat_link(self.link_monitor.snapshot()), "placement": heartbeat_placement(plan)}
+        return {
+            "backlog_records": self.uplink.backlog,
+            "backlog_bytes": self.log.stats()["bytes_used"],
+            "link": heartbeat_link(self.link_monitor.snapshot()),
+            "placement": heartbeat_placement(plan),
+        }
 
     def _offline_now(self) -> Will:
         gw = self.config.gateway_id
@@ -199,8 +264,13 @@ class GatewayRunner:
         self._started.append("lock")
         await self.log.open()
         self._started.append("log")
-        log.info("log %s opened: log_id %s, durable lsn %d, trimmed lsn %d", self.log.directory,
-                 self.log.log_id, self.log.durable_lsn, self.log.trimmed_lsn)
+        log.info(
+            "log %s opened: log_id %s, durable lsn %d, trimmed lsn %d",
+            self.log.directory,
+            self.log.log_id,
+            self.log.durable_lsn,
+            self.log.trimmed_lsn,
+        )
         if self.camera is not None:
             self._started.append("camera")  # started (or not) by the camera handler inside open()
         self._started.append("training")  # started (or not) by the training handler inside open()
@@ -210,14 +280,24 @@ class GatewayRunner:
         except OSError as exc:
             raise StartupError(f"http.listen {self.config.http.listen}: {exc.strerror}") from None
         self._started.append("http")
-        services = (("uplink", self.uplink), ("heartbeat", self.heartbeat), ("mqtt", self.mqtt),
-                    ("placement", self.placement), ("ingest", self.ingest), ("control", self.control))
+        services = (
+            ("uplink", self.uplink),
+            ("heartbeat", self.heartbeat),
+            ("mqtt", self.mqtt),
+            ("placement", self.placement),
+            ("ingest", self.ingest),
+            ("control", self.control),
+        )
         for name, service in services:
             if service is not None:  # placement is optional
                 await service.start()
                 self._started.append(name)
-        log.info("gatewayd started: broker %s, cloud %s, http %s", self.config.mqtt.broker,
-                 self.config.uplink.cloud_url, self.config.http.listen)
+        log.info(
+            "gatewayd started: broker %s, cloud %s, http %s",
+            self.config.mqtt.broker,
+            self.config.uplink.cloud_url,
+            self.config.http.listen,
+        )
 
     async def stop(self, deadline_s: float = STOP_DEADLINE_S) -> bool:
         """Stop in reverse order of start; True if everything stopped cleanly within the deadline."""
@@ -226,8 +306,9 @@ class GatewayRunner:
         steps = {
             "control": lambda: self.control.stop(timeout_s=max(0.1, min(2.0, (end - loop.time()) / 4))),
             "ingest": lambda: self.ingest.stop(timeout_s=max(0.1, (end - loop.time()) * 0.6)),
-            "mqtt": lambda: self.mqtt.stop(final=self._offline_now(),
-                                           timeout_s=max(0.1, (end - loop.time()) / 3)),
+            "mqtt": lambda: self.mqtt.stop(
+                final=self._offline_now(), timeout_s=max(0.1, (end - loop.time()) / 3)
+            ),
             "uplink": self.uplink.stop,
             "heartbeat": self.heartbeat.stop,
             "placement": lambda: self.placement.stop() if self.placement else asyncio.sleep(0),
@@ -280,13 +361,19 @@ class GatewayRunner:
         if new.training.model_copy(update=live) != self.config.training.model_copy(update=live):
             later.append("training (other than enabled, private)")
         if later:
-            log.warning("reload: %s changed in %s; that takes effect at the next restart",
-                        ", ".join(later), path)
-        self.config = self.config.model_copy(update={"devices": new.devices, "log_level": new.log_level,
-                                                     "placement": new.placement})
+            log.warning(
+                "reload: %s changed in %s; that takes effect at the next restart", ", ".join(later), path
+            )
+        self.config = self.config.model_copy(
+            update={"devices": new.devices, "log_level": new.log_level, "placement": new.placement}
+        )
         self.reloads["ok"] += 1
-        self.last_reload = {"ok": True, "ts": round(time.time(), 3), "changed": changed,
-                            "restart_needed_for": later}
+        self.last_reload = {
+            "ok": True,
+            "ts": round(time.time(), 3),
+            "changed": changed,
+            "restart_needed_for": later,
+        }
         log.info("reload: %s applied (services changed: %s)", path, ", ".join(changed) or "none")
         return True
 
@@ -298,8 +385,9 @@ class GatewayRunner:
             return  # /status has it; the next plan is published once connected
         payload = json.dumps(self.placement.status()).encode()
         try:
-            await self.mqtt.publish(placement_topic(self.config.gateway_id), payload, qos=1, retain=True,
-                                    wait=False)
+            await self.mqtt.publish(
+                placement_topic(self.config.gateway_id), payload, qos=1, retain=True, wait=False
+            )
         except Exception as exc:  # not connected after all: the plan is still in /status
             log.warning("placement: could not publish plan v%d: %s", plan.version, exc)
 
@@ -330,12 +418,20 @@ class GatewayRunner:
             "uptime_s": round(time.monotonic() - self.started_at, 3),
             "mqtt": {"broker": self.config.mqtt.broker, **self.mqtt.stats()},
             "log": {"log_id": self.log.log_id, **self.log.stats()},
-            "ingest": {**self.ingest.stats(), "rejected": sum(self.ingest.rejected.values()),
-                       "rejected_by_reason": dict(self.ingest.rejected)},
-            "uplink": {"state": self.uplink.state, "backlog": self.uplink.backlog,
-                       "last_error": self.uplink.last_error, "last_success_ts": self.uplink.last_success_ts,
-                       **self.uplink.counters, "failures": dict(self.uplink.failures),
-                       "drain": self.uplink.drain_status()},
+            "ingest": {
+                **self.ingest.stats(),
+                "rejected": sum(self.ingest.rejected.values()),
+                "rejected_by_reason": dict(self.ingest.rejected),
+            },
+            "uplink": {
+                "state": self.uplink.state,
+                "backlog": self.uplink.backlog,
+                "last_error": self.uplink.last_error,
+                "last_success_ts": self.uplink.last_success_ts,
+                **self.uplink.counters,
+                "failures": dict(self.uplink.failures),
+                "drain": self.uplink.drain_status(),
+            },
             "placement": self.placement.status() if self.placement is not None else None,
             "heartbeat": dict(self.heartbeat.counters),
             "control": self.control.status(),

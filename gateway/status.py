@@ -24,8 +24,9 @@ def parse_listen(listen: str) -> tuple[str, int]:
 
 
 class StatusServer:
-    def __init__(self, listen: str, status: Callable[[], dict[str, Any]],
-                 registry: CollectorRegistry) -> None:
+    def __init__(
+        self, listen: str, status: Callable[[], dict[str, Any]], registry: CollectorRegistry
+    ) -> None:
         self._host, self._port = parse_listen(listen)
         self._status = status
         self._registry = registry
@@ -46,8 +47,9 @@ class StatusServer:
             self._runner = None
 
     async def _get_status(self, request: web.Request) -> web.Response:
-        return web.Response(text=json.dumps(self._status(), indent=1, sort_keys=True),
-                            content_type="application/json")
+        return web.Response(
+            text=json.dumps(self._status(), indent=1, sort_keys=True), content_type="application/json"
+        )
 
     async def _get_metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self._registry)

@@ -69,8 +69,15 @@ def sensor_windows(seed: int, n: int, anomaly_fraction: float = 0.0) -> WindowDa
 
 def anomaly_autoencoder(hidden: int = 24, code: int = 6) -> nn.Sequential:
     size = WINDOW * CHANNELS
-    return nn.Sequential(nn.Linear(size, hidden), nn.ReLU(), nn.Linear(hidden, code), nn.ReLU(),
-                         nn.Linear(code, hidden), nn.ReLU(), nn.Linear(hidden, size))
+    return nn.Sequential(
+        nn.Linear(size, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, code),
+        nn.ReLU(),
+        nn.Linear(code, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, size),
+    )
 
 
 def reconstruction_error(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -79,8 +86,15 @@ def reconstruction_error(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return ((model(x) - x) ** 2).mean(dim=1)
 
 
-def train_single_process(model: nn.Module, data: WindowData, *, epochs: int = 30, batch_size: int = 64,
-                         lr: float = 3e-3, seed: int = 0) -> list[float]:
+def train_single_process(
+    model: nn.Module,
+    data: WindowData,
+    *,
+    epochs: int = 30,
+    batch_size: int = 64,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> list[float]:
     """Adam on reconstruction MSE over normal windows only; mean loss per epoch."""
     x = data.x[~data.anomalous]
     generator = torch.Generator().manual_seed(seed)
@@ -91,7 +105,7 @@ def train_single_process(model: nn.Module, data: WindowData, *, epochs: int = 30
         order = torch.randperm(len(x), generator=generator)
         total, batches = 0.0, 0
         for start in range(0, len(order), batch_size):
-            batch = x[order[start:start + batch_size]]
+            batch = x[order[start : start + batch_size]]
             optimizer.zero_grad()
             loss = ((model(batch) - batch) ** 2).mean()
             loss.backward()
@@ -123,12 +137,21 @@ def main(argv: list[str] | None = None) -> int:
     flagged = reconstruction_error(model, test.x) > threshold
     recall = float(flagged[test.anomalous].float().mean())
     false_alarms = float(flagged[~test.anomalous].float().mean())
-    print(f"final loss {losses[-1]:.5f}  threshold {threshold:.5f}  recall {recall:.3f}  "
-          f"false alarms {false_alarms:.3f}")
-    artifact = export_artifact(model, train.x[:1], name="anomaly", version=args.version,
-                               input_spec=INPUT_SPEC, postprocess="reconstruction_error",
-                               labels=["normal", "anomaly"], threshold=threshold,
-                               notes={"recall": recall, "false_alarm_rate": false_alarms})
+    print(
+        f"final loss {losses[-1]:.5f}  threshold {threshold:.5f}  recall {recall:.3f}  "
+        f"false alarms {false_alarms:.3f}"
+    )
+    artifact = export_artifact(
+        model,
+        train.x[:1],
+        name="anomaly",
+        version=args.version,
+        input_spec=INPUT_SPEC,
+        postprocess="reconstruction_error",
+        labels=["normal", "anomaly"],
+        threshold=threshold,
+        notes={"recall": recall, "false_alarm_rate": false_alarms},
+    )
     save_artifact(args.out, artifact)
     print(f"wrote {args.out} ({artifact.metadata.size} bytes)")
     return 0

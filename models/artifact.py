@@ -67,8 +67,9 @@ def build_metadata(onnx_bytes: bytes, **fields: Any) -> ModelMetadata:
     """Metadata for ``onnx_bytes``: hash and size computed here, the rest from ``fields``."""
     fields.setdefault("created_ts", time.time())
     try:
-        return ModelMetadata.model_validate({**fields, "sha256": sha256_hex(onnx_bytes),
-                                             "size": len(onnx_bytes)})
+        return ModelMetadata.model_validate(
+            {**fields, "sha256": sha256_hex(onnx_bytes), "size": len(onnx_bytes)}
+        )
     except Exception as exc:  # pydantic ValidationError -> our boundary error
         raise ArtifactError("invalid_metadata", str(exc)) from None
 
@@ -85,8 +86,10 @@ def save_artifact(folder: Path, artifact: ModelArtifact) -> Path:
     """Write both files, ONNX first and metadata last (renamed into place): a folder with a
     metadata.json always has the ONNX file that metadata describes."""
     folder.mkdir(parents=True, exist_ok=True)
-    for file_name, data in ((ONNX_FILE, artifact.onnx_bytes),
-                            (METADATA_FILE, artifact.metadata.model_dump_json(indent=1).encode())):
+    for file_name, data in (
+        (ONNX_FILE, artifact.onnx_bytes),
+        (METADATA_FILE, artifact.metadata.model_dump_json(indent=1).encode()),
+    ):
         atomic_write(folder / file_name, data)
     return folder
 
@@ -119,5 +122,6 @@ def preprocess_images(images_bgr: list, spec: Any) -> Any:
         batch[row] = small[:, :, ::-1].transpose(2, 0, 1) * (1.0 / 255.0)
     if spec.mean is not None and spec.std is not None:
         batch = (batch - np.asarray(spec.mean, np.float32)[:, None, None]) / np.asarray(spec.std, np.float32)[
-            :, None, None]
+            :, None, None
+        ]
     return batch

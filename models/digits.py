@@ -91,8 +91,15 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return float((predicted == y).float().mean())
 
 
-def train_single_process(model: nn.Module, split: DigitsSplit, *, epochs: int = 10, batch_size: int = 32,
-                         lr: float = 0.05, seed: int = 0) -> list[float]:
+def train_single_process(
+    model: nn.Module,
+    split: DigitsSplit,
+    *,
+    epochs: int = 10,
+    batch_size: int = 32,
+    lr: float = 0.05,
+    seed: int = 0,
+) -> list[float]:
     """Plain SGD with momentum; returns the mean training loss per epoch. The reference trainer."""
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
@@ -102,7 +109,7 @@ def train_single_process(model: nn.Module, split: DigitsSplit, *, epochs: int = 
         order = torch.randperm(len(split.train_y), generator=generator)
         total, batches = 0.0, 0
         for start in range(0, len(order), batch_size):
-            index = order[start:start + batch_size]
+            index = order[start : start + batch_size]
             optimizer.zero_grad()
             loss = loss_fn(model(split.train_x[index]), split.train_y[index])
             loss.backward()

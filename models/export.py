@@ -23,20 +23,29 @@ OPSET = 17
 TOLERANCE = 1e-4
 
 
-def export_onnx(model: nn.Module, example: torch.Tensor, *, input_name: str = "input",
-                output_name: str = "output") -> bytes:
+def export_onnx(
+    model: nn.Module, example: torch.Tensor, *, input_name: str = "input", output_name: str = "output"
+) -> bytes:
     model.eval()
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # legacy exporter chosen on purpose
-        torch.onnx.export(model, (example,), buffer, input_names=[input_name], output_names=[output_name],
-                          dynamic_axes={input_name: {0: "batch"}, output_name: {0: "batch"}},
-                          opset_version=OPSET, dynamo=False)
+        torch.onnx.export(
+            model,
+            (example,),
+            buffer,
+            input_names=[input_name],
+            output_names=[output_name],
+            dynamic_axes={input_name: {0: "batch"}, output_name: {0: "batch"}},
+            opset_version=OPSET,
+            dynamo=False,
+        )
     return buffer.getvalue()
 
 
-def max_abs_diff(onnx_bytes: bytes, model: nn.Module, inputs: torch.Tensor, *,
-                 input_name: str = "input") -> float:
+def max_abs_diff(
+    onnx_bytes: bytes, model: nn.Module, inputs: torch.Tensor, *, input_name: str = "input"
+) -> float:
     """Largest |onnxruntime - torch| over ``inputs`` (one run per batch, batch sizes as given)."""
     import onnxruntime as ort
 
@@ -48,10 +57,20 @@ def max_abs_diff(onnx_bytes: bytes, model: nn.Module, inputs: torch.Tensor, *,
     return float(np.abs(got - expected).max())
 
 
-def export_artifact(model: nn.Module, example: torch.Tensor, *, name: str, version: str,
-                    input_spec: dict[str, Any], postprocess: str, labels: list[str] | None = None,
-                    threshold: float | None = None, notes: dict[str, Any] | None = None,
-                    tolerance: float = TOLERANCE, seed: int = 0) -> ModelArtifact:
+def export_artifact(
+    model: nn.Module,
+    example: torch.Tensor,
+    *,
+    name: str,
+    version: str,
+    input_spec: dict[str, Any],
+    postprocess: str,
+    labels: list[str] | None = None,
+    threshold: float | None = None,
+    notes: dict[str, Any] | None = None,
+    tolerance: float = TOLERANCE,
+    seed: int = 0,
+) -> ModelArtifact:
     """Export, check at batch sizes 1, 3 and 8 (random inputs shaped like ``example``), wrap."""
     input_name = input_spec.get("name", "input")
     onnx_bytes = export_onnx(model, example[:1], input_name=input_name)
@@ -62,7 +81,15 @@ def export_artifact(model: nn.Module, example: torch.Tensor, *, name: str, versi
         worst = max(worst, max_abs_diff(onnx_bytes, model, inputs, input_name=input_name))
     if worst > tolerance:
         raise ArtifactError("export_mismatch", f"onnxruntime differs from torch by {worst:.3g} > {tolerance}")
-    metadata = build_metadata(onnx_bytes, name=name, version=version, input=input_spec, output_name="output",
-                              postprocess=postprocess, labels=labels or [], threshold=threshold,
-                              notes={**(notes or {}), "export_max_abs_diff": worst, "opset": OPSET})
+    metadata = build_metadata(
+        onnx_bytes,
+        name=name,
+        version=version,
+        input=input_spec,
+        output_name="output",
+        postprocess=postprocess,
+        labels=labels or [],
+        threshold=threshold,
+        notes={**(notes or {}), "export_max_abs_diff": worst, "opset": OPSET},
+    )
     return ModelArtifact(metadata, onnx_bytes)

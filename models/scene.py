@@ -23,8 +23,12 @@ from models.synthetic_scene import LABELS, background, random_training_frame
 from protocol.events import InputSpec
 
 INPUT_SIZE = 48
-INPUT_SPEC = {"name": "input", "shape": [None, 3, INPUT_SIZE, INPUT_SIZE], "dtype": "float32",
-              "preprocess": "image_rgb01"}
+INPUT_SPEC = {
+    "name": "input",
+    "shape": [None, 3, INPUT_SIZE, INPUT_SIZE],
+    "dtype": "float32",
+    "preprocess": "image_rgb01",
+}
 
 
 @dataclass(frozen=True)
@@ -48,11 +52,18 @@ def scene_dataset(seed: int, n: int, width: int = 320, height: int = 240) -> Sce
 def scene_cnn(width: int = 8) -> nn.Sequential:
     """Flat ``nn.Sequential`` so the pipeline trainer can cut it between any two layers."""
     return nn.Sequential(
-        nn.Conv2d(3, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),            # 24
-        nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),    # 12
-        nn.Conv2d(2 * width, 4 * width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # 6
+        nn.Conv2d(3, width, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),  # 24
+        nn.Conv2d(width, 2 * width, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),  # 12
+        nn.Conv2d(2 * width, 4 * width, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),  # 6
         nn.Flatten(),
-        nn.Linear(4 * width * 6 * 6, 32), nn.ReLU(),
+        nn.Linear(4 * width * 6 * 6, 32),
+        nn.ReLU(),
         nn.Linear(32, len(LABELS)),
     )
 
@@ -65,8 +76,15 @@ def accuracy(model: nn.Module, data: SceneData) -> float:
     return float((predicted == data.y).float().mean())
 
 
-def train_single_process(model: nn.Module, data: SceneData, *, epochs: int = 8, batch_size: int = 32,
-                         lr: float = 2e-3, seed: int = 0) -> list[float]:
+def train_single_process(
+    model: nn.Module,
+    data: SceneData,
+    *,
+    epochs: int = 8,
+    batch_size: int = 32,
+    lr: float = 2e-3,
+    seed: int = 0,
+) -> list[float]:
     """Adam over shuffled minibatches; returns mean training loss per epoch. The reference trainer."""
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
@@ -77,7 +95,7 @@ def train_single_process(model: nn.Module, data: SceneData, *, epochs: int = 8, 
         order = torch.randperm(len(data.y), generator=generator)
         total, batches = 0.0, 0
         for start in range(0, len(order), batch_size):
-            index = order[start:start + batch_size]
+            index = order[start : start + batch_size]
             optimizer.zero_grad()
             loss = loss_fn(model(data.x[index]), data.y[index])
             loss.backward()
@@ -103,10 +121,21 @@ def main(argv: list[str] | None = None) -> int:
     losses = train_single_process(model, train, epochs=args.epochs, seed=args.seed)
     test_accuracy = accuracy(model, test)
     print(f"final loss {losses[-1]:.4f}  test accuracy {test_accuracy:.4f}")
-    artifact = export_artifact(model, train.x[:1], name="scene", version=args.version, input_spec=INPUT_SPEC,
-                               postprocess="softmax_labels", labels=list(LABELS),
-                               notes={"test_accuracy": test_accuracy, "train_items": args.train,
-                                      "epochs": args.epochs, "seed": args.seed})
+    artifact = export_artifact(
+        model,
+        train.x[:1],
+        name="scene",
+        version=args.version,
+        input_spec=INPUT_SPEC,
+        postprocess="softmax_labels",
+        labels=list(LABELS),
+        notes={
+            "test_accuracy": test_accuracy,
+            "train_items": args.train,
+            "epochs": args.epochs,
+            "seed": args.seed,
+        },
+    )
     save_artifact(args.out, artifact)
     print(f"wrote {args.out} ({artifact.metadata.size} bytes, sha256 {artifact.metadata.sha256[:16]}...)")
     return 0

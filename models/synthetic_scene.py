@@ -37,8 +37,10 @@ class Segment:
 
     def position(self, frame: int) -> tuple[float, float]:
         t = min(1.0, (frame - self.first_frame) / max(1, self.move_frames))
-        return (self.start[0] + t * (self.stop[0] - self.start[0]),
-                self.start[1] + t * (self.stop[1] - self.start[1]))
+        return (
+            self.start[0] + t * (self.stop[0] - self.start[0]),
+            self.start[1] + t * (self.stop[1] - self.start[1]),
+        )
 
 
 @dataclass(frozen=True)
@@ -51,8 +53,9 @@ def _point(rng: np.random.Generator, width: int, height: int, margin: float) -> 
     return (float(rng.uniform(margin, width - margin)), float(rng.uniform(margin, height - margin)))
 
 
-def plan_segments(rng: np.random.Generator, width: int, height: int, fps: float,
-                  n_frames: int) -> list[Segment]:
+def plan_segments(
+    rng: np.random.Generator, width: int, height: int, fps: float, n_frames: int
+) -> list[Segment]:
     """Alternate object segments (move ~1.5 s, dwell ~2-4 s) with occasional empty stretches."""
     segments: list[Segment] = []
     frame = 0
@@ -76,16 +79,22 @@ def object_bbox(label: str, centre: tuple[float, float], size: float) -> tuple[i
     return (int(round(x - size)), int(round(y - size)), int(round(x + size)) + 1, int(round(y + size)) + 1)
 
 
-def draw_object(image: np.ndarray, label: str, centre: tuple[float, float], size: float,
-                colour: tuple[int, int, int]) -> None:
+def draw_object(
+    image: np.ndarray, label: str, centre: tuple[float, float], size: float, colour: tuple[int, int, int]
+) -> None:
     import cv2
 
     x, y = centre
     if label == "circle":
         cv2.circle(image, (int(round(x)), int(round(y))), int(round(size)), colour, -1, cv2.LINE_AA)
     elif label == "square":
-        cv2.rectangle(image, (int(round(x - size)), int(round(y - size))),
-                      (int(round(x + size)), int(round(y + size))), colour, -1)
+        cv2.rectangle(
+            image,
+            (int(round(x - size)), int(round(y - size))),
+            (int(round(x + size)), int(round(y + size))),
+            colour,
+            -1,
+        )
     elif label == "triangle":
         points = np.array([[x, y - size], [x - size, y + size], [x + size, y + size]], dtype=np.int32)
         cv2.fillConvexPoly(image, points, colour, cv2.LINE_AA)
@@ -105,8 +114,12 @@ def background(width: int, height: int) -> np.ndarray:
     return image
 
 
-def render(base: np.ndarray, objects: list[tuple[str, tuple[float, float], float]], lighting: float,
-           noise: np.ndarray | None) -> np.ndarray:
+def render(
+    base: np.ndarray,
+    objects: list[tuple[str, tuple[float, float], float]],
+    lighting: float,
+    noise: np.ndarray | None,
+) -> np.ndarray:
     """Pure pixels: background + objects, scaled by ``lighting`` (~1.0), plus additive noise."""
     image = base.copy()
     for label, centre, size in objects:
@@ -120,9 +133,18 @@ def render(base: np.ndarray, objects: list[tuple[str, tuple[float, float], float
 class SceneSynth:
     """Frames and ground truth of one deterministic scene."""
 
-    def __init__(self, *, seed: int = 0, width: int = 320, height: int = 240, fps: float = 10.0,
-                 n_frames: int = 100_000, noise_sigma: float = 3.0, drift: float = 0.15,
-                 drift_period_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        width: int = 320,
+        height: int = 240,
+        fps: float = 10.0,
+        n_frames: int = 100_000,
+        noise_sigma: float = 3.0,
+        drift: float = 0.15,
+        drift_period_s: float = 60.0,
+    ) -> None:
         self.width, self.height, self.fps = width, height, fps
         self.seed, self.noise_sigma = seed, noise_sigma
         self.drift, self.drift_period_s = drift, drift_period_s
@@ -160,12 +182,17 @@ class SceneSynth:
 
     def ground_truth(self, index: int, ts: float) -> dict:
         """One line of the ground-truth JSONL file."""
-        return {"frame": index, "ts": ts, "dominant": self.dominant(index),
-                "objects": [{"class": o.label, "bbox": list(o.bbox)} for o in self.objects(index)]}
+        return {
+            "frame": index,
+            "ts": ts,
+            "dominant": self.dominant(index),
+            "objects": [{"class": o.label, "bbox": list(o.bbox)} for o in self.objects(index)],
+        }
 
 
-def random_training_frame(rng: np.random.Generator, width: int, height: int,
-                          base: np.ndarray) -> tuple[np.ndarray, str]:
+def random_training_frame(
+    rng: np.random.Generator, width: int, height: int, base: np.ndarray
+) -> tuple[np.ndarray, str]:
     """One frame for the scene model's dataset: a random class (or empty), place, size, light, noise."""
     label = LABELS[int(rng.integers(len(LABELS)))]
     objects = []

@@ -30,7 +30,8 @@ class MqttConfig(_Section):
     cert_file: Path | None = None
     key_file: Path | None = None
     protocol_version: Literal["5", "3.1.1"] = Field(
-        default="5", description="MQTT v5 by default; 3.1.1 for brokers without v5 (e.g. the demo's amqtt)")
+        default="5", description="MQTT v5 by default; 3.1.1 for brokers without v5 (e.g. the demo's amqtt)"
+    )
     keepalive_s: int = Field(default=30, ge=5, le=3600)
     inbound_queue: int = Field(default=10_000, ge=1)
 
@@ -55,8 +56,9 @@ class LogConfig(_Section):
     @model_validator(mode="after")
     def _budget_holds_two_segments(self) -> LogConfig:
         if self.max_bytes < 2 * self.segment_bytes:
-            raise ValueError(f"max_bytes ({self.max_bytes}) must be at least twice segment_bytes "
-                             f"({self.segment_bytes})")
+            raise ValueError(
+                f"max_bytes ({self.max_bytes}) must be at least twice segment_bytes ({self.segment_bytes})"
+            )
         return self
 
 
@@ -118,8 +120,9 @@ class PlacementConfig(_Section):
     rtt_floor_s: float = Field(default=0.02, ge=0)
     goodput_ratio: float = Field(default=1.5, gt=1)
     up_fraction_delta: float = Field(default=0.2, gt=0, le=1)
-    pins: dict[str, Literal["edge", "cloud"]] = Field(default_factory=dict,
-                                                      description='"service/task" -> side')
+    pins: dict[str, Literal["edge", "cloud"]] = Field(
+        default_factory=dict, description='"service/task" -> side'
+    )
     decisions_in_status: int = Field(default=20, ge=1, le=256)
 
 
@@ -132,8 +135,9 @@ class CameraConfig(_Section):
 
     enabled: bool = False
     camera_id: str = Field(default="cam1", pattern=f"^{ID_PATTERN}$")
-    source: str | None = Field(default=None, min_length=1, description="a file, an http(s)/rtsp(s) URL, "
-                                                                       "or a device index")
+    source: str | None = Field(
+        default=None, min_length=1, description="a file, an http(s)/rtsp(s) URL, or a device index"
+    )
     sample_fps: float | None = Field(default=None, gt=0, le=120, description="None: every frame")
     queue_size: int = Field(default=32, ge=1, le=4096)  # frames between capture and inference, drop-oldest
     jpeg_quality: int = Field(default=80, ge=10, le=100)
@@ -170,9 +174,11 @@ class TrainingConfig(_Section):
     private: bool = True  # raw data may not leave the gateway; false: upload raw when the link allows
     model: str = Field(default="digits", pattern=f"^{ID_PATTERN}$", description="the federated job's model")
     arch: Literal["digits_mlp", "digits_cnn"] | None = Field(
-        default=None, description="refuse a global model of another architecture; None: the job's")
+        default=None, description="refuse a global model of another architecture; None: the job's"
+    )
     data_source: Literal["samples"] = Field(
-        default="samples", description="labelled TrainingSample records in <data_dir>/training/samples")
+        default="samples", description="labelled TrainingSample records in <data_dir>/training/samples"
+    )
     data_max_bytes: int = Field(default=64 * 1024 * 1024, ge=256 * 1024)  # private log budget, drop-oldest
     max_samples: int = Field(default=10_000, ge=1)  # the newest samples one round trains on
     min_samples: int = Field(default=16, ge=1)
@@ -187,8 +193,12 @@ class TrainingConfig(_Section):
     retrain_after_s: float = Field(default=60.0, gt=0)
     timeout_s: float = Field(default=10.0, gt=0)
     # the raw-vs-local choice (gateway/federated/choice.py)
-    raw_Bps: float | None = Field(default=None, gt=0, description="what raw samples would add to the "
-                                  "uplink; None: the training service graph's declared rate")
+    raw_Bps: float | None = Field(
+        default=None,
+        gt=0,
+        description="what raw samples would add to the "
+        "uplink; None: the training service graph's declared rate",
+    )
     max_link_share: float = Field(default=0.5, gt=0, le=1)
     min_up_fraction: float = Field(default=0.5, ge=0, le=1)
     decide_interval_s: float = Field(default=5.0, gt=0)
@@ -222,10 +232,15 @@ def parse_gateway_config(data: dict, base_dir: Path | None = None) -> GatewayCon
     if base_dir is not None and not config.data_dir.is_absolute():
         config = config.model_copy(update={"data_dir": base_dir / config.data_dir})
     camera = config.camera
-    if base_dir is not None and camera is not None and camera.artifact_dir is not None \
-            and not camera.artifact_dir.is_absolute():
-        config = config.model_copy(update={"camera": camera.model_copy(
-            update={"artifact_dir": base_dir / camera.artifact_dir})})
+    if (
+        base_dir is not None
+        and camera is not None
+        and camera.artifact_dir is not None
+        and not camera.artifact_dir.is_absolute()
+    ):
+        config = config.model_copy(
+            update={"camera": camera.model_copy(update={"artifact_dir": base_dir / camera.artifact_dir})}
+        )
     return config
 
 

@@ -67,6 +67,7 @@ class _Model(BaseModel):
 
 # --- desired configuration ---------------------------------------------------------------------------
 
+
 class SensorSettings(_Model):
     enabled: bool = True
     allow: list[DevicePattern] = Field(default_factory=lambda: ["*"], max_length=1024)
@@ -74,8 +75,12 @@ class SensorSettings(_Model):
 
 class CameraSettings(_Model):
     enabled: bool = False
-    source: str | None = Field(default=None, min_length=1, max_length=1024,
-                               description="a file path, an http(s)/rtsp(s) URL or a device index")
+    source: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description="a file path, an http(s)/rtsp(s) URL or a device index",
+    )
     sample_fps: float | None = Field(default=None, gt=0, le=120)
 
     @field_validator("source")
@@ -92,18 +97,27 @@ class CameraSettings(_Model):
 
 class TrainingSettings(_Model):
     enabled: bool = False
-    private: bool = Field(default=True, description="raw data may not leave the gateway: always train "
-                                                    "locally; false lets the link decide (docs/federated.md)")
+    private: bool = Field(
+        default=True,
+        description="raw data may not leave the gateway: always train "
+        "locally; false lets the link decide (docs/federated.md)",
+    )
 
 
 class ModelsSettings(_Model):
-    pins: dict[Id, Version] = Field(default_factory=dict, max_length=256,
-                                    description="model name -> pinned version (absent: follow the latest)")
+    pins: dict[Id, Version] = Field(
+        default_factory=dict,
+        max_length=256,
+        description="model name -> pinned version (absent: follow the latest)",
+    )
 
 
 class PlacementSettings(_Model):
-    pins: dict[TaskKey, Side] = Field(default_factory=dict, max_length=256,
-                                      description='"<service>/<task>" -> edge | cloud (absent: planner)')
+    pins: dict[TaskKey, Side] = Field(
+        default_factory=dict,
+        max_length=256,
+        description='"<service>/<task>" -> edge | cloud (absent: planner)',
+    )
 
 
 class GatewaySettings(_Model):
@@ -111,8 +125,12 @@ class GatewaySettings(_Model):
 
 
 SETTINGS_MODELS: dict[str, type[_Model]] = {
-    "sensor": SensorSettings, "camera": CameraSettings, "training": TrainingSettings,
-    "models": ModelsSettings, "placement": PlacementSettings, "gateway": GatewaySettings,
+    "sensor": SensorSettings,
+    "camera": CameraSettings,
+    "training": TrainingSettings,
+    "models": ModelsSettings,
+    "placement": PlacementSettings,
+    "gateway": GatewaySettings,
 }
 
 
@@ -136,17 +154,21 @@ class StoredControl(_Model):
 
 # --- requests ----------------------------------------------------------------------------------------
 
+
 class _Request(_Model):
     v: Literal[1] = 1
-    correlation_id: str | None = Field(default=None, max_length=128,
-                                       description="MQTT 3.1.1 fallback for v5 Correlation Data (echoed)")
-    response_topic: str | None = Field(default=None, max_length=256,
-                                       description="MQTT 3.1.1 fallback for the v5 Response Topic")
+    correlation_id: str | None = Field(
+        default=None, max_length=128, description="MQTT 3.1.1 fallback for v5 Correlation Data (echoed)"
+    )
+    response_topic: str | None = Field(
+        default=None, max_length=256, description="MQTT 3.1.1 fallback for the v5 Response Topic"
+    )
 
 
 class _Change(_Request):
-    revision: int | None = Field(default=None, ge=0,
-                                 description="the revision this change is based on; refused if stale")
+    revision: int | None = Field(
+        default=None, ge=0, description="the revision this change is based on; refused if stale"
+    )
 
 
 class ServicesListRequest(_Request):
@@ -212,12 +234,20 @@ class LogErrorsRequest(_Request):
 
 
 OPS: dict[str, type[_Request]] = {
-    "services.list": ServicesListRequest, "status.get": StatusRequest,
-    "config.get": ConfigGetRequest, "config.set": ConfigSetRequest, "config.patch": ConfigPatchRequest,
-    "service.start": ServiceStartRequest, "service.stop": ServiceStopRequest,
-    "device.add": DeviceAddRequest, "device.remove": DeviceRemoveRequest,
-    "camera.source": CameraSourceRequest, "model.pin": ModelPinRequest,
-    "placement.pin": PlacementPinRequest, "log.level": LogLevelRequest, "log.errors": LogErrorsRequest,
+    "services.list": ServicesListRequest,
+    "status.get": StatusRequest,
+    "config.get": ConfigGetRequest,
+    "config.set": ConfigSetRequest,
+    "config.patch": ConfigPatchRequest,
+    "service.start": ServiceStartRequest,
+    "service.stop": ServiceStopRequest,
+    "device.add": DeviceAddRequest,
+    "device.remove": DeviceRemoveRequest,
+    "camera.source": CameraSourceRequest,
+    "model.pin": ModelPinRequest,
+    "placement.pin": PlacementPinRequest,
+    "log.level": LogLevelRequest,
+    "log.errors": LogErrorsRequest,
 }
 READ_ONLY_OPS = frozenset({"services.list", "status.get", "config.get", "log.errors"})
 
@@ -233,19 +263,23 @@ def peek_reply_fields(payload: bytes) -> tuple[str | None, str | None]:
     if not isinstance(data, dict):
         return None, None
     topic, correlation = data.get("response_topic"), data.get("correlation_id")
-    return (topic if isinstance(topic, str) and len(topic) <= 256 else None,
-            correlation if isinstance(correlation, str) and len(correlation) <= 128 else None)
+    return (
+        topic if isinstance(topic, str) and len(topic) <= 256 else None,
+        correlation if isinstance(correlation, str) and len(correlation) <= 128 else None,
+    )
 
 
 def parse_request(op: str, payload: bytes) -> _Request:
     """Validate one request; raise ControlError (unknown_op | too_large | not_json | invalid)."""
     kind = OPS.get(op)
     if kind is None:
-        raise ControlError("unknown_op", f"unknown operation {op[:64]!r}; known: {', '.join(sorted(OPS))}",
-                           field="op")
+        raise ControlError(
+            "unknown_op", f"unknown operation {op[:64]!r}; known: {', '.join(sorted(OPS))}", field="op"
+        )
     if len(payload) > MAX_REQUEST_BYTES:
-        raise ControlError("too_large", f"{len(payload)} bytes > limit {MAX_REQUEST_BYTES}",
-                           field="<payload>")
+        raise ControlError(
+            "too_large", f"{len(payload)} bytes > limit {MAX_REQUEST_BYTES}", field="<payload>"
+        )
     try:
         return kind.model_validate_json(payload or b"{}")
     except ValidationError as exc:
@@ -255,6 +289,7 @@ def parse_request(op: str, payload: bytes) -> _Request:
 
 
 # --- responses ---------------------------------------------------------------------------------------
+
 
 class ErrorBody(_Model):
     reason: str

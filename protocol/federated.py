@@ -154,8 +154,12 @@ def pack_payload(sections: list[bytes]) -> tuple[str, str]:
     return base64.b64encode(payload).decode("ascii"), hashlib.sha256(payload).hexdigest()
 
 
-def split_payload(tensors: list[TensorEntry], payload_b64: str, payload_sha256: str,
-                  max_bytes: int = MAX_UPDATE_PAYLOAD_BYTES) -> list[bytes]:
+def split_payload(
+    tensors: list[TensorEntry],
+    payload_b64: str,
+    payload_sha256: str,
+    max_bytes: int = MAX_UPDATE_PAYLOAD_BYTES,
+) -> list[bytes]:
     """The raw sections, one per tensor entry (see the module invariant)."""
     if len(payload_b64) > 4 * math.ceil(max_bytes / 3):  # checked before decoding anything
         raise ProtocolError("too_large", f"payload of ~{len(payload_b64) * 3 // 4} bytes > limit {max_bytes}")
@@ -170,11 +174,12 @@ def split_payload(tensors: list[TensorEntry], payload_b64: str, payload_sha256: 
         raise ProtocolError("digest_mismatch", f"payload sha256 {digest[:16]}... != {payload_sha256[:16]}...")
     declared = sum(t.nbytes for t in tensors)
     if declared != len(payload):
-        raise ProtocolError("length_mismatch",
-                            f"tensors declare {declared} bytes, payload has {len(payload)}")
+        raise ProtocolError(
+            "length_mismatch", f"tensors declare {declared} bytes, payload has {len(payload)}"
+        )
     sections, cursor = [], 0
     for entry in tensors:
-        sections.append(payload[cursor:cursor + entry.nbytes])
+        sections.append(payload[cursor : cursor + entry.nbytes])
         cursor += entry.nbytes
     return sections
 

@@ -68,6 +68,7 @@ def parse_device_topic(topic: str) -> DeviceTopic:
 
 # --- control plane (docs/mqtt-api.md) ---------------------------------------------------------------
 
+
 def control_request_topic(gateway_id: str, op: str) -> str:
     return f"{ROOT}/{check_id('gateway', gateway_id)}/control/request/{check_id('operation', op)}"
 
@@ -88,15 +89,15 @@ def control_response_topic(gateway_id: str, name: str) -> str:
 def is_control_response_topic(gateway_id: str, topic: str) -> bool:
     """True if ``topic`` is ``edgefed/<gw>/control/response/<id>``, one level, no wildcards."""
     prefix = control_response_prefix(gateway_id)
-    return topic.startswith(prefix) and _ID.fullmatch(topic[len(prefix):]) is not None
+    return topic.startswith(prefix) and _ID.fullmatch(topic[len(prefix) :]) is not None
 
 
 def control_op_of(gateway_id: str, topic: str) -> str | None:
     """The ``<op>`` of a request topic of this gateway (not checked against the known ops), else None."""
     prefix = f"{ROOT}/{gateway_id}/control/request/"
-    if not topic.startswith(prefix) or "/" in topic[len(prefix):]:
+    if not topic.startswith(prefix) or "/" in topic[len(prefix) :]:
         return None
-    return topic[len(prefix):]
+    return topic[len(prefix) :]
 
 
 def service_topic(gateway_id: str, service: str, leaf: str) -> str:

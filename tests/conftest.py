@@ -62,8 +62,9 @@ class Broker:
 
 
 def _start_mosquitto(config: Path, port: int) -> subprocess.Popen:
-    proc = subprocess.Popen(["mosquitto", "-c", str(config)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        ["mosquitto", "-c", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     wait_for_port(port, proc=proc)
     return proc
 
@@ -121,8 +122,10 @@ class Cloudd:
 
     def token_for(self, gateway: str) -> str:
         if gateway not in self.gateways:
-            raise KeyError(f"cloudd has no token for {gateway!r}; it knows {self.gateways} "
-                           "(start_cloudd(gateways=...) configures others)")
+            raise KeyError(
+                f"cloudd has no token for {gateway!r}; it knows {self.gateways} "
+                "(start_cloudd(gateways=...) configures others)"
+            )
         return cloudd_token(gateway)
 
     def start(self) -> None:
@@ -130,8 +133,17 @@ class Cloudd:
 
         if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError("cloudd is already running")
-        cmd = [sys.executable, "-m", "cloud.server", "--data-dir", str(self.data_dir),
-               "--port", str(self.port), "--log-level", "INFO"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "cloud.server",
+            "--data-dir",
+            str(self.data_dir),
+            "--port",
+            str(self.port),
+            "--log-level",
+            "INFO",
+        ]
         for gateway in self.gateways:
             cmd += ["--token", f"{gateway}={cloudd_token(gateway)}"]
         if self.operator_token is not None:
@@ -178,12 +190,20 @@ class Cloudd:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
-def start_cloudd(base: Path, gateways: tuple[str, ...] = CLOUDD_GATEWAYS,
-                 operator_token: str | None = CLOUDD_OPERATOR_TOKEN) -> Cloudd:
+def start_cloudd(
+    base: Path,
+    gateways: tuple[str, ...] = CLOUDD_GATEWAYS,
+    operator_token: str | None = CLOUDD_OPERATOR_TOKEN,
+) -> Cloudd:
     """Start a cloudd with its data under ``base``; the caller stops it (``.stop()``)."""
     base.mkdir(parents=True, exist_ok=True)
-    server = Cloudd(data_dir=base / "cloud-data", port=free_port(), gateways=tuple(gateways),
-                    operator_token=operator_token, log_path=base / "cloudd.log")
+    server = Cloudd(
+        data_dir=base / "cloud-data",
+        port=free_port(),
+        gateways=tuple(gateways),
+        operator_token=operator_token,
+        log_path=base / "cloudd.log",
+    )
     server.start()
     return server
 

@@ -92,9 +92,7 @@ def _abort_with_rst(writer: asyncio.StreamWriter) -> None:
 
 
 class FaultProxy:
-    def __init__(
-        self, upstream_port: int, listen_port: int = 0, *, upstream_host: str = "127.0.0.1"
-    ) -> None:
+    def __init__(self, upstream_port: int, listen_port: int = 0, *, upstream_host: str = "127.0.0.1") -> None:
         self.upstream = (upstream_host, upstream_port)
         self._listen_port = listen_port
         self._server: asyncio.Server | None = None

@@ -20,9 +20,15 @@ from paho.mqtt.enums import CallbackAPIVersion
 REPO = Path(__file__).resolve().parents[1]
 
 
-def write_config(tmp: Path, broker_url: str, gateway_id: str = "gw1", extra: str = "",
-                 http_port: int | None = None, cloud_url: str = "http://127.0.0.1:9",
-                 token: str = "t0k3n") -> tuple[Path, int]:
+def write_config(
+    tmp: Path,
+    broker_url: str,
+    gateway_id: str = "gw1",
+    extra: str = "",
+    http_port: int | None = None,
+    cloud_url: str = "http://127.0.0.1:9",
+    token: str = "t0k3n",
+) -> tuple[Path, int]:
     port = http_port or free_port()
     config = tmp / f"{gateway_id}.toml"
     config.write_text(
@@ -37,9 +43,13 @@ class Gatewayd:
     def __init__(self, config: Path, http_port: int) -> None:
         self.config = config
         self.http_port = http_port
-        self.proc = subprocess.Popen([sys.executable, "-m", "gateway.daemon", "--config", str(config)],
-                                     cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env={**os.environ, "PYTHONPATH": str(REPO)})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.daemon", "--config", str(config)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
 
     def wait_ready(self, timeout: float = 20.0) -> Gatewayd:
         wait_for_port(self.http_port, timeout=timeout, proc=self.proc)
@@ -115,7 +125,13 @@ def retained(broker_port: int, topics: list[str], timeout_s: float = 10.0) -> di
 
 
 def telemetry(device: str, seq: int, **overrides: Any) -> bytes:
-    body = {"v": 1, "device": device, "seq": seq, "ts": 1764489600.0 + seq,
-            "readings": {"temperature_c": 21.5}, "status": "ok"}
+    body = {
+        "v": 1,
+        "device": device,
+        "seq": seq,
+        "ts": 1764489600.0 + seq,
+        "readings": {"temperature_c": 21.5},
+        "status": "ok",
+    }
     body.update(overrides)
     return json.dumps(body).encode()

@@ -30,28 +30,39 @@ def operator_refusal(request: web.Request) -> web.Response | None:
         return None
     token = bearer_token(request)
     if token is None:
-        return unauthorized(request, f"{request.method} {request.path} needs Authorization: Bearer "
-                                     "<operator token>")
+        return unauthorized(
+            request, f"{request.method} {request.path} needs Authorization: Bearer <operator token>"
+        )
     if token_ok(token, expected):
         return None
     owner = gateway_owning(request, token)
     if owner is not None:
-        return reject(request, 403, "forbidden",
-                      f"a gateway token (of {owner!r}) may not call {request.method} {request.path}; "
-                      "it needs the operator token")
+        return reject(
+            request,
+            403,
+            "forbidden",
+            f"a gateway token (of {owner!r}) may not call {request.method} {request.path}; "
+            "it needs the operator token",
+        )
     return unauthorized(request, "Authorization: Bearer token is not the operator token")
 
 
 def gateway_refusal(request: web.Request, gateway: str) -> web.Response | None:
     token = bearer_token(request)
     if token is None:
-        return unauthorized(request, f"{request.method} {request.path} needs Authorization: Bearer "
-                                     f"<token of gateway {gateway!r}>")
+        return unauthorized(
+            request,
+            f"{request.method} {request.path} needs Authorization: Bearer <token of gateway {gateway!r}>",
+        )
     if token_ok(token, request.app[CONFIG].gateway_tokens.get(gateway)):
         return None
     owner = gateway_owning(request, token)
     if owner is not None:
-        return reject(request, 403, "forbidden",
-                      f"the token of gateway {owner!r} may only be used on /v1/gateways/{owner}/..., "
-                      f"not on gateway {gateway!r}")
+        return reject(
+            request,
+            403,
+            "forbidden",
+            f"the token of gateway {owner!r} may only be used on /v1/gateways/{owner}/..., "
+            f"not on gateway {gateway!r}",
+        )
     return unauthorized(request, f"Authorization: Bearer token is not the token of gateway {gateway!r}")

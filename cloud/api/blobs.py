@@ -58,9 +58,13 @@ def setup(app: web.Application) -> None:
     registry = app[METRICS].registry
     app[BLOB_METRICS] = BlobMetrics(
         Counter("cloudd_blob_chunks", "Blob chunks stored (fsynced)", registry=registry),
-        Counter("cloudd_blob_bytes_written", "Blob bytes stored; each byte of a blob is written once "
-                "unless its hash fails", registry=registry),
-        Counter("cloudd_blobs_committed", "Blobs verified and committed", registry=registry))
+        Counter(
+            "cloudd_blob_bytes_written",
+            "Blob bytes stored; each byte of a blob is written once unless its hash fails",
+            registry=registry,
+        ),
+        Counter("cloudd_blobs_committed", "Blobs verified and committed", registry=registry),
+    )
     app[BLOBS] = AsyncBlobStore(BlobStore(app[CONFIG].data_dir / "blobs"))
     app.cleanup_ctx.append(_blobs_lifetime)
     app.router.add_put(BLOB_PATH, put_blob)
@@ -78,8 +82,9 @@ def _check(request: web.Request) -> tuple[str, str] | web.Response:
     if not token_ok(bearer_token(request), request.app[CONFIG].gateway_tokens.get(gateway)):
         return unauthorized(request, f"Authorization: Bearer token is not the token of gateway {gateway!r}")
     if not valid_blob_id(blob_id):
-        return reject(request, 400, "invalid", f"blob_id {blob_id!r} must match [A-Za-z0-9_-][A-Za-z0-9_.-]"
-                                               "{0,127}")
+        return reject(
+            request, 400, "invalid", f"blob_id {blob_id!r} must match [A-Za-z0-9_-][A-Za-z0-9_.-]{{0,127}}"
+        )
     return gateway, blob_id
 
 
@@ -101,14 +106,16 @@ async def put_blob(request: web.Request) -> web.Response:
     final = request.query.get("final") in ("1", "true")
     sha = request.headers.get("X-Sha256")
     if final and (sha is None or not valid_sha256(sha.lower())):
-        return reject(request, 400, "invalid",
-                      "X-Sha256: final=1 needs the blob's SHA-256 as 64 hex characters")
+        return reject(
+            request, 400, "invalid", "X-Sha256: final=1 needs the blob's SHA-256 as 64 hex characters"
+        )
     body = await _read_body(request, request.app[CONFIG].max_body_bytes)
     if isinstance(body, web.Response):
         return body
     try:
-        result = await request.app[BLOBS].append(gateway, blob_id, offset, body,
-                                                 sha.lower() if final and sha else None)
+        result = await request.app[BLOBS].append(
+            gateway, blob_id, offset, body, sha.lower() if final and sha else None
+        )
     except BlobBusy as exc:
         return reject(request, 503, "busy", str(exc), headers={"Retry-After": "1"})
     except OSError as exc:
@@ -120,18 +127,30 @@ async def put_blob(request: web.Request) -> web.Response:
 def _answer(request: web.Request, result: AppendResult) -> web.Response:
     metrics = request.app[BLOB_METRICS]
     if isinstance(result, OffsetMismatch):
-        response = reject(request, 409, "offset_mismatch",
-                          f"offset: the blob holds {result.status.offset} bytes; resume there")
+        response = reject(
+            request,
+            409,
+            "offset_mismatch",
+            f"offset: the blob holds {result.status.offset} bytes; resume there",
+        )
         response.headers["Upload-Offset"] = str(result.status.offset)
         return response
     if isinstance(result, HashMismatch):
         metrics.bytes_written.inc(result.written)
-        return reject(request, 422, "sha256_mismatch",
-                      f"X-Sha256: blob hashes to {result.actual}, not {result.expected}; "
-                      "the partial upload was discarded, start again at offset 0")
+        return reject(
+            request,
+            422,
+            "sha256_mismatch",
+            f"X-Sha256: blob hashes to {result.actual}, not {result.expected}; "
+            "the partial upload was discarded, start again at offset 0",
+        )
     if isinstance(result, Conflict):
-        return reject(request, 409, "blob_conflict",
-                      f"blob {result.status.blob_id} is committed with sha256 {result.status.sha256}")
+        return reject(
+            request,
+            409,
+            "blob_conflict",
+            f"blob {result.status.blob_id} is committed with sha256 {result.status.sha256}",
+        )
     if isinstance(result, TooLarge):
         return reject(request, 413, "too_large", f"blob {result.blob_id} would be {result.size} bytes")
     assert isinstance(result, Appended)

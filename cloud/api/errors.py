@@ -22,14 +22,20 @@ log = logging.getLogger(__name__)
 _STATUS_TOKENS = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
 
 
-def error_response(status: int, error: str, detail: str,
-                   headers: Mapping[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, text=json.dumps({"error": error, "detail": detail}),
-                        content_type="application/json", headers=headers)
+def error_response(
+    status: int, error: str, detail: str, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        status=status,
+        text=json.dumps({"error": error, "detail": detail}),
+        content_type="application/json",
+        headers=headers,
+    )
 
 
-def reject(request: web.Request, status: int, error: str, detail: str,
-           headers: Mapping[str, str] | None = None) -> web.Response:
+def reject(
+    request: web.Request, status: int, error: str, detail: str, headers: Mapping[str, str] | None = None
+) -> web.Response:
     """A counted refusal."""
     request.app[METRICS].rejections.labels(reason=error).inc()
     return error_response(status, error, detail, headers)

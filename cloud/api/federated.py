@@ -90,8 +90,9 @@ async def put_job(request: web.Request) -> web.Response:
     async with request.app[FEDERATED]["starting"]:  # two first PUTs must not start two coordinators
         coordinator = request.app[FEDERATED]["coordinator"] or await _start_coordinator(request.app)
     changed = await coordinator.set_job(job)
-    return web.json_response({"started": changed, "version": coordinator.status.get("version")},
-                             status=201 if changed else 200)
+    return web.json_response(
+        {"started": changed, "version": coordinator.status.get("version")}, status=201 if changed else 200
+    )
 
 
 async def get_job(request: web.Request) -> web.Response:

@@ -45,8 +45,12 @@ async def post_heartbeat(request: web.Request) -> web.Response:
     except ProtocolError as exc:
         return reject(request, 413 if exc.reason == "too_large" else 400, exc.reason, exc.detail)
     if heartbeat.gateway != gateway:
-        return reject(request, 400, "gateway_mismatch",
-                      f"gateway: body says {heartbeat.gateway!r}, path says {gateway!r}")
+        return reject(
+            request,
+            400,
+            "gateway_mismatch",
+            f"gateway: body says {heartbeat.gateway!r}, path says {gateway!r}",
+        )
     request.app[FLEET].record(heartbeat, time.time())
     return web.json_response({"ok": True, "offline_after_s": OFFLINE_AFTER_INTERVALS * heartbeat.interval_s})
 
@@ -57,8 +61,9 @@ async def get_fleet(request: web.Request) -> web.Response:
         return refusal
     counts = await request.app[STORE].counts()
     uploads = {g.id: dataclasses.asdict(g) for g in counts.gateways}
-    doc = fleet_document(sorted(request.app[CONFIG].gateway_tokens), request.app[FLEET].latest(), uploads,
-                         time.time())
+    doc = fleet_document(
+        sorted(request.app[CONFIG].gateway_tokens), request.app[FLEET].latest(), uploads, time.time()
+    )
     return web.json_response(doc)
 
 
@@ -71,13 +76,25 @@ async def get_datasets(request: web.Request) -> web.Response:
     for d in counts.devices:
         row = {"device": d.device, "records": d.records, "last_ts": d.last_ts}
         devices.setdefault(d.gateway, []).append(row)
-    gateways = [{"id": g.id, "records": g.records, "batches": g.batches, "last_seen": g.last_seen,
-                 "devices": devices.get(g.id, [])} for g in counts.gateways]
-    return web.json_response({"v": 1, "gateways": gateways,
-                              "totals": {"records": counts.records, "batches": counts.batches,
-                                         "devices": len(counts.devices)},
-                              "trainable": {"digits": "sklearn's bundled digits (always)",
-                                            "sensor_windows": "windows of uploaded telemetry",
-                                            "camera_frames": "uploaded camera frames, labelled by "
-                                                             "the gateway model's verdicts"}})
-
+    gateways = [
+        {
+            "id": g.id,
+            "records": g.records,
+            "batches": g.batches,
+            "last_seen": g.last_seen,
+            "devices": devices.get(g.id, []),
+        }
+        for g in counts.gateways
+    ]
+    return web.json_response(
+        {
+            "v": 1,
+            "gateways": gateways,
+            "totals": {"records": counts.records, "batches": counts.batches, "devices": len(counts.devices)},
+            "trainable": {
+                "digits": "sklearn's bundled digits (always)",
+                "sensor_windows": "windows of uploaded telemetry",
+                "camera_frames": "uploaded camera frames, labelled by the gateway model's verdicts",
+            },
+        }
+    )

@@ -49,8 +49,12 @@ async def _read_body(request: web.Request, limit: int) -> bytes | web.Response:
     except (OSError, HttpProcessingError) as exc:
         # The client cut the connection (or the chunked framing broke) before the whole body came.
         # Usually no one is left to read this answer; it is still counted.
-        return reject(request, 400, "truncated",
-                      f"body ended before its declared length {declared} ({type(exc).__name__}: {exc})")
+        return reject(
+            request,
+            400,
+            "truncated",
+            f"body ended before its declared length {declared} ({type(exc).__name__}: {exc})",
+        )
 
 
 async def post_batch(request: web.Request) -> web.Response:
@@ -67,15 +71,24 @@ async def post_batch(request: web.Request) -> web.Response:
     except ProtocolError as exc:
         return reject(request, 413 if exc.reason == "too_large" else 400, exc.reason, exc.detail)
     if batch.gateway != gateway:
-        return reject(request, 400, "gateway_mismatch",
-                      f"gateway: body says {batch.gateway!r}, path says {gateway!r}")
+        return reject(
+            request, 400, "gateway_mismatch", f"gateway: body says {batch.gateway!r}, path says {gateway!r}"
+        )
     key = request.headers.get("Idempotency-Key")
     if key is None:
-        return reject(request, 400, "missing_idempotency_key",
-                      f"Idempotency-Key header is required (expected {batch.idempotency_key!r})")
+        return reject(
+            request,
+            400,
+            "missing_idempotency_key",
+            f"Idempotency-Key header is required (expected {batch.idempotency_key!r})",
+        )
     if key != batch.idempotency_key:
-        return reject(request, 400, "idempotency_key_mismatch",
-                      f"Idempotency-Key {key!r} != {batch.idempotency_key!r} from the body")
+        return reject(
+            request,
+            400,
+            "idempotency_key_mismatch",
+            f"Idempotency-Key {key!r} != {batch.idempotency_key!r} from the body",
+        )
     store = request.app[STORE]
     started = time.perf_counter()
     try:

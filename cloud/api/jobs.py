@@ -37,8 +37,9 @@ KEEPALIVE_S = 15.0
 
 def setup(app: web.Application) -> None:
     config = app[CONFIG]
-    app[JOBS] = JobManager(config.data_dir, app[REGISTRY], max_running=config.max_running_jobs,
-                           max_queued=config.max_queued_jobs)
+    app[JOBS] = JobManager(
+        config.data_dir, app[REGISTRY], max_running=config.max_running_jobs, max_queued=config.max_queued_jobs
+    )
     app.cleanup_ctx.append(_manager_lifetime)
     app.on_shutdown.append(_close_streams)
     app.router.add_post("/v1/jobs", post_job)
@@ -90,8 +91,9 @@ async def list_jobs(request: web.Request) -> web.Response:
     if (refusal := operator_refusal(request)) is not None:
         return refusal
     manager = request.app[JOBS]
-    return web.json_response({"jobs": [manager.summary(row) for row in manager.list()],
-                              "counts": manager.counts()})
+    return web.json_response(
+        {"jobs": [manager.summary(row) for row in manager.list()], "counts": manager.counts()}
+    )
 
 
 async def get_job(request: web.Request) -> web.Response:
@@ -122,8 +124,9 @@ def _start_at(request: web.Request) -> int | web.Response:
     try:
         value = int(text)
     except ValueError:
-        return reject(request, 400, "invalid_since",
-                      f"since / Last-Event-ID must be an integer, not {text!r}")
+        return reject(
+            request, 400, "invalid_since", f"since / Last-Event-ID must be an integer, not {text!r}"
+        )
     # Last-Event-ID names the last event seen; since names the first one wanted.
     return value if "since" in request.query else value + 1
 
@@ -139,15 +142,18 @@ async def job_events(request: web.Request) -> web.StreamResponse:
     if isinstance(start, web.Response):
         return start
     events = manager.events(row.id)
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           "X-Accel-Buffering": "no"})
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
     await response.prepare(request)
     sent = start
     while True:
         batch = events.since(sent)
         if batch:
-            text = "".join(f"id: {e['seq']}\nevent: {e.get('event', 'message')}\ndata: {json.dumps(e)}\n\n"
-                           for e in batch)
+            text = "".join(
+                f"id: {e['seq']}\nevent: {e.get('event', 'message')}\ndata: {json.dumps(e)}\n\n"
+                for e in batch
+            )
             await response.write(text.encode())
             sent = batch[-1]["seq"] + 1
         elif events.closed:

@@ -31,8 +31,15 @@ def _schemas(*models: type[BaseModel]) -> dict[str, Any]:
     return found
 
 
-def _op(summary: str, auth: str | None, ok: int = 200, body: str | None = None, errors: tuple[int, ...] = (),
-        ok_type: str = "application/json", params: tuple[str, ...] = ()) -> dict:
+def _op(
+    summary: str,
+    auth: str | None,
+    ok: int = 200,
+    body: str | None = None,
+    errors: tuple[int, ...] = (),
+    ok_type: str = "application/json",
+    params: tuple[str, ...] = (),
+) -> dict:
     responses: dict[str, Any] = {str(ok): {"description": "ok", "content": {ok_type: {"schema": _OBJECT}}}}
     for code in (*((401, 403) if auth else ()), *errors):
         responses[str(code)] = {"description": "refused", "content": {"application/json": {"schema": _ERROR}}}
@@ -43,8 +50,9 @@ def _op(summary: str, auth: str | None, ok: int = 200, body: str | None = None, 
         schema = {"$ref": f"#/components/schemas/{body}"}
         op["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
     if params:
-        op["parameters"] = [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
-                            for p in params]
+        op["parameters"] = [
+            {"name": p, "in": "path", "required": True, "schema": {"type": "string"}} for p in params
+        ]
     return op
 
 
@@ -54,50 +62,98 @@ def document() -> dict[str, Any]:
         "/healthz": {"get": _op("liveness", None)},
         "/metrics": {"get": _op("Prometheus text", None, ok_type="text/plain")},
         "/v1/status": {"get": _op("uploads per gateway and device", "operator")},
-        "/v1/gateways/{gateway_id}/batches": {"post": _op(
-            "upload a batch of log records (protocol.batch)", "gateway", errors=(400, 413, 503), params=gw)},
-        "/v1/gateways/{gateway_id}/heartbeat": {"post": _op(
-            "a gateway's status", "gateway", body="GatewayHeartbeat", errors=(400, 413), params=gw)},
+        "/v1/gateways/{gateway_id}/batches": {
+            "post": _op(
+                "upload a batch of log records (protocol.batch)", "gateway", errors=(400, 413, 503), params=gw
+            )
+        },
+        "/v1/gateways/{gateway_id}/heartbeat": {
+            "post": _op(
+                "a gateway's status", "gateway", body="GatewayHeartbeat", errors=(400, 413), params=gw
+            )
+        },
         "/v1/gateways/{gateway_id}/blobs/{blob_id}": {
-            "put": _op("append a chunk of a resumable blob (?offset=N[&final=1])", "gateway",
-                       errors=(400, 409, 413), params=(*gw, "blob_id")),
-            "head": _op("stored offset of a blob (Upload-Offset header)", "gateway",
-                        params=(*gw, "blob_id"))},
-        "/v1/gateways/{gateway_id}/blobs/{blob_id}/status": {"get": _op(
-            "a blob's stored offset as JSON", "gateway", params=(*gw, "blob_id"))},
+            "put": _op(
+                "append a chunk of a resumable blob (?offset=N[&final=1])",
+                "gateway",
+                errors=(400, 409, 413),
+                params=(*gw, "blob_id"),
+            ),
+            "head": _op("stored offset of a blob (Upload-Offset header)", "gateway", params=(*gw, "blob_id")),
+        },
+        "/v1/gateways/{gateway_id}/blobs/{blob_id}/status": {
+            "get": _op("a blob's stored offset as JSON", "gateway", params=(*gw, "blob_id"))
+        },
         "/v1/probe": {"post": _op("goodput probe: the body is read and discarded", None)},
         "/v1/fleet": {"get": _op("gateways: online/offline, backlog, link, placement", "operator")},
         "/v1/datasets": {"get": _op("record counts per gateway and device", "operator")},
-        "/v1/jobs": {"get": _op("all jobs, oldest first", "operator"),
-                     "post": _op("submit a training job", "operator", ok=201, body="JobSpec",
-                                 errors=(400, 413, 429))},
+        "/v1/jobs": {
+            "get": _op("all jobs, oldest first", "operator"),
+            "post": _op("submit a training job", "operator", ok=201, body="JobSpec", errors=(400, 413, 429)),
+        },
         "/v1/jobs/{job_id}": {"get": _op("one job", "operator", errors=(404,), params=job)},
         "/v1/jobs/{job_id}/cancel": {"post": _op("cancel a job", "operator", errors=(404, 409), params=job)},
-        "/v1/jobs/{job_id}/events": {"get": _op("progress as server-sent events (?since=N)", "operator",
-                                                ok_type="text/event-stream", errors=(400, 404), params=job)},
+        "/v1/jobs/{job_id}/events": {
+            "get": _op(
+                "progress as server-sent events (?since=N)",
+                "operator",
+                ok_type="text/event-stream",
+                errors=(400, 404),
+                params=job,
+            )
+        },
         "/v1/models": {"get": _op("model versions with lineage (?name=N)", None, errors=(400,))},
-        "/v1/models/{name}": {"post": _op("upload a version: multipart parts metadata (ModelMetadata) + onnx",
-                                          "operator", ok=201, errors=(400, 409, 413), params=("name",))},
-        "/v1/models/{name}/{version}": {"get": _op("a version's metadata", None, errors=(404,),
-                                                   params=("name", "version"))},
-        "/v1/models/{name}/{version}/onnx": {"get": _op("a version's ONNX bytes", None, errors=(404,),
-                                                        ok_type="application/octet-stream",
-                                                        params=("name", "version"))},
+        "/v1/models/{name}": {
+            "post": _op(
+                "upload a version: multipart parts metadata (ModelMetadata) + onnx",
+                "operator",
+                ok=201,
+                errors=(400, 409, 413),
+                params=("name",),
+            )
+        },
+        "/v1/models/{name}/{version}": {
+            "get": _op("a version's metadata", None, errors=(404,), params=("name", "version"))
+        },
+        "/v1/models/{name}/{version}/onnx": {
+            "get": _op(
+                "a version's ONNX bytes",
+                None,
+                errors=(404,),
+                ok_type="application/octet-stream",
+                params=("name", "version"),
+            )
+        },
         "/v1/openapi.json": {"get": _op("this document", None)},
     }
     schemas = _schemas(JobSpec, GatewayHeartbeat, ModelMetadata)
-    schemas["Error"] = {"type": "object", "required": ["error", "detail"],
-                        "properties": {"error": {"type": "string", "description": "stable token"},
-                                       "detail": {"type": "string", "description": "what was wrong"}}}
+    schemas["Error"] = {
+        "type": "object",
+        "required": ["error", "detail"],
+        "properties": {
+            "error": {"type": "string", "description": "stable token"},
+            "detail": {"type": "string", "description": "what was wrong"},
+        },
+    }
     return {
         "openapi": "3.1.0",
-        "info": {"title": "cloudd", "version": "1",
-                 "description": "edgefed cloud daemon; see docs/http-api.md"},
+        "info": {
+            "title": "cloudd",
+            "version": "1",
+            "description": "edgefed cloud daemon; see docs/http-api.md",
+        },
         "paths": paths,
-        "components": {"schemas": schemas, "securitySchemes": {
-            "operator": {"type": "http", "scheme": "bearer", "description": "cloudd --operator-token"},
-            "gateway": {"type": "http", "scheme": "bearer",
-                        "description": "the gateway's own upload token"}}},
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {
+                "operator": {"type": "http", "scheme": "bearer", "description": "cloudd --operator-token"},
+                "gateway": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "the gateway's own upload token",
+                },
+            },
+        },
     }
 
 
@@ -120,8 +176,11 @@ def setup(app: web.Application) -> None:
 
     async def get_openapi(request: web.Request) -> web.Response:
         if "doc" not in cache:  # the router is frozen by the first request: every route is there
-            routes = [(r.method.lower(), r.resource.canonical, r.handler) for r in request.app.router.routes()
-                      if r.resource is not None and r.resource.canonical.startswith("/v1/")]
+            routes = [
+                (r.method.lower(), r.resource.canonical, r.handler)
+                for r in request.app.router.routes()
+                if r.resource is not None and r.resource.canonical.startswith("/v1/")
+            ]
             cache["doc"] = add_undocumented(document(), routes)
         return web.json_response(cache["doc"])
 

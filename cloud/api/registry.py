@@ -61,8 +61,9 @@ async def _read_upload(request: web.Request) -> tuple[bytes, bytes]:
     return parts["metadata"], parts["onnx"]
 
 
-def setup_model_routes(app: web.Application, data_dir: Path,
-                       refuse_upload: Callable[[web.Request], web.Response | None] | None) -> ModelRegistry:
+def setup_model_routes(
+    app: web.Application, data_dir: Path, refuse_upload: Callable[[web.Request], web.Response | None] | None
+) -> ModelRegistry:
     """Add the registry routes to ``app``. ``refuse_upload(request)`` returns the refusal to answer an
     upload with (e.g. no operator token), or None to accept it. Returns the registry for in-process use."""
     registry = ModelRegistry(data_dir / "models")
@@ -82,8 +83,10 @@ def setup_model_routes(app: web.Application, data_dir: Path,
             return web.json_response({"error": "name_mismatch", "detail": detail}, status=400)
         status, entry = await registry.store(artifact)
         if status == 409:
-            return web.json_response({"error": "version_exists", "detail": "stored with another sha256",
-                                      "entry": entry}, status=409)
+            return web.json_response(
+                {"error": "version_exists", "detail": "stored with another sha256", "entry": entry},
+                status=409,
+            )
         return web.json_response(entry, status=status)
 
     async def list_models(request: web.Request) -> web.Response:
@@ -104,14 +107,20 @@ def setup_model_routes(app: web.Application, data_dir: Path,
     async def get_metadata(request: web.Request) -> web.Response:
         name, version, entry = found(request)
         body = (registry.folder(name, version) / "metadata.json").read_bytes()
-        return web.Response(body=body, content_type="application/json",
-                            headers={"X-Model-Seq": str(entry["seq"])})
+        return web.Response(
+            body=body, content_type="application/json", headers={"X-Model-Seq": str(entry["seq"])}
+        )
 
     async def get_onnx(request: web.Request) -> web.StreamResponse:
         name, version, entry = found(request)
-        return web.FileResponse(registry.folder(name, version) / "model.onnx",
-                                headers={"X-Model-Sha256": entry["sha256"], "ETag": f'"{entry["sha256"]}"',
-                                         "Content-Type": "application/octet-stream"})
+        return web.FileResponse(
+            registry.folder(name, version) / "model.onnx",
+            headers={
+                "X-Model-Sha256": entry["sha256"],
+                "ETag": f'"{entry["sha256"]}"',
+                "Content-Type": "application/octet-stream",
+            },
+        )
 
     app.router.add_post("/v1/models/{name}", upload)
     app.router.add_get("/v1/models", list_models)

@@ -28,8 +28,9 @@ def status_document(counts: StoreCounts, configured_gateways: list[str]) -> dict
     """The status JSON (pure: counts in, document out)."""
     gateways = {g.id: dataclasses.asdict(g) for g in counts.gateways}
     for gateway in configured_gateways:
-        gateways.setdefault(gateway, {"id": gateway, "last_seen": None, "records": 0, "batches": 0,
-                                      "duplicates": 0})
+        gateways.setdefault(
+            gateway, {"id": gateway, "last_seen": None, "records": 0, "batches": 0, "duplicates": 0}
+        )
     return {
         "v": 1,
         "gateways": [gateways[k] for k in sorted(gateways)],

@@ -56,7 +56,7 @@ def trimmed_mean(deltas: Sequence[torch.Tensor], trim_fraction: float) -> torch.
     if n - 2 * k < 1:
         raise ValueError(f"trim_fraction {trim_fraction} leaves nothing of {n} updates")
     ordered = torch.stack(list(deltas)).sort(dim=0).values
-    return ordered[k:n - k].mean(dim=0)
+    return ordered[k : n - k].mean(dim=0)
 
 
 def apply_delta(weights: torch.Tensor, delta: torch.Tensor, server_lr: float) -> torch.Tensor:

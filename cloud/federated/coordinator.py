@@ -44,14 +44,29 @@ FAILURES_KEPT = 1000  # failures since the last aggregation, kept as values (old
 
 
 def _new_counters() -> dict[str, Any]:
-    return {"received": 0, "applied": 0, "duplicates": 0, "refused": {}, "payload_bytes": 0,
-            "record_bytes": 0, "bytes_by_codec": {}, "staleness": {}, "participants": {},
-            "onnx_exported": 0, "onnx_failed": 0}
+    return {
+        "received": 0,
+        "applied": 0,
+        "duplicates": 0,
+        "refused": {},
+        "payload_bytes": 0,
+        "record_bytes": 0,
+        "bytes_by_codec": {},
+        "staleness": {},
+        "participants": {},
+        "onnx_exported": 0,
+        "onnx_failed": 0,
+    }
 
 
 class FederatedCoordinator:
-    def __init__(self, data_dir: Path, *, clock: Callable[[], float] = time.time,
-                 on_version: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        clock: Callable[[], float] = time.time,
+        on_version: Callable[[int], None] | None = None,
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.folder = self.data_dir / "federated"
         self.clock = clock
@@ -138,8 +153,14 @@ class FederatedCoordinator:
         model = build_model(job.arch)
         feed = UpdateFeed(self.data_dir)
         feed.skip_to_end()  # records stored so far belong to an earlier job
-        state = FederatedState(job=job, version=0, weights=Layout.of(model).flatten(model.state_dict()),
-                               version_ts=self.clock(), cursor=dict(feed.cursor), counters=_new_counters())
+        state = FederatedState(
+            job=job,
+            version=0,
+            weights=Layout.of(model).flatten(model.state_dict()),
+            version_ts=self.clock(),
+            cursor=dict(feed.cursor),
+            counters=_new_counters(),
+        )
         save_state(self.folder, state)
         self._install(state)
         self._queue_export(state)
@@ -151,8 +172,9 @@ class FederatedCoordinator:
         for item in items:
             self._handle(item)
         aggregated = False
-        while self._buffer and self._aggregator.ready([u for u, _ in self._buffer], self._state.version,
-                                                      self.clock() - self._state.version_ts):
+        while self._buffer and self._aggregator.ready(
+            [u for u, _ in self._buffer], self._state.version, self.clock() - self._state.version_ts
+        ):
             self._aggregate()
             aggregated = True
         if items or aggregated:
@@ -172,7 +194,8 @@ class FederatedCoordinator:
             return self._refuse(item.gateway, exc.reason, exc.detail)
         key = envelope.update_id
         if key in state.applied.get(item.gateway, {}) or any(
-                u.gateway == item.gateway and u.update_id == key for u, _ in self._buffer):
+            u.gateway == item.gateway and u.update_id == key for u, _ in self._buffer
+        ):
             counters["duplicates"] += 1
             return None
         flat = decode_update(envelope, state.job.model, self._layout, state.job.max_update_bytes)
@@ -202,8 +225,15 @@ class FederatedCoordinator:
     def _participant(self, gateway: str) -> dict[str, Any]:
         assert self._state is not None
         return self._state.counters["participants"].setdefault(
-            gateway, {"applied": 0, "refused": 0, "payload_bytes": 0, "last_staleness": None,
-                      "last_applied_version": None})
+            gateway,
+            {
+                "applied": 0,
+                "refused": 0,
+                "payload_bytes": 0,
+                "last_staleness": None,
+                "last_applied_version": None,
+            },
+        )
 
     def _aggregate(self) -> None:
         state, aggregator = self._state, self._aggregator
@@ -225,11 +255,21 @@ class FederatedCoordinator:
             counters["staleness"][str(staleness)] = counters["staleness"].get(str(staleness), 0) + 1
         counters["applied"] += len(updates)
         self._prune_applied()
-        state.history = (state.history + [{
-            "version": state.version, "ts": state.version_ts, "updates": len(updates),
-            "gateways": sorted(set(result.gateways)), "staleness_max": max(result.staleness),
-            "staleness_mean": sum(result.staleness) / len(result.staleness), "clipped": result.clipped,
-            "failures": result.failures}])[-HISTORY:]
+        state.history = (
+            state.history
+            + [
+                {
+                    "version": state.version,
+                    "ts": state.version_ts,
+                    "updates": len(updates),
+                    "gateways": sorted(set(result.gateways)),
+                    "staleness_max": max(result.staleness),
+                    "staleness_mean": sum(result.staleness) / len(result.staleness),
+                    "clipped": result.clipped,
+                    "failures": result.failures,
+                }
+            ]
+        )[-HISTORY:]
         self._buffer, self._failures = [], []
         state.cursor = dict(self._feed.cursor) if self._feed is not None else {}
         save_state(self.folder, state)
@@ -257,10 +297,15 @@ class FederatedCoordinator:
         model = build_model(self._state.job.arch)
         model.load_state_dict(self._layout.unflatten(weights))
         return export_artifact(
-            model, torch.zeros(1, 1, 8, 8), name=self._state.job.model, version=str(version),
+            model,
+            torch.zeros(1, 1, 8, 8),
+            name=self._state.job.model,
+            version=str(version),
             input_spec={"name": "input", "shape": [None, 1, 8, 8], "preprocess": "none"},
-            postprocess="softmax_labels", labels=[str(i) for i in range(10)],
-            notes={"federated_version": version, "aggregator": self._state.job.aggregator})
+            postprocess="softmax_labels",
+            labels=[str(i) for i in range(10)],
+            notes={"federated_version": version, "aggregator": self._state.job.aggregator},
+        )
 
     def _count(self, name: str) -> None:
         if self._state is not None:
@@ -275,10 +320,17 @@ class FederatedCoordinator:
             sections = [parts[name].numpy().astype("<f4").tobytes() for name in layout.names]
             b64, sha = pack_payload(sections)
             document = GlobalModel(
-                model=state.job.model, arch=state.job.arch, version=state.version,
-                round=self._aggregator.round_config(), payload_sha256=sha, payload_b64=b64,
-                tensors=[TensorEntry(name=n, shape=list(s), encoding="fp32", nbytes=len(d))
-                         for n, s, d in zip(layout.names, layout.shapes, sections, strict=True)])
+                model=state.job.model,
+                arch=state.job.arch,
+                version=state.version,
+                round=self._aggregator.round_config(),
+                payload_sha256=sha,
+                payload_b64=b64,
+                tensors=[
+                    TensorEntry(name=n, shape=list(s), encoding="fp32", nbytes=len(d))
+                    for n, s, d in zip(layout.names, layout.shapes, sections, strict=True)
+                ],
+            )
             self.model_document = (state.version, document.model_dump_json().encode())
         self.status = status_document(state, len(self._buffer), self.clock())
 
@@ -289,19 +341,32 @@ def status_document(state: FederatedState, buffered: int, now: float) -> dict[st
     hist = {int(k): v for k, v in counters.get("staleness", {}).items()}
     n = sum(hist.values())
     return {
-        "v": 1, "job": state.job.model_dump(mode="json"), "model": state.job.model,
-        "aggregator": state.job.aggregator, "version": state.version, "rounds": state.version,
-        "version_age_s": max(0.0, now - state.version_ts), "buffered": buffered,
+        "v": 1,
+        "job": state.job.model_dump(mode="json"),
+        "model": state.job.model,
+        "aggregator": state.job.aggregator,
+        "version": state.version,
+        "rounds": state.version,
+        "version_age_s": max(0.0, now - state.version_ts),
+        "buffered": buffered,
         "updates": {k: counters.get(k, 0) for k in ("received", "applied", "duplicates")}
-        | {"refused": dict(counters.get("refused", {})),
-           "refused_total": sum(counters.get("refused", {}).values())},
-        "bytes": {"payload": counters.get("payload_bytes", 0), "records": counters.get("record_bytes", 0),
-                  "by_codec": counters.get("bytes_by_codec", {})},
-        "staleness": {"histogram": {str(k): hist[k] for k in sorted(hist)},
-                      "mean": (sum(k * v for k, v in hist.items()) / n) if n else None,
-                      "max": max(hist) if hist else None},
-        "participants": [{"gateway": gw, **info}
-                         for gw, info in sorted(counters.get("participants", {}).items())],
+        | {
+            "refused": dict(counters.get("refused", {})),
+            "refused_total": sum(counters.get("refused", {}).values()),
+        },
+        "bytes": {
+            "payload": counters.get("payload_bytes", 0),
+            "records": counters.get("record_bytes", 0),
+            "by_codec": counters.get("bytes_by_codec", {}),
+        },
+        "staleness": {
+            "histogram": {str(k): hist[k] for k in sorted(hist)},
+            "mean": (sum(k * v for k, v in hist.items()) / n) if n else None,
+            "max": max(hist) if hist else None,
+        },
+        "participants": [
+            {"gateway": gw, **info} for gw, info in sorted(counters.get("participants", {}).items())
+        ],
         "onnx": {"exported": counters.get("onnx_exported", 0), "failed": counters.get("onnx_failed", 0)},
         "history": state.history[-20:],
     }

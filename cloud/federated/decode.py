@@ -51,7 +51,7 @@ def _section(entry: TensorEntry, data: bytes) -> torch.Tensor:
     index = torch.from_numpy(np.flatnonzero(mask[:n]))
     if index.numel() != k:
         raise ValueError(f"topk count {k} != {index.numel()} bits set in the mask")
-    values = decode(from_bytes(data[4 + mask_bytes:])).reshape(-1).float()
+    values = decode(from_bytes(data[4 + mask_bytes :])).reshape(-1).float()
     if values.numel() != k:
         raise ValueError(f"topk section has {k} kept elements but {values.numel()} values")
     out = torch.zeros(n, dtype=torch.float32)
@@ -59,8 +59,9 @@ def _section(entry: TensorEntry, data: bytes) -> torch.Tensor:
     return out
 
 
-def decode_update(envelope: UpdateEnvelope, model: str, layout: Layout,
-                  max_bytes: int) -> torch.Tensor | Refused:
+def decode_update(
+    envelope: UpdateEnvelope, model: str, layout: Layout, max_bytes: int
+) -> torch.Tensor | Refused:
     if envelope.model != model:
         return Refused("wrong_model", f"update for model {envelope.model!r}, the job trains {model!r}")
     try:  # size first (before anything is decoded), then digest and lengths
@@ -70,8 +71,10 @@ def decode_update(envelope: UpdateEnvelope, model: str, layout: Layout,
     names = tuple(t.name for t in envelope.tensors)
     shapes = tuple(tuple(t.shape) for t in envelope.tensors)
     if names != layout.names or shapes != layout.shapes:
-        return Refused("bad_tensor", f"tensors {list(zip(names, shapes, strict=False))[:4]}... do not match "
-                                     "the global model's layout")
+        return Refused(
+            "bad_tensor",
+            f"tensors {list(zip(names, shapes, strict=False))[:4]}... do not match the global model's layout",
+        )
     parts = []
     for entry, data in zip(envelope.tensors, sections, strict=True):
         try:

@@ -39,8 +39,9 @@ class FeedItem:
 
 
 class UpdateFeed:
-    def __init__(self, data_dir: Path, cursor: dict[str, Position] | None = None,
-                 max_bytes_per_poll: int = 64 << 20) -> None:
+    def __init__(
+        self, data_dir: Path, cursor: dict[str, Position] | None = None, max_bytes_per_poll: int = 64 << 20
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.datasets_dir = self.data_dir / "datasets"
         self.cursor: dict[str, Position] = dict(cursor or {})

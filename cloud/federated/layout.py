@@ -43,6 +43,6 @@ class Layout:
         out, cursor = {}, 0
         for name, shape in zip(self.names, self.shapes, strict=True):
             n = math.prod(shape)
-            out[name] = flat[cursor:cursor + n].view(shape).clone()
+            out[name] = flat[cursor : cursor + n].view(shape).clone()
             cursor += n
         return out

@@ -46,14 +46,21 @@ def save_state(folder: Path, state: FederatedState) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     name = weights_name(state.version)
     atomic_write(folder / name, state.weights.numpy().astype("<f4").tobytes())
-    document = {"v": 1, "job": json.loads(state.job.model_dump_json()), "version": state.version,
-                "weights_file": name, "version_ts": state.version_ts, "applied": state.applied,
-                "cursor": {gw: list(pos) for gw, pos in state.cursor.items()}, "counters": state.counters,
-                "history": state.history}
+    document = {
+        "v": 1,
+        "job": json.loads(state.job.model_dump_json()),
+        "version": state.version,
+        "weights_file": name,
+        "version_ts": state.version_ts,
+        "applied": state.applied,
+        "cursor": {gw: list(pos) for gw, pos in state.cursor.items()},
+        "counters": state.counters,
+        "history": state.history,
+    }
     atomic_write(folder / STATE_FILE, json.dumps(document).encode())
     fsync_dir(folder)
     old = sorted(p for p in folder.glob("weights-*.f32") if p.name != name)
-    for path in old[:max(0, len(old) - (KEEP_WEIGHT_FILES - 1))]:
+    for path in old[: max(0, len(old) - (KEEP_WEIGHT_FILES - 1))]:
         path.unlink(missing_ok=True)
 
 
@@ -65,7 +72,12 @@ def load_state(folder: Path) -> FederatedState | None:
     raw = (folder / doc["weights_file"]).read_bytes()
     weights = torch.from_numpy(np.frombuffer(raw, dtype="<f4").copy())
     return FederatedState(
-        job=FederatedJob.model_validate(doc["job"]), version=int(doc["version"]), weights=weights,
-        version_ts=float(doc["version_ts"]), applied={gw: dict(ids) for gw, ids in doc["applied"].items()},
+        job=FederatedJob.model_validate(doc["job"]),
+        version=int(doc["version"]),
+        weights=weights,
+        version_ts=float(doc["version_ts"]),
+        applied={gw: dict(ids) for gw, ids in doc["applied"].items()},
         cursor={gw: (int(p[0]), int(p[1])) for gw, p in doc["cursor"].items()},
-        counters=doc.get("counters", {}), history=doc.get("history", []))
+        counters=doc.get("counters", {}),
+        history=doc.get("history", []),
+    )

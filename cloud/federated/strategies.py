@@ -78,8 +78,9 @@ class Aggregator(ABC):
     def weight(self, update: ClientUpdate, version: int) -> float:
         return float(update.samples)
 
-    def aggregate(self, results: Sequence[ClientUpdate], failures: Sequence[Failure],
-                  version: int) -> AggregateResult | None:
+    def aggregate(
+        self, results: Sequence[ClientUpdate], failures: Sequence[Failure], version: int
+    ) -> AggregateResult | None:
         """Combine ``results`` into one server step; None (the global model is kept) if there are none."""
         if not results:
             return None
@@ -95,9 +96,14 @@ class Aggregator(ABC):
             step = math_.trimmed_mean(deltas, self.job.trim_fraction)
         else:
             step = math_.weighted_mean(deltas, weights)
-        return AggregateResult(step, tuple(u.gateway for u in results),
-                               tuple(version - u.base_version for u in results), tuple(weights), clipped,
-                               len(failures))
+        return AggregateResult(
+            step,
+            tuple(u.gateway for u in results),
+            tuple(version - u.base_version for u in results),
+            tuple(weights),
+            clipped,
+            len(failures),
+        )
 
 
 class FedAvg(Aggregator):
@@ -105,11 +111,19 @@ class FedAvg(Aggregator):
 
     def admit(self, update: ClientUpdate, version: int, buffered: Sequence[ClientUpdate]) -> Failure | None:
         if update.base_version != version:
-            return Failure(update.gateway, update.update_id, "stale",
-                           f"trained on version {update.base_version}, round is on {version}")
+            return Failure(
+                update.gateway,
+                update.update_id,
+                "stale",
+                f"trained on version {update.base_version}, round is on {version}",
+            )
         if any(b.gateway == update.gateway for b in buffered):
-            return Failure(update.gateway, update.update_id, "second_in_round",
-                           f"{update.gateway} already has an update in round {version}")
+            return Failure(
+                update.gateway,
+                update.update_id,
+                "second_in_round",
+                f"{update.gateway} already has an update in round {version}",
+            )
         return None
 
     def ready(self, buffered: Sequence[ClientUpdate], version: int, round_age_s: float) -> bool:
@@ -133,11 +147,19 @@ class FedBuff(Aggregator):
     def admit(self, update: ClientUpdate, version: int, buffered: Sequence[ClientUpdate]) -> Failure | None:
         staleness = version - update.base_version
         if staleness < 0:
-            return Failure(update.gateway, update.update_id, "future_base",
-                           f"base version {update.base_version} > current {version}")
+            return Failure(
+                update.gateway,
+                update.update_id,
+                "future_base",
+                f"base version {update.base_version} > current {version}",
+            )
         if staleness > self.job.max_staleness:
-            return Failure(update.gateway, update.update_id, "stale",
-                           f"staleness {staleness} > max_staleness {self.job.max_staleness}")
+            return Failure(
+                update.gateway,
+                update.update_id,
+                "stale",
+                f"staleness {staleness} > max_staleness {self.job.max_staleness}",
+            )
         return None
 
     def ready(self, buffered: Sequence[ClientUpdate], version: int, round_age_s: float) -> bool:

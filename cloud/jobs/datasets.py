@@ -47,8 +47,9 @@ def lsn_runs(lsns: Iterable[int]) -> list[list[int]]:
     return runs
 
 
-def windows_from_records(records: Iterable[Any], window: int, gateways: set[str] | None = None
-                         ) -> tuple[np.ndarray, dict[str, Any]]:
+def windows_from_records(
+    records: Iterable[Any], window: int, gateways: set[str] | None = None
+) -> tuple[np.ndarray, dict[str, Any]]:
     """(raw windows (N, window, channels), lineage) from StoredRecord-like values (pure)."""
     series: dict[tuple[str, str], list[tuple[int, tuple[float, ...], str, int]]] = defaultdict(list)
     for stored in records:
@@ -63,21 +64,26 @@ def windows_from_records(records: Iterable[Any], window: int, gateways: set[str]
         if any(not isinstance(v, int | float) for v in values):
             continue
         series[(stored.gateway, record["device"])].append(
-            (int(body.get("seq", stored.lsn)), tuple(float(v) for v in values), stored.log_id, stored.lsn))
+            (int(body.get("seq", stored.lsn)), tuple(float(v) for v in values), stored.log_id, stored.lsn)
+        )
     rows, used = [], defaultdict(set)
     stride = max(1, window // STRIDE_FRACTION)
     for (gateway, _device), samples in sorted(series.items()):
         samples.sort()
         for start in range(0, len(samples) - window + 1, stride):
-            chunk = samples[start:start + window]
+            chunk = samples[start : start + window]
             rows.append([values for _, values, _, _ in chunk])
             for _, _, log_id, lsn in chunk:
                 used[(gateway, log_id)].add(lsn)
     sources: dict[str, dict[str, list[list[int]]]] = defaultdict(dict)
     for (gateway, log_id), lsns in sorted(used.items()):
         sources[gateway][log_id] = lsn_runs(lsns)
-    lineage = {"dataset": "sensor_windows", "windows": len(rows),
-               "records": sum(len(v) for v in used.values()), "sources": dict(sources)}
+    lineage = {
+        "dataset": "sensor_windows",
+        "windows": len(rows),
+        "records": sum(len(v) for v in used.values()),
+        "sources": dict(sources),
+    }
     shape = (len(rows), window, len(READING_NAMES))
     return np.asarray(rows, dtype=np.float32).reshape(shape), lineage
 
@@ -89,8 +95,12 @@ class LabelledFrame:
     label: int  # index into the label list
 
 
-def frames_from_records(records: Iterable[Any], labels: list[str], blob_exists: Callable[[str, str], bool],
-                        gateways: set[str] | None = None) -> tuple[list[LabelledFrame], dict[str, Any]]:
+def frames_from_records(
+    records: Iterable[Any],
+    labels: list[str],
+    blob_exists: Callable[[str, str], bool],
+    gateways: set[str] | None = None,
+) -> tuple[list[LabelledFrame], dict[str, Any]]:
     """(frames, lineage) from StoredRecord-like values (pure but for ``blob_exists``): classification
     events with a known label whose frame blob is committed; the others are counted in the lineage."""
     frames, used, missing = [], defaultdict(list), 0
@@ -99,8 +109,12 @@ def frames_from_records(records: Iterable[Any], labels: list[str], blob_exists: 
             continue
         body = stored.record.get("body", {})
         blob = body.get("blob")
-        if (stored.record.get("kind") != "event" or body.get("type") != "classification"
-                or not isinstance(blob, dict) or body.get("label") not in labels):
+        if (
+            stored.record.get("kind") != "event"
+            or body.get("type") != "classification"
+            or not isinstance(blob, dict)
+            or body.get("label") not in labels
+        ):
             continue
         if not blob_exists(stored.gateway, str(blob.get("id"))):
             missing += 1  # spooled on the gateway, not (yet) committed here
@@ -111,9 +125,14 @@ def frames_from_records(records: Iterable[Any], labels: list[str], blob_exists: 
     for (gateway, log_id), lsns in sorted(used.items()):
         sources[gateway][log_id] = lsn_runs(lsns)
     counts = Counter(labels[f.label] for f in frames)
-    lineage = {"dataset": "camera_frames", "frames": len(frames), "records": len(frames),
-               "frames_not_uploaded": missing, "labels": dict(sorted(counts.items())),
-               "sources": dict(sources)}
+    lineage = {
+        "dataset": "camera_frames",
+        "frames": len(frames),
+        "records": len(frames),
+        "frames_not_uploaded": missing,
+        "labels": dict(sorted(counts.items())),
+        "sources": dict(sources),
+    }
     return frames, lineage
 
 
@@ -122,8 +141,9 @@ def _enough(rows: int, kind: str, min_rows: int) -> None:
         raise ValueError(f"only {rows} {kind} rows in the uploaded data (the job needs {min_rows})")
 
 
-def build_sensor_windows(store: Any, gateways: set[str] | None, min_rows: int
-                         ) -> tuple[dict[str, Any], dict[str, Any]]:
+def build_sensor_windows(
+    store: Any, gateways: set[str] | None, min_rows: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
     import torch
 
     from models.anomaly import WINDOW, normalise_window
@@ -133,8 +153,9 @@ def build_sensor_windows(store: Any, gateways: set[str] | None, min_rows: int
     return {"x": torch.from_numpy(np.stack([normalise_window(w) for w in raw]))}, lineage
 
 
-def build_camera_frames(store: Any, gateways: set[str] | None, min_rows: int, blob_root: Path
-                        ) -> tuple[dict[str, Any], dict[str, Any]]:
+def build_camera_frames(
+    store: Any, gateways: set[str] | None, min_rows: int, blob_root: Path
+) -> tuple[dict[str, Any], dict[str, Any]]:
     import cv2
     import torch
 
@@ -145,11 +166,14 @@ def build_camera_frames(store: Any, gateways: set[str] | None, min_rows: int, bl
     def path(gateway: str, blob_id: str) -> Path:
         return blob_root / gateway / blob_id
 
-    frames, lineage = frames_from_records(store.iter_records(), list(LABELS),
-                                          lambda gw, blob: path(gw, blob).is_file(), gateways)
+    frames, lineage = frames_from_records(
+        store.iter_records(), list(LABELS), lambda gw, blob: path(gw, blob).is_file(), gateways
+    )
     _enough(len(frames), "camera_frames", min_rows)
-    images = [cv2.imdecode(np.frombuffer(path(f.gateway, f.blob_id).read_bytes(), np.uint8), cv2.IMREAD_COLOR)
-              for f in frames]
+    images = [
+        cv2.imdecode(np.frombuffer(path(f.gateway, f.blob_id).read_bytes(), np.uint8), cv2.IMREAD_COLOR)
+        for f in frames
+    ]
     if any(image is None for image in images):
         raise ValueError("a committed frame blob is not a JPEG OpenCV can decode")
     x = preprocess_images(images, InputSpec.model_validate(INPUT_SPEC))

@@ -44,8 +44,15 @@ class JobEvents:
         self.events: list[dict[str, Any]] = []
         self.dropped = 0
         self.closed = False  # no more events will come (the job ended, or cloudd is stopping)
-        self.summary: dict[str, Any] = {"step": 0, "total_steps": None, "loss": None, "accuracy": None,
-                                        "eval_loss": None, "samples_per_s": None, "epoch": None}
+        self.summary: dict[str, Any] = {
+            "step": 0,
+            "total_steps": None,
+            "loss": None,
+            "accuracy": None,
+            "eval_loss": None,
+            "samples_per_s": None,
+            "epoch": None,
+        }
         self._changed = asyncio.Event()
 
     def extend(self, records: list[dict[str, Any]]) -> None:
@@ -79,7 +86,7 @@ class JobEvents:
             summary["eval_loss"] = record.get("loss")
 
     def since(self, n: int) -> list[dict[str, Any]]:
-        return self.events[max(0, n):]
+        return self.events[max(0, n) :]
 
     async def wait(self, n: int, timeout_s: float) -> bool:
         """Wait until there is an event numbered >= n or the stream closed; False on timeout."""

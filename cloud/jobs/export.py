@@ -52,10 +52,16 @@ def export_digits(workdir: Path, spec: JobSpec, version: str, lineage: dict[str,
     split = load_digits_split(spec.seed)
     test_accuracy = accuracy(model, split.test_x, split.test_y)
     input_spec = {"name": "input", "shape": [None, 1, 8, 8], "dtype": "float32", "preprocess": "none"}
-    return export_artifact(model, split.test_x[:1], name=spec.model_name, version=version,
-                           input_spec=input_spec, postprocess="softmax_labels",
-                           labels=[str(d) for d in range(10)],
-                           notes={"test_accuracy": test_accuracy, "step": step, "lineage": lineage})
+    return export_artifact(
+        model,
+        split.test_x[:1],
+        name=spec.model_name,
+        version=version,
+        input_spec=input_spec,
+        postprocess="softmax_labels",
+        labels=[str(d) for d in range(10)],
+        notes={"test_accuracy": test_accuracy, "step": step, "lineage": lineage},
+    )
 
 
 def export_anomaly(workdir: Path, spec: JobSpec, version: str, lineage: dict[str, Any]):
@@ -68,10 +74,17 @@ def export_anomaly(workdir: Path, spec: JobSpec, version: str, lineage: dict[str
     x = data["x"]
     windows = WindowData(x, torch.zeros(len(x), dtype=torch.bool))
     threshold = fit_threshold(model, windows)
-    return export_artifact(model, x[:1], name=spec.model_name, version=version, input_spec=INPUT_SPEC,
-                           postprocess="reconstruction_error", labels=["normal", "anomaly"],
-                           threshold=threshold,
-                           notes={"step": step, "train_windows": len(x), "lineage": lineage})
+    return export_artifact(
+        model,
+        x[:1],
+        name=spec.model_name,
+        version=version,
+        input_spec=INPUT_SPEC,
+        postprocess="reconstruction_error",
+        labels=["normal", "anomaly"],
+        threshold=threshold,
+        notes={"step": step, "train_windows": len(x), "lineage": lineage},
+    )
 
 
 def export_scene(workdir: Path, spec: JobSpec, version: str, lineage: dict[str, Any]):
@@ -83,10 +96,21 @@ def export_scene(workdir: Path, spec: JobSpec, version: str, lineage: dict[str, 
     data = torch.load(workdir / "dataset.pt", weights_only=True)
     # the share of uploaded frames whose label (the gateway model's verdict) the new model repeats
     agreement = accuracy(model, SceneData(data["x"], data["y"]))
-    return export_artifact(model, data["x"][:1], name=spec.model_name, version=version, input_spec=INPUT_SPEC,
-                           postprocess="softmax_labels", labels=list(LABELS),
-                           notes={"step": step, "train_frames": len(data["x"]), "label_agreement": agreement,
-                                  "lineage": lineage})
+    return export_artifact(
+        model,
+        data["x"][:1],
+        name=spec.model_name,
+        version=version,
+        input_spec=INPUT_SPEC,
+        postprocess="softmax_labels",
+        labels=list(LABELS),
+        notes={
+            "step": step,
+            "train_frames": len(data["x"]),
+            "label_agreement": agreement,
+            "lineage": lineage,
+        },
+    )
 
 
 EXPORTERS = {"digits_cnn": export_digits, "anomaly_autoencoder": export_anomaly, "scene_cnn": export_scene}

@@ -54,8 +54,11 @@ class JobFailure(Exception):
 
 
 def _env() -> dict[str, str]:
-    return dict(os.environ, OMP_NUM_THREADS="1",
-                PYTHONPATH=os.pathsep.join(filter(None, [str(_REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    return dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(_REPO_ROOT), os.environ.get("PYTHONPATH")])),
+    )
 
 
 def _prepare_workdir(workdir: Path, spec: JobSpec) -> None:
@@ -85,8 +88,15 @@ def _read_from(path: Path, offset: int) -> bytes:
 
 
 class JobManager:
-    def __init__(self, data_dir: Path, registry: ModelRegistry, *, max_running: int = 1, max_queued: int = 16,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        registry: ModelRegistry,
+        *,
+        max_running: int = 1,
+        max_queued: int = 16,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.data_dir, self.root = data_dir, data_dir / "jobs"
         self.registry, self.clock = registry, clock
         self.max_running, self.max_queued = max_running, max_queued
@@ -154,8 +164,12 @@ class JobManager:
 
     def counts(self) -> dict[str, int]:
         rows = self.table.all()
-        return {"running": sum(r.state == "running" for r in rows),
-                "queued": sum(r.state == "queued" for r in rows), "total": len(rows), "refused": self.refused}
+        return {
+            "running": sum(r.state == "running" for r in rows),
+            "queued": sum(r.state == "queued" for r in rows),
+            "total": len(rows),
+            "refused": self.refused,
+        }
 
     async def cancel(self, job_id: str) -> JobRow:
         row = self.get(job_id)
@@ -189,14 +203,17 @@ class JobManager:
         events = self._events.get(row.id)
         if events is None and (self.root / row.id / "progress.jsonl").exists():
             events = self.events(row.id)
-        return {**row.to_json(), "progress": events.summary if events else None,
-                "events": len(events.events) if events else 0}
+        return {
+            **row.to_json(),
+            "progress": events.summary if events else None,
+            "events": len(events.events) if events else 0,
+        }
 
     # -- scheduling and the owner task of each job -------------------------------------------------
     async def _schedule(self) -> None:
         while True:
             running = sum(not t.done() for t in self._owners.values())
-            for row in self.table.all("queued")[:max(0, self.max_running - running)]:
+            for row in self.table.all("queued")[: max(0, self.max_running - running)]:
                 self._owners[row.id] = asyncio.create_task(self._own(row.id), name=f"job-{row.id}")
             await wait_event(self._wake, 1.0)
             self._wake.clear()
@@ -238,8 +255,9 @@ class JobManager:
     async def _step(self, name: str, command: list[str], workdir: Path) -> None:
         out = await asyncio.to_thread(open, workdir / f"{name}.log", "ab")
         try:
-            proc = await asyncio.create_subprocess_exec(*command, cwd=workdir, env=_env(), stdout=out,
-                                                        stderr=subprocess.STDOUT)
+            proc = await asyncio.create_subprocess_exec(
+                *command, cwd=workdir, env=_env(), stdout=out, stderr=subprocess.STDOUT
+            )
         finally:
             out.close()  # the child has its own descriptor
         try:
@@ -257,16 +275,32 @@ class JobManager:
             tail = (workdir / f"{name}.log").read_text(errors="replace").strip().splitlines()[-1:]
             raise JobFailure(f"{name} exited {code}: {' '.join(tail)}")
 
-    async def _run(self, job_id: str, spec: JobSpec, workdir: Path,
-                   events: JobEvents) -> tuple[str, dict[str, Any]]:
+    async def _run(
+        self, job_id: str, spec: JobSpec, workdir: Path, events: JobEvents
+    ) -> tuple[str, dict[str, Any]]:
         await asyncio.to_thread(_prepare_workdir, workdir, spec)
         # a resumed job keeps the rows it started with
         uploaded = spec.dataset_name in UPLOADED_DATASETS
         if uploaded and not await asyncio.to_thread((workdir / "dataset.pt").exists):
             gateways = [arg for gw in spec.gateways for arg in ("--gateway", gw)]
-            await self._step("dataset", [sys.executable, "-m", "cloud.jobs.datasets", "--kind",
-                                         spec.dataset_name, "--data-dir", str(self.data_dir), "--out",
-                                         str(workdir), "--min-rows", str(spec.min_rows), *gateways], workdir)
+            await self._step(
+                "dataset",
+                [
+                    sys.executable,
+                    "-m",
+                    "cloud.jobs.datasets",
+                    "--kind",
+                    spec.dataset_name,
+                    "--data-dir",
+                    str(self.data_dir),
+                    "--out",
+                    str(workdir),
+                    "--min-rows",
+                    str(spec.min_rows),
+                    *gateways,
+                ],
+                workdir,
+            )
         proc = await asyncio.to_thread(launch_job, workdir / "job.toml", spec.nproc, workdir)
         self._procs[job_id] = proc
         code = await self._follow(proc, workdir / "progress.jsonl", events)
@@ -276,8 +310,21 @@ class JobManager:
             raise JobFailure(f"torchrun exited {code}: {why}")
         await asyncio.to_thread(_complete_lineage, workdir, job_id, spec)
         out = workdir / "artifact"
-        await self._step("export", [sys.executable, "-m", "cloud.jobs.export", "--workdir", str(workdir),
-                                    "--version", job_id, "--out", str(out)], workdir)
+        await self._step(
+            "export",
+            [
+                sys.executable,
+                "-m",
+                "cloud.jobs.export",
+                "--workdir",
+                str(workdir),
+                "--version",
+                job_id,
+                "--out",
+                str(out),
+            ],
+            workdir,
+        )
         try:
             artifact = await asyncio.to_thread(load_artifact, out)
         except ArtifactError as exc:

@@ -27,8 +27,9 @@ class TrainableModel:
 
 TRAINABLE_MODELS = {
     "digits_cnn": TrainableModel("digits", "digits", "digits_cnn", 0.05),
-    "anomaly_autoencoder": TrainableModel("sensor_windows", "anomaly", "models.anomaly.anomaly_autoencoder",
-                                          0.01),
+    "anomaly_autoencoder": TrainableModel(
+        "sensor_windows", "anomaly", "models.anomaly.anomaly_autoencoder", 0.01
+    ),
     "scene_cnn": TrainableModel("camera_frames", "scene", "models.scene.scene_cnn", 0.05),
 }
 # Datasets built from gateways' uploads (cloud/jobs/datasets.py writes them as a tensor file), the
@@ -66,8 +67,10 @@ class JobSpec(BaseModel):
         if self.batch_size % self.microbatches:
             raise ValueError("batch_size must be a multiple of microbatches")
         if self.gateways and wanted not in UPLOADED_DATASETS:
-            raise ValueError(f"gateways applies only to datasets built from uploads "
-                             f"({', '.join(UPLOADED_DATASETS)}), not {wanted!r}")
+            raise ValueError(
+                f"gateways applies only to datasets built from uploads "
+                f"({', '.join(UPLOADED_DATASETS)}), not {wanted!r}"
+            )
         return self
 
     @property
@@ -120,19 +123,42 @@ def parse_spec(raw: bytes | str | dict[str, Any], *, max_nproc: int) -> JobSpec:
 def job_toml(spec: JobSpec) -> str:
     """The ``cloud.training.run`` job file for a spec (workdir-relative paths)."""
     lines = [
-        "[model]", f'name = "{TRAINABLE_MODELS[spec.model].trainer_name}"', "",
-        "[train]", f'schedule = "{spec.schedule}"', f"microbatches = {spec.microbatches}",
-        f"batch_size = {spec.batch_size}", f"epochs = {spec.epochs}", f"max_steps = {spec.max_steps}",
-        f"lr = {spec.learning_rate!r}", f"seed = {spec.seed}", "threads = 1", "",
+        "[model]",
+        f'name = "{TRAINABLE_MODELS[spec.model].trainer_name}"',
+        "",
+        "[train]",
+        f'schedule = "{spec.schedule}"',
+        f"microbatches = {spec.microbatches}",
+        f"batch_size = {spec.batch_size}",
+        f"epochs = {spec.epochs}",
+        f"max_steps = {spec.max_steps}",
+        f"lr = {spec.learning_rate!r}",
+        f"seed = {spec.seed}",
+        "threads = 1",
+        "",
         # even: no profiling or bandwidth probe before the first step; jobs start at once
-        "[partition]", 'mode = "even"', "",
-        "[checkpoint]", 'dir = "checkpoints"', f"every = {spec.checkpoint_every}", "",
-        "[progress]", 'file = "progress.jsonl"', f"log_every = {spec.log_every}", "",
+        "[partition]",
+        'mode = "even"',
+        "",
+        "[checkpoint]",
+        'dir = "checkpoints"',
+        f"every = {spec.checkpoint_every}",
+        "",
+        "[progress]",
+        'file = "progress.jsonl"',
+        f"log_every = {spec.log_every}",
+        "",
     ]
     if spec.dataset_name == "digits":
         lines[3:3] = ["[data]", 'dataset = "digits"', ""]
     else:  # cloud.jobs.datasets wrote the uploads as dataset.pt in the job's folder
         loss, test_fraction = UPLOADED_DATASETS[spec.dataset_name]
-        lines[3:3] = ["[data]", 'dataset = "tensor_file"', 'path = "dataset.pt"', f'loss = "{loss}"',
-                      f"test_fraction = {test_fraction}", ""]
+        lines[3:3] = [
+            "[data]",
+            'dataset = "tensor_file"',
+            'path = "dataset.pt"',
+            f'loss = "{loss}"',
+            f"test_fraction = {test_fraction}",
+            "",
+        ]
     return "\n".join(lines)

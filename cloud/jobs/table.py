@@ -20,8 +20,14 @@ from typing import Any
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 FINAL = frozenset({"succeeded", "failed", "cancelled"})
-_MOVES = {("queued", "running"), ("queued", "cancelled"), ("running", "succeeded"), ("running", "failed"),
-          ("running", "cancelled"), ("running", "queued")}
+_MOVES = {
+    ("queued", "running"),
+    ("queued", "cancelled"),
+    ("running", "succeeded"),
+    ("running", "failed"),
+    ("running", "cancelled"),
+    ("running", "queued"),
+}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -73,15 +79,28 @@ class JobTable:
 
     def _row(self, values: tuple) -> JobRow:
         (id_, seq, spec, state, created, started, finished, code, error, model, lineage) = values
-        return JobRow(id_, seq, json.loads(spec), state, created, started, finished, code, error,
-                      json.loads(model) if model else None, json.loads(lineage) if lineage else None)
+        return JobRow(
+            id_,
+            seq,
+            json.loads(spec),
+            state,
+            created,
+            started,
+            finished,
+            code,
+            error,
+            json.loads(model) if model else None,
+            json.loads(lineage) if lineage else None,
+        )
 
     def insert(self, spec: dict[str, Any], now: float | None = None) -> JobRow:
         with self._conn:
             seq = 1 + (self._conn.execute("SELECT MAX(seq) FROM jobs").fetchone()[0] or 0)
             job_id = f"job-{seq:05d}"
-            self._conn.execute("INSERT INTO jobs (id, seq, spec, state, created_ts) VALUES (?, ?, ?, ?, ?)",
-                               (job_id, seq, json.dumps(spec), "queued", now or time.time()))
+            self._conn.execute(
+                "INSERT INTO jobs (id, seq, spec, state, created_ts) VALUES (?, ?, ?, ?, ?)",
+                (job_id, seq, json.dumps(spec), "queued", now or time.time()),
+            )
         return self.get(job_id)
 
     def get(self, job_id: str) -> JobRow | None:
@@ -101,8 +120,10 @@ class JobTable:
             raise KeyError(job_id)
         if (row.state, state) not in _MOVES:
             raise ValueError(f"{job_id}: cannot move from {row.state} to {state}")
-        columns = {"state": state, **{k: json.dumps(v) if k in ("model", "lineage") else v
-                                      for k, v in fields.items()}}
+        columns = {
+            "state": state,
+            **{k: json.dumps(v) if k in ("model", "lineage") else v for k, v in fields.items()},
+        }
         assignments = ", ".join(f"{name} = ?" for name in columns)
         with self._conn:
             self._conn.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*columns.values(), job_id))
@@ -112,5 +133,7 @@ class JobTable:
         """Fields that do not change the state (the model a job registered, its lineage)."""
         columns = {k: json.dumps(v) if k in ("model", "lineage") else v for k, v in fields.items()}
         with self._conn:
-            self._conn.execute(f"UPDATE jobs SET {', '.join(f'{n} = ?' for n in columns)} WHERE id = ?",
-                               (*columns.values(), job_id))
+            self._conn.execute(
+                f"UPDATE jobs SET {', '.join(f'{n} = ?' for n in columns)} WHERE id = ?",
+                (*columns.values(), job_id),
+            )

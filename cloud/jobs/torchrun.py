@@ -21,22 +21,42 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def torchrun_command(job_toml_path: str | Path, nproc: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-            "-m", "cloud.training.run", "--job", str(Path(job_toml_path).resolve())]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        "-m",
+        "cloud.training.run",
+        "--job",
+        str(Path(job_toml_path).resolve()),
+    ]
 
 
-def launch_job(job_toml_path: str | Path, nproc: int, workdir: str | Path, *,
-               threads_per_proc: int = 1) -> subprocess.Popen:
+def launch_job(
+    job_toml_path: str | Path, nproc: int, workdir: str | Path, *, threads_per_proc: int = 1
+) -> subprocess.Popen:
     """Start the job; its output goes to ``<workdir>/torchrun.log``. Returns the torchrun process
     (leader of its own process group; see ``cancel_job``)."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_proc),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(_REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(threads_per_proc),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(_REPO_ROOT), os.environ.get("PYTHONPATH")])),
+    )
     log = open(workdir / "torchrun.log", "ab")  # noqa: SIM115 - handed to the child, closed below
     try:
-        return subprocess.Popen(torchrun_command(job_toml_path, nproc), cwd=workdir, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            torchrun_command(job_toml_path, nproc),
+            cwd=workdir,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     finally:
         log.close()  # the child holds its own copy of the descriptor
 
@@ -51,7 +71,7 @@ def _children(pid: int) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue  # exited while we looked
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         if int(fields[1]) == pid:
             children.append(int(entry.name))
     return children

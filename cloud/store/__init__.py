@@ -7,5 +7,14 @@ from cloud.store.dataset import DatasetStore, RecoveryReport, StoreCounts, Store
 from cloud.store.meta import DeviceCounts, GatewayCounts
 from cloud.store.writer import AsyncStoreWriter, StoreBusy
 
-__all__ = ["AsyncStoreWriter", "DatasetStore", "DeviceCounts", "GatewayCounts", "RecoveryReport",
-           "StoreBusy", "StoreCounts", "StoreLocked", "StoredRecord"]
+__all__ = [
+    "AsyncStoreWriter",
+    "DatasetStore",
+    "DeviceCounts",
+    "GatewayCounts",
+    "RecoveryReport",
+    "StoreBusy",
+    "StoreCounts",
+    "StoreLocked",
+    "StoredRecord",
+]

@@ -123,8 +123,14 @@ class BlobStore:
         self.root = Path(root)
         self.max_blob_bytes = max_blob_bytes
         self._locks = [threading.Lock() for _ in range(LOCK_STRIPES)]
-        self.counters = {"chunks": 0, "bytes_written": 0, "committed": 0, "offset_mismatches": 0,
-                         "hash_mismatches": 0, "replays": 0}
+        self.counters = {
+            "chunks": 0,
+            "bytes_written": 0,
+            "committed": 0,
+            "offset_mismatches": 0,
+            "hash_mismatches": 0,
+            "replays": 0,
+        }
 
     # -- paths -----------------------------------------------------------------------------------
     def _dirs(self, gateway: str) -> tuple[Path, Path, Path]:
@@ -147,8 +153,9 @@ class BlobStore:
         part = partial / blob_id
         return BlobStatus(blob_id, part.stat().st_size if part.exists() else 0, False)
 
-    def append(self, gateway: str, blob_id: str, offset: int, chunk: bytes,
-               final_sha256: str | None = None) -> AppendResult:
+    def append(
+        self, gateway: str, blob_id: str, offset: int, chunk: bytes, final_sha256: str | None = None
+    ) -> AppendResult:
         """Append ``chunk`` at ``offset``; with ``final_sha256``, then verify and commit."""
         with self._lock(gateway, blob_id):
             status = self.status(gateway, blob_id)
@@ -195,8 +202,9 @@ class BlobStore:
         self.counters["chunks"] += 1
         self.counters["bytes_written"] += len(chunk)
 
-    def _commit(self, base: Path, partial: Path, hashes: Path, blob_id: str,
-                sha: str) -> BlobStatus | HashMismatch:
+    def _commit(
+        self, base: Path, partial: Path, hashes: Path, blob_id: str, sha: str
+    ) -> BlobStatus | HashMismatch:
         part = partial / blob_id
         if not part.exists():  # an empty blob: nothing was ever appended
             partial.mkdir(parents=True, exist_ok=True)
@@ -238,8 +246,9 @@ class AsyncBlobStore:
     async def status(self, gateway: str, blob_id: str) -> BlobStatus:
         return await self._call(self.store.status, gateway, blob_id)
 
-    async def append(self, gateway: str, blob_id: str, offset: int, chunk: bytes,
-                     final_sha256: str | None = None) -> AppendResult:
+    async def append(
+        self, gateway: str, blob_id: str, offset: int, chunk: bytes, final_sha256: str | None = None
+    ) -> AppendResult:
         return await self._call(self.store.append, gateway, blob_id, offset, chunk, final_sha256)
 
     def close(self) -> None:

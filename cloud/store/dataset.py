@@ -79,8 +79,9 @@ class RecoveryReport:
 
 
 class DatasetStore:
-    def __init__(self, data_dir: Path, *, readonly: bool, segment_max_bytes: int,
-                 clock: Callable[[], float]) -> None:
+    def __init__(
+        self, data_dir: Path, *, readonly: bool, segment_max_bytes: int, clock: Callable[[], float]
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.datasets_dir = self.data_dir / "datasets"
         self.readonly = readonly
@@ -92,9 +93,14 @@ class DatasetStore:
         self._conn = None if readonly else meta.connect(self.data_dir / "meta.sqlite")
 
     @classmethod
-    def open(cls, data_dir: Path | str, *, readonly: bool = False,
-             segment_max_bytes: int = segments.DEFAULT_SEGMENT_MAX_BYTES,
-             clock: Callable[[], float] = time.time) -> DatasetStore:
+    def open(
+        cls,
+        data_dir: Path | str,
+        *,
+        readonly: bool = False,
+        segment_max_bytes: int = segments.DEFAULT_SEGMENT_MAX_BYTES,
+        clock: Callable[[], float] = time.time,
+    ) -> DatasetStore:
         """Open (creating if needed) the store; a writer takes the lock and recovers first."""
         data_dir = Path(data_dir)
         if readonly:
@@ -145,8 +151,11 @@ class DatasetStore:
                     report.removed_segments.append(path)
                     path.unlink()
         if report.cut_bytes:
-            log.info("recovery: cut %d uncommitted bytes (%d new segments removed)",
-                     report.cut_bytes, len(report.removed_segments))
+            log.info(
+                "recovery: cut %d uncommitted bytes (%d new segments removed)",
+                report.cut_bytes,
+                len(report.removed_segments),
+            )
         for path, missing in report.missing_bytes.items():
             log.error("corruption: %s lacks %d committed bytes", path, missing)
 
@@ -165,8 +174,9 @@ class DatasetStore:
         segment = None
         devices: dict[str, tuple[int, float]] = {}
         if fresh:
-            data = b"".join(segments.encode_line(log_id, e.lsn, e.data.model_dump_json().encode())
-                            for e in fresh)
+            data = b"".join(
+                segments.encode_line(log_id, e.lsn, e.data.model_dump_json().encode()) for e in fresh
+            )
             seq, committed_len = self._segment_for(gw, len(data))
             path = segments.segment_path(self.datasets_dir, gw, seq)
             segment = (seq, segments.append_at(path, committed_len, data))
@@ -174,11 +184,20 @@ class DatasetStore:
                 n, ts = devices.get(e.data.device, (0, e.data.received_ts))
                 devices[e.data.device] = (n + 1, max(ts, e.data.received_ts))
         change = meta.BatchCommit(
-            gateway=gw, log_id=log_id, now=self.clock(), stored=len(fresh), duplicates=duplicates,
-            segment=segment, old_ranges=old, new_ranges=merge(old, runs(new_lsns)), devices=devices)
+            gateway=gw,
+            log_id=log_id,
+            now=self.clock(),
+            stored=len(fresh),
+            duplicates=duplicates,
+            segment=segment,
+            old_ranges=old,
+            new_ranges=merge(old, runs(new_lsns)),
+            devices=devices,
+        )
         meta.commit_batch(conn, change)
-        return BatchAck(stored=len(fresh), duplicates=duplicates,
-                        first_lsn=batch.first_lsn, last_lsn=batch.last_lsn)
+        return BatchAck(
+            stored=len(fresh), duplicates=duplicates, first_lsn=batch.first_lsn, last_lsn=batch.last_lsn
+        )
 
     def _segment_for(self, gateway: str, nbytes: int) -> tuple[int, int]:
         """(seq, committed_len) of the segment the next write goes to; rolls over when full."""

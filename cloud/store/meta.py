@@ -58,7 +58,8 @@ def segments(conn: sqlite3.Connection, gateway: str | None = None) -> list[tuple
         rows = conn.execute("SELECT gateway, seq, committed_len FROM segments ORDER BY gateway, seq")
     else:
         rows = conn.execute(
-            "SELECT gateway, seq, committed_len FROM segments WHERE gateway=? ORDER BY seq", (gateway,))
+            "SELECT gateway, seq, committed_len FROM segments WHERE gateway=? ORDER BY seq", (gateway,)
+        )
     return [(g, s, n) for g, s, n in rows]
 
 
@@ -72,16 +73,19 @@ def ranges_near(conn: sqlite3.Connection, gateway: str, log_id: str, first: int,
     was drained by class leaves one interval per alert and summary record.)"""
     before = conn.execute(
         "SELECT lo, hi FROM lsn_ranges WHERE gateway=? AND log_id=? AND lo<? ORDER BY lo DESC LIMIT 1",
-        (gateway, log_id, first - 1)).fetchall()
+        (gateway, log_id, first - 1),
+    ).fetchall()
     inside = conn.execute(
         "SELECT lo, hi FROM lsn_ranges WHERE gateway=? AND log_id=? AND lo>=? AND lo<=? ORDER BY lo",
-        (gateway, log_id, first - 1, last + 1)).fetchall()
+        (gateway, log_id, first - 1, last + 1),
+    ).fetchall()
     return [(lo, hi) for lo, hi in before if hi >= first - 1] + [(lo, hi) for lo, hi in inside]
 
 
 def all_ranges(conn: sqlite3.Connection, gateway: str, log_id: str) -> list[Interval]:
-    rows = conn.execute("SELECT lo, hi FROM lsn_ranges WHERE gateway=? AND log_id=? ORDER BY lo",
-                        (gateway, log_id))
+    rows = conn.execute(
+        "SELECT lo, hi FROM lsn_ranges WHERE gateway=? AND log_id=? ORDER BY lo", (gateway, log_id)
+    )
     return [(lo, hi) for lo, hi in rows]
 
 
@@ -109,21 +113,28 @@ def commit_batch(conn: sqlite3.Connection, change: BatchCommit) -> None:
             conn.execute(
                 "INSERT INTO segments (gateway, seq, committed_len) VALUES (?, ?, ?) "
                 "ON CONFLICT (gateway, seq) DO UPDATE SET committed_len=excluded.committed_len",
-                (change.gateway, seq, committed_len))
-        conn.executemany("DELETE FROM lsn_ranges WHERE gateway=? AND log_id=? AND lo=?",
-                         [(change.gateway, change.log_id, lo) for lo, _ in change.old_ranges])
-        conn.executemany("INSERT INTO lsn_ranges (gateway, log_id, lo, hi) VALUES (?, ?, ?, ?)",
-                         [(change.gateway, change.log_id, lo, hi) for lo, hi in change.new_ranges])
+                (change.gateway, seq, committed_len),
+            )
+        conn.executemany(
+            "DELETE FROM lsn_ranges WHERE gateway=? AND log_id=? AND lo=?",
+            [(change.gateway, change.log_id, lo) for lo, _ in change.old_ranges],
+        )
+        conn.executemany(
+            "INSERT INTO lsn_ranges (gateway, log_id, lo, hi) VALUES (?, ?, ?, ?)",
+            [(change.gateway, change.log_id, lo, hi) for lo, hi in change.new_ranges],
+        )
         conn.executemany(
             "INSERT INTO devices (gateway, device, records, last_ts) VALUES (?, ?, ?, ?) "
             "ON CONFLICT (gateway, device) DO UPDATE SET records=records+excluded.records, "
             "last_ts=max(coalesce(last_ts, excluded.last_ts), excluded.last_ts)",
-            [(change.gateway, dev, n, ts) for dev, (n, ts) in change.devices.items()])
+            [(change.gateway, dev, n, ts) for dev, (n, ts) in change.devices.items()],
+        )
         conn.execute(
             "INSERT INTO gateways (id, last_seen, records, batches, duplicates) VALUES (?, ?, ?, 1, ?) "
             "ON CONFLICT (id) DO UPDATE SET last_seen=excluded.last_seen, "
             "records=records+excluded.records, batches=batches+1, duplicates=duplicates+excluded.duplicates",
-            (change.gateway, change.now, change.stored, change.duplicates))
+            (change.gateway, change.now, change.stored, change.duplicates),
+        )
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")

@@ -26,8 +26,9 @@ class StoreBusy(Exception):
 
 
 class AsyncStoreWriter:
-    def __init__(self, data_dir: Path, *, max_pending: int = 64,
-                 segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES) -> None:
+    def __init__(
+        self, data_dir: Path, *, max_pending: int = 64, segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.max_pending = max_pending
         self.segment_max_bytes = segment_max_bytes
@@ -51,8 +52,9 @@ class AsyncStoreWriter:
             raise RuntimeError("AsyncStoreWriter is already open")
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-writer")
         try:
-            self._store = await self._run(lambda: DatasetStore.open(
-                self.data_dir, segment_max_bytes=self.segment_max_bytes))
+            self._store = await self._run(
+                lambda: DatasetStore.open(self.data_dir, segment_max_bytes=self.segment_max_bytes)
+            )
         except BaseException:
             self._executor.shutdown(wait=True)
             self._executor = None

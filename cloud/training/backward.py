@@ -34,8 +34,9 @@ class LayerTape:
     """One microbatch's forward through a stage, layer by layer, with the parameterised layers'
     outputs kept for the weight-gradient pass."""
 
-    def __init__(self, module: nn.Sequential, x: torch.Tensor,
-                 params: Mapping[str, torch.Tensor] | None = None):
+    def __init__(
+        self, module: nn.Sequential, x: torch.Tensor, params: Mapping[str, torch.Tensor] | None = None
+    ):
         self.outputs: list[torch.Tensor] = []  # output of each layer that owns parameters
         self.weights: list[list[torch.Tensor]] = []  # that layer's parameters, named_parameters order
         h = x
@@ -52,12 +53,14 @@ class LayerTape:
         self.output = h
 
 
-def input_gradient(tape: LayerTape, loss_or_output: torch.Tensor, stage_input: torch.Tensor,
-                   grad_output: torch.Tensor | None) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+def input_gradient(
+    tape: LayerTape, loss_or_output: torch.Tensor, stage_input: torch.Tensor, grad_output: torch.Tensor | None
+) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
     """d(stage output)/d(stage input), and the gradients at the parameterised layers' outputs that
     ``weight_gradients`` needs. Keeps the graph for that second pass."""
-    grads = torch.autograd.grad(loss_or_output, [stage_input, *tape.outputs], grad_output,
-                                retain_graph=True, allow_unused=True)
+    grads = torch.autograd.grad(
+        loss_or_output, [stage_input, *tape.outputs], grad_output, retain_graph=True, allow_unused=True
+    )
     return grads[0], list(grads[1:])
 
 

@@ -33,8 +33,17 @@ HEADER_LEN = 12
 HEADER_BYTES = HEADER_LEN * 8
 MAX_DIMS = HEADER_LEN - 5
 _MAGIC = 0x7E1D
-_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
-           torch.int8, torch.uint8, torch.bool]
+_DTYPES = [
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+]
 KIND_ACTIVATION, KIND_GRADIENT, KIND_EVAL = 0, 1, 2
 
 
@@ -104,8 +113,10 @@ def pack_header(codec: WireCodec, tensor: torch.Tensor, n_bytes: int) -> torch.T
     if tensor.dim() > MAX_DIMS:
         raise ValueError(f"at most {MAX_DIMS} dimensions cross a stage boundary")
     shape = list(tensor.shape) + [0] * (MAX_DIMS - tensor.dim())
-    return torch.tensor([_MAGIC, codec.codec_id, _DTYPES.index(tensor.dtype), tensor.dim(), *shape, n_bytes],
-                        dtype=torch.int64)
+    return torch.tensor(
+        [_MAGIC, codec.codec_id, _DTYPES.index(tensor.dtype), tensor.dim(), *shape, n_bytes],
+        dtype=torch.int64,
+    )
 
 
 def unpack_header(header: torch.Tensor) -> tuple[WireCodec, torch.dtype, tuple[int, ...], int]:
@@ -113,7 +124,7 @@ def unpack_header(header: torch.Tensor) -> tuple[WireCodec, torch.dtype, tuple[i
     if values[0] != _MAGIC:
         raise ValueError(f"bad header magic {values[0]:#x}: peers disagree on the message order")
     ndim = values[3]
-    return _CODECS[values[1]], _DTYPES[values[2]], tuple(values[4:4 + ndim]), values[-1]
+    return _CODECS[values[1]], _DTYPES[values[2]], tuple(values[4 : 4 + ndim]), values[-1]
 
 
 @dataclass
@@ -133,8 +144,14 @@ class PendingSends:
         self.buffers.clear()
 
 
-def send_tensor(tensor: torch.Tensor, dst: int, tag: int, codec: WireCodec, pending: PendingSends,
-                sizes: SlotSizes | None = None) -> None:
+def send_tensor(
+    tensor: torch.Tensor,
+    dst: int,
+    tag: int,
+    codec: WireCodec,
+    pending: PendingSends,
+    sizes: SlotSizes | None = None,
+) -> None:
     payload = codec.encode(tensor)
     n_bytes = payload.numel()
     capacity = sizes.capacity(dst, tag) if sizes is not None else 0
@@ -186,7 +203,7 @@ class PendingRecv:
             self.work.wait(timedelta(seconds=timeout_s))
             self._read_header()
         codec, dtype, shape, n_bytes = self.meta  # type: ignore[misc]
-        inline = self.message[HEADER_BYTES:HEADER_BYTES + min(n_bytes, self.capacity)]
+        inline = self.message[HEADER_BYTES : HEADER_BYTES + min(n_bytes, self.capacity)]
         if self.overflow_work is None:
             payload = inline
         else:

@@ -62,12 +62,19 @@ class _InFlight:
 
 
 class StageExecutor:
-    def __init__(self, module: nn.Sequential, topology: Topology, rank: int, *,
-                 optimizer: torch.optim.Optimizer | None,
-                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                 codec: comm.WireCodec | None = None, replica_group: dist.ProcessGroup | None = None,
-                 timeout_s: float = 120.0,
-                 activation_context: Callable[[], AbstractContextManager] | None = None):
+    def __init__(
+        self,
+        module: nn.Sequential,
+        topology: Topology,
+        rank: int,
+        *,
+        optimizer: torch.optim.Optimizer | None,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        codec: comm.WireCodec | None = None,
+        replica_group: dist.ProcessGroup | None = None,
+        timeout_s: float = 120.0,
+        activation_context: Callable[[], AbstractContextManager] | None = None,
+    ):
         self.module, self.topology, self.rank = module, topology, rank
         self.stage, self.replica = topology.stage_replica_of(rank)
         self.is_first, self.is_last = self.stage == 0, self.stage == topology.n_stages - 1
@@ -96,8 +103,12 @@ class StageExecutor:
             self.optimizer.zero_grad(set_to_none=True)
 
     # -- one step ---------------------------------------------------------------------------------
-    def run_step(self, schedule: Schedule, inputs: dict[int, torch.Tensor] | None,
-                 targets: dict[int, torch.Tensor] | None) -> StepStats:
+    def run_step(
+        self,
+        schedule: Schedule,
+        inputs: dict[int, torch.Tensor] | None,
+        targets: dict[int, torch.Tensor] | None,
+    ) -> StepStats:
         """Run this rank's actions; ``inputs`` (stage 0) and ``targets`` (last stage) by microbatch."""
         if schedule.topology != self.topology:
             raise ValueError("schedule built for another topology")
@@ -148,9 +159,14 @@ class StageExecutor:
                 received[(action.kind, b)] = recvs.pop((action.kind, b)).wait(self.timeout_s)
                 stats.idle_s += time.perf_counter() - start
             elif action.kind == "SEND_F":
-                comm.send_tensor(in_flight[b].output.detach(), self.topology.rank_for(self.stage + 1, b),
-                                 comm.message_tag(comm.KIND_ACTIVATION, b), self.codec, sends,
-                                 self.slot_sizes)
+                comm.send_tensor(
+                    in_flight[b].output.detach(),
+                    self.topology.rank_for(self.stage + 1, b),
+                    comm.message_tag(comm.KIND_ACTIVATION, b),
+                    self.codec,
+                    sends,
+                    self.slot_sizes,
+                )
             elif action.kind == "F":
                 x = inputs[b] if self.is_first else received.pop(("RECV_F", b)).requires_grad_(True)
                 use = tags.get(b, version) if stashing else version
@@ -178,8 +194,9 @@ class StageExecutor:
                 state = in_flight.pop(b)
                 grad_out = None if self.is_last else received.pop(("RECV_B", b))
                 if state.tape is not None:
-                    input_grads[b], output_grads = backward.input_gradient(state.tape, state.output,
-                                                                           state.inputs, grad_out)
+                    input_grads[b], output_grads = backward.input_gradient(
+                        state.tape, state.output, state.inputs, grad_out
+                    )
                     deferred = (state, output_grads)
                 else:
                     weights = list((state.params or self.params).values())
@@ -191,8 +208,14 @@ class StageExecutor:
                         input_grads[b] = input_grad
                 stats.busy_s += time.perf_counter() - start
             elif action.kind == "SEND_B":
-                comm.send_tensor(input_grads.pop(b), self.topology.rank_for(self.stage - 1, b),
-                                 comm.message_tag(comm.KIND_GRADIENT, b), self.codec, sends, self.slot_sizes)
+                comm.send_tensor(
+                    input_grads.pop(b),
+                    self.topology.rank_for(self.stage - 1, b),
+                    comm.message_tag(comm.KIND_GRADIENT, b),
+                    self.codec,
+                    sends,
+                    self.slot_sizes,
+                )
         if deferred is not None:
             run_deferred()
         start = time.perf_counter()
@@ -217,17 +240,20 @@ class StageExecutor:
             b = action.microbatch
             if action.kind == "RECV_F":
                 src = self.topology.rank_for(self.stage - 1, b)
-                recvs[(action.kind, b)] = comm.PendingRecv(src, comm.message_tag(comm.KIND_ACTIVATION, b),
-                                                           self.slot_sizes)
+                recvs[(action.kind, b)] = comm.PendingRecv(
+                    src, comm.message_tag(comm.KIND_ACTIVATION, b), self.slot_sizes
+                )
             elif action.kind == "RECV_B":
                 src = self.topology.rank_for(self.stage + 1, b)
-                recvs[(action.kind, b)] = comm.PendingRecv(src, comm.message_tag(comm.KIND_GRADIENT, b),
-                                                           self.slot_sizes)
+                recvs[(action.kind, b)] = comm.PendingRecv(
+                    src, comm.message_tag(comm.KIND_GRADIENT, b), self.slot_sizes
+                )
         return recvs
 
     @staticmethod
-    def _drop_unused(snapshots: dict, in_flight: dict[int, _InFlight], needed: Counter,
-                     current: int | None) -> None:
+    def _drop_unused(
+        snapshots: dict, in_flight: dict[int, _InFlight], needed: Counter, current: int | None
+    ) -> None:
         """Free weight versions that no in-flight microbatch and no future forward will use."""
         used = {s.version for s in in_flight.values()} | {v for v, count in needed.items() if count > 0}
         if current is not None:
@@ -252,8 +278,14 @@ class StageExecutor:
 
     # -- evaluation ---------------------------------------------------------------------------------
     @torch.no_grad()
-    def evaluate(self, chunks: Sequence[torch.Tensor] | None, targets: Sequence[torch.Tensor] | None,
-                 n_chunks: int, *, classify: bool = True) -> tuple[float, int, int]:
+    def evaluate(
+        self,
+        chunks: Sequence[torch.Tensor] | None,
+        targets: Sequence[torch.Tensor] | None,
+        n_chunks: int,
+        *,
+        classify: bool = True,
+    ) -> tuple[float, int, int]:
         """Forward-only pass over ``n_chunks`` chunks (chunk c on replica c % r of each stage).
         Returns (loss sum, correct, count) on the last stage's ranks, zeros elsewhere; ``correct``
         counts argmax hits when ``classify`` (class targets), else stays 0."""

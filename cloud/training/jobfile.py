@@ -46,8 +46,10 @@ class DataSection(_Section):
         if self.dataset == "tensor_file" and not self.path:
             raise ValueError('dataset "tensor_file" needs path = "<file written by torch.save>"')
         if self.dataset == "digits" and (self.path or self.loss != "cross_entropy" or self.test_fraction):
-            raise ValueError("dataset digits takes no path, loss or test_fraction (it is cross_entropy on "
-                             "its own 80/20 split)")
+            raise ValueError(
+                "dataset digits takes no path, loss or test_fraction (it is cross_entropy on "
+                "its own 80/20 split)"
+            )
         return self
 
 
@@ -135,8 +137,10 @@ class JobConfig(_Section):
     @model_validator(mode="after")
     def _check(self) -> JobConfig:
         if self.compression.activations == "adaptive" and self.compression.window % self.progress.log_every:
-            raise ValueError("compression.window must be a multiple of progress.log_every: the adaptive "
-                             "controller decides when every rank knows the loss")
+            raise ValueError(
+                "compression.window must be a multiple of progress.log_every: the adaptive "
+                "controller decides when every rank knows the loss"
+            )
         from cloud.training.compression.wire_codec import WIRE_CODEC_NAMES
 
         if self.train.wire_codec not in WIRE_CODEC_NAMES:
@@ -165,15 +169,18 @@ def load_job(path: str | Path) -> JobConfig:
     data = job.data.model_copy(update={"path": resolve(job.data.path)}) if job.data.path else job.data
     cache = job.partition.profile_cache
     partition = job.partition.model_copy(
-        update={"profile_cache": resolve(cache) if cache else str(Path(checkpoint.dir) / "profile.json")})
-    return job.model_copy(update={"checkpoint": checkpoint, "progress": progress, "partition": partition,
-                                  "data": data})
+        update={"profile_cache": resolve(cache) if cache else str(Path(checkpoint.dir) / "profile.json")}
+    )
+    return job.model_copy(
+        update={"checkpoint": checkpoint, "progress": progress, "partition": partition, "data": data}
+    )
 
 
 def build_model(name: str) -> nn.Sequential:
     """``digits_cnn`` or a dotted path (``pkg.mod.factory`` or ``pkg.mod:factory``) to a factory."""
     if name == "digits_cnn":
         from models.digits import digits_cnn
+
         return digits_cnn()
     module_name, _, attr = name.replace(":", ".").rpartition(".")
     try:

@@ -87,20 +87,23 @@ class _Prefix:
         allreduce = 4.0 * (replicas - 1) * weights / (bandwidth * replicas)
         return (compute + allreduce) / replicas
 
-    def boundary_time(self, after_layer: int, receiving_replicas: int, bandwidth: float,
-                      compression_ratio: float) -> float:
+    def boundary_time(
+        self, after_layer: int, receiving_replicas: int, bandwidth: float, compression_ratio: float
+    ) -> float:
         return 2.0 * self.activations[after_layer] / (bandwidth * receiving_replicas * compression_ratio)
 
 
-def plan_cost(layers: Sequence[LayerCost], stages: Sequence[StagePlan], bandwidth: float,
-              compression_ratio: float = 1.0) -> float:
+def plan_cost(
+    layers: Sequence[LayerCost], stages: Sequence[StagePlan], bandwidth: float, compression_ratio: float = 1.0
+) -> float:
     prefix = _Prefix(layers)
     worst = 0.0
     for index, stage in enumerate(stages):
         worst = max(worst, prefix.stage_time(stage.first, stage.last, stage.replicas, bandwidth))
         if index > 0:
-            worst = max(worst, prefix.boundary_time(stage.first - 1, stage.replicas, bandwidth,
-                                                    compression_ratio))
+            worst = max(
+                worst, prefix.boundary_time(stage.first - 1, stage.replicas, bandwidth, compression_ratio)
+            )
     return worst
 
 
@@ -111,8 +114,14 @@ def _check(layers: Sequence[LayerCost], workers: int, bandwidth: float, compress
         raise ValueError("bandwidth and compression ratio must be positive")
 
 
-def partition(layers: Sequence[LayerCost], workers: int, bandwidth: float, *,
-              compression_ratio: float = 1.0, straight: bool = False) -> Plan:
+def partition(
+    layers: Sequence[LayerCost],
+    workers: int,
+    bandwidth: float,
+    *,
+    compression_ratio: float = 1.0,
+    straight: bool = False,
+) -> Plan:
     """The optimal plan on exactly ``workers`` workers; ``straight`` forbids replication."""
     _check(layers, workers, bandwidth, compression_ratio)
     n, prefix = len(layers), _Prefix(layers)
@@ -129,11 +138,14 @@ def partition(layers: Sequence[LayerCost], workers: int, bandwidth: float, *,
                 best[j][m] = prefix.stage_time(0, j, m, bandwidth)
                 choice[j][m] = (-1, m)
             for k in range(j):
-                for r in ([1] if straight else range(1, m)):
+                for r in [1] if straight else range(1, m):
                     if best[k][m - r] == inf:
                         continue
-                    candidate = max(best[k][m - r], prefix.stage_time(k + 1, j, r, bandwidth),
-                                    prefix.boundary_time(k, r, bandwidth, compression_ratio))
+                    candidate = max(
+                        best[k][m - r],
+                        prefix.stage_time(k + 1, j, r, bandwidth),
+                        prefix.boundary_time(k, r, bandwidth, compression_ratio),
+                    )
                     if candidate < best[j][m]:
                         best[j][m], choice[j][m] = candidate, (k, r)
     if best[n - 1][workers] == inf:
@@ -155,8 +167,14 @@ def _compositions(total: int, parts: int):
             yield (first,) + rest
 
 
-def brute_force(layers: Sequence[LayerCost], workers: int, bandwidth: float, *,
-                compression_ratio: float = 1.0, straight: bool = False) -> Plan:
+def brute_force(
+    layers: Sequence[LayerCost],
+    workers: int,
+    bandwidth: float,
+    *,
+    compression_ratio: float = 1.0,
+    straight: bool = False,
+) -> Plan:
     """Enumerate every split and replica assignment; for checking ``partition`` on small cases."""
     _check(layers, workers, bandwidth, compression_ratio)
     n, best = len(layers), None

@@ -44,8 +44,9 @@ def _time_layer(layer: nn.Module, x: torch.Tensor, repeats: int) -> tuple[float,
     return min(forward[1:]), min(backward[1:]), out.detach()
 
 
-def profile_layers(model: nn.Sequential, sample: torch.Tensor, *, threads: int = 1,
-                   repeats: int = 5) -> list[LayerCost]:
+def profile_layers(
+    model: nn.Sequential, sample: torch.Tensor, *, threads: int = 1, repeats: int = 5
+) -> list[LayerCost]:
     """Measure each layer on ``sample`` (one minibatch), running with ``threads`` intra-op threads."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -60,8 +61,9 @@ def profile_layers(model: nn.Sequential, sample: torch.Tensor, *, threads: int =
         torch.set_num_threads(previous)
 
 
-def cached_profile(model: nn.Sequential, sample: torch.Tensor, cache_path: str | Path, *,
-                   threads: int = 1, repeats: int = 5) -> list[LayerCost]:
+def cached_profile(
+    model: nn.Sequential, sample: torch.Tensor, cache_path: str | Path, *, threads: int = 1, repeats: int = 5
+) -> list[LayerCost]:
     """``profile_layers`` through a JSON cache keyed by ``model_signature``."""
     path = Path(cache_path)
     key = model_signature(model, tuple(sample.shape), threads)

@@ -67,8 +67,9 @@ class ProgressLog:
         record = {"event": event, "time": round(time.time(), 3), **fields}
         with open(self.path, "a") as handle:
             handle.write(json.dumps(record) + "\n")
-        human = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                         for k, v in fields.items() if k != "stages")
+        human = " ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items() if k != "stages"
+        )
         print(f"[train] {event} {human}", flush=True)
 
 
@@ -77,8 +78,15 @@ class MinibatchStream:
     randperm per epoch from one generator seeded with the job seed); a trailing partial minibatch is
     dropped. ``test_x``/``test_y`` are the held-out rows (possibly none)."""
 
-    def __init__(self, train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor,
-                 test_y: torch.Tensor, seed: int, batch_size: int):
+    def __init__(
+        self,
+        train_x: torch.Tensor,
+        train_y: torch.Tensor,
+        test_x: torch.Tensor,
+        test_y: torch.Tensor,
+        seed: int,
+        batch_size: int,
+    ):
         if len(train_x) < batch_size:
             raise JobError(f"train.batch_size: {batch_size} > the {len(train_x)} training rows of the data")
         self.train_x, self.train_y, self.test_x, self.test_y = train_x, train_y, test_x, test_y
@@ -96,13 +104,14 @@ class MinibatchStream:
 
     def minibatch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         epoch, index = divmod(step, self.steps_per_epoch)
-        rows = self._order_of(epoch)[index * self.batch_size:(index + 1) * self.batch_size]
+        rows = self._order_of(epoch)[index * self.batch_size : (index + 1) * self.batch_size]
         return self.train_x[rows], self.train_y[rows]
 
 
 class DigitsStream(MinibatchStream):
     def __init__(self, seed: int, batch_size: int):
         from models.digits import load_digits_split
+
         split = load_digits_split(seed)
         super().__init__(split.train_x, split.train_y, split.test_x, split.test_y, seed, batch_size)
 
@@ -137,8 +146,9 @@ def loss_function(data: DataSection) -> nn.Module:
     return nn.CrossEntropyLoss() if data.loss == "cross_entropy" else nn.MSELoss()
 
 
-def check_loss_fits(model: nn.Sequential, loss_fn: nn.Module, data: DataSection, x: torch.Tensor,
-                    y: torch.Tensor) -> None:
+def check_loss_fits(
+    model: nn.Sequential, loss_fn: nn.Module, data: DataSection, x: torch.Tensor, y: torch.Tensor
+) -> None:
     """One forward of the whole model on a few rows (eval mode, no grad: no state changes), so that a
     model that does not take x, or whose output does not fit y, fails as a bad job naming the shapes."""
     model.eval()
@@ -158,8 +168,10 @@ def check_loss_fits(model: nn.Sequential, loss_fn: nn.Module, data: DataSection,
         except (RuntimeError, IndexError) as exc:
             problem = str(exc)
     if problem:
-        raise JobError(f"data.loss: {data.loss} of the model's output {tuple(output.shape)} against y "
-                       f"{tuple(y.shape)}: {problem}")
+        raise JobError(
+            f"data.loss: {data.loss} of the model's output {tuple(output.shape)} against y "
+            f"{tuple(y.shape)}: {problem}"
+        )
 
 
 def choose_plan(job: JobConfig, model: nn.Sequential, sample: torch.Tensor, world: int) -> Plan:
@@ -179,8 +191,13 @@ def choose_plan(job: JobConfig, model: nn.Sequential, sample: torch.Tensor, worl
                 plan = even_plan(len(model), world)
             else:
                 costs = cached_profile(model, sample, p.profile_cache, threads=job.train.threads)
-                plan = partition(costs, world, bandwidth, compression_ratio=p.compression_ratio,
-                                 straight=p.straight or job.train.schedule == "1f1b-stash")
+                plan = partition(
+                    costs,
+                    world,
+                    bandwidth,
+                    compression_ratio=p.compression_ratio,
+                    straight=p.straight or job.train.schedule == "1f1b-stash",
+                )
             text[0] = plan.text()
         except ValueError as exc:
             text[0] = f"error: {exc}"
@@ -209,8 +226,11 @@ def train(job: JobConfig) -> int:
     torch.manual_seed(t.seed)
     model = build_model(job.model.name)
     data = job.data
-    stream = (DigitsStream(t.seed, t.batch_size) if data.dataset == "digits"
-              else tensor_file_stream(data, t.seed, t.batch_size))
+    stream = (
+        DigitsStream(t.seed, t.batch_size)
+        if data.dataset == "digits"
+        else tensor_file_stream(data, t.seed, t.batch_size)
+    )
     loss_fn = loss_function(data)
     micro = t.batch_size // t.microbatches
     sample_x, sample_y = stream.minibatch(0)
@@ -221,26 +241,48 @@ def train(job: JobConfig) -> int:
     groups = [dist.new_group(topology.stage_ranks(s)) for s in range(topology.n_stages)]
     stage, replica = topology.stage_replica_of(rank)
     span = plan.stages[stage]
-    module = model[span.first:span.last + 1]  # keeps the global layer indices in state_dict keys
+    module = model[span.first : span.last + 1]  # keeps the global layer indices in state_dict keys
     has_params = any(True for _ in module.parameters())
     optimizer = torch.optim.SGD(module.parameters(), lr=t.lr, momentum=t.momentum) if has_params else None
     c = job.compression
     # Gist may replace the module by a GraphModule sharing its parameters: checkpoints keep `module`.
-    compression = StageCompression(module, activations=c.activations, fmt=c.format, gist=c.gist,
-                                   window=c.window, min_numel=c.min_numel)
+    compression = StageCompression(
+        module, activations=c.activations, fmt=c.format, gist=c.gist, window=c.window, min_numel=c.min_numel
+    )
     reports_compression = c.activations != "none" or t.wire_codec != "fp32"
-    executor = StageExecutor(compression.module, topology, rank, optimizer=optimizer,
-                             loss_fn=loss_fn, codec=comm.codec_by_name(t.wire_codec),
-                             replica_group=groups[stage], timeout_s=t.comm_timeout_s,
-                             activation_context=compression.context)
-    identity = {"plan": [[s.first, s.last, s.replicas] for s in plan.stages], "schedule": t.schedule,
-                "microbatches": t.microbatches, "batch_size": t.batch_size, "seed": t.seed,
-                "dataset": data.dataset, "loss": data.loss}
+    executor = StageExecutor(
+        compression.module,
+        topology,
+        rank,
+        optimizer=optimizer,
+        loss_fn=loss_fn,
+        codec=comm.codec_by_name(t.wire_codec),
+        replica_group=groups[stage],
+        timeout_s=t.comm_timeout_s,
+        activation_context=compression.context,
+    )
+    identity = {
+        "plan": [[s.first, s.last, s.replicas] for s in plan.stages],
+        "schedule": t.schedule,
+        "microbatches": t.microbatches,
+        "batch_size": t.batch_size,
+        "seed": t.seed,
+        "dataset": data.dataset,
+        "loss": data.loss,
+    }
     total = stream.steps_per_epoch * t.epochs
     total = min(total, t.max_steps) if t.max_steps else total
-    progress.write("start", plan=plan.text(), schedule=t.schedule, world=world, total_steps=total,
-                   dataset=data.dataset, loss=data.loss, train_rows=len(stream.train_y),
-                   test_rows=len(stream.test_y))
+    progress.write(
+        "start",
+        plan=plan.text(),
+        schedule=t.schedule,
+        world=world,
+        total_steps=total,
+        dataset=data.dataset,
+        loss=data.loss,
+        train_rows=len(stream.train_y),
+        test_rows=len(stream.test_y),
+    )
 
     step = 0
     resume = checkpoint.latest_complete_step(job.checkpoint.dir, topology.n_stages)
@@ -265,12 +307,28 @@ def train(job: JobConfig) -> int:
         xs, ys = x.chunk(t.microbatches), y.chunk(t.microbatches)
         mine = [b for b in range(t.microbatches) if topology.rank_for(stage, b) == rank]
         compression.before_step(step)
-        stats = executor.run_step(schedule, {b: xs[b] for b in mine} if stage == 0 else None,
-                                  {b: ys[b] for b in mine} if rank in last_stage_ranks else None)
+        stats = executor.run_step(
+            schedule,
+            {b: xs[b] for b in mine} if stage == 0 else None,
+            {b: ys[b] for b in mine} if rank in last_stage_ranks else None,
+        )
         step += 1
-        window = [a + b for a, b in zip(window, [stats.busy_s, stats.idle_s, stats.loss_sum,
-                                                 stats.n_losses, stats.bytes_sent, stats.wire_bytes_fp32,
-                                                 stats.wire_bytes_sent], strict=True)]
+        window = [
+            a + b
+            for a, b in zip(
+                window,
+                [
+                    stats.busy_s,
+                    stats.idle_s,
+                    stats.loss_sum,
+                    stats.n_losses,
+                    stats.bytes_sent,
+                    stats.wire_bytes_fp32,
+                    stats.wire_bytes_sent,
+                ],
+                strict=True,
+            )
+        ]
         window_samples += t.batch_size
         if step % job.progress.log_every == 0 or step == total:
             table = _gather_stats(window)
@@ -278,33 +336,63 @@ def train(job: JobConfig) -> int:
             if not math.isfinite(loss):
                 raise JobFailed(EXIT_DIVERGED, f"loss {loss} at step {step}")
             elapsed = time.perf_counter() - window_start
-            per_stage = [{"stage": s, "busy_s": round(float(table[topology.stage_ranks(s), 0].sum()), 4),
-                          "idle_s": round(float(table[topology.stage_ranks(s), 1].sum()), 4)}
-                         for s in range(topology.n_stages)]
+            per_stage = [
+                {
+                    "stage": s,
+                    "busy_s": round(float(table[topology.stage_ranks(s), 0].sum()), 4),
+                    "idle_s": round(float(table[topology.stage_ranks(s), 1].sum()), 4),
+                }
+                for s in range(topology.n_stages)
+            ]
             extra, decisions = {}, []
             if reports_compression:
                 extra["compression"], decisions = _compression_window(compression, table, stage, step, loss)
-            progress.write("step", step=step, epoch=step / stream.steps_per_epoch, loss=loss,
-                           samples_per_s=window_samples / elapsed, stages=per_stage, **extra)
+            progress.write(
+                "step",
+                step=step,
+                epoch=step / stream.steps_per_epoch,
+                loss=loss,
+                samples_per_s=window_samples / elapsed,
+                stages=per_stage,
+                **extra,
+            )
             for decision in decisions:
                 progress.write("compression_decision", **decision)
             window, window_samples, window_start = [0.0] * 7, 0, time.perf_counter()
         if evaluates and (step % eval_every == 0 or step == total):
-            evaluate(executor, stream, topology, micro, progress, step, last_stage_ranks,
-                     classify=data.loss == "cross_entropy")
+            evaluate(
+                executor,
+                stream,
+                topology,
+                micro,
+                progress,
+                step,
+                last_stage_ranks,
+                classify=data.loss == "cross_entropy",
+            )
         if (job.checkpoint.every and step % job.checkpoint.every == 0) or step == total:
             if replica == 0:
-                checkpoint.save_stage(job.checkpoint.dir, stage, step, {
-                    "identity": identity, "step": step, "model": module.state_dict(),
-                    "optimizer": optimizer.state_dict() if optimizer else None}, keep=job.checkpoint.keep)
+                checkpoint.save_stage(
+                    job.checkpoint.dir,
+                    stage,
+                    step,
+                    {
+                        "identity": identity,
+                        "step": step,
+                        "model": module.state_dict(),
+                        "optimizer": optimizer.state_dict() if optimizer else None,
+                    },
+                    keep=job.checkpoint.keep,
+                )
             dist.barrier()
             progress.write("checkpoint", step=step)
     progress.write("done", step=step)
     return EXIT_OK
 
 
-def _compression_window(compression: StageCompression, table: torch.Tensor, stage: int, step: int,
-                        loss: float) -> tuple[dict, list[dict]]:
+def _compression_window(
+    compression: StageCompression, table: torch.Tensor, stage: int, step: int, loss: float
+) -> tuple[dict, list[dict]]:
     """Every rank calls this at a progress line: the adaptive controllers decide (same step on
     every rank), then rank 0 gathers each stage's bytes, formats and decisions."""
     compression.record_loss(loss)
@@ -316,19 +404,31 @@ def _compression_window(compression: StageCompression, table: torch.Tensor, stag
     for report in everyone:
         formats.update(report["formats"])
         merged += report["decisions"]
-    summary = {"saved_bytes_fp32": sum(r["saved_bytes_fp32"] for r in everyone),
-               "saved_bytes_stored": sum(r["saved_bytes_stored"] for r in everyone),
-               "wire_bytes_fp32": int(table[:, 5].sum()), "wire_bytes_sent": int(table[:, 6].sum()),
-               "encode_s": round(sum(r["encode_s"] for r in everyone), 4),
-               "decode_s": round(sum(r["decode_s"] for r in everyone), 4),
-               "formats": dict(sorted(formats.items()))}
+    summary = {
+        "saved_bytes_fp32": sum(r["saved_bytes_fp32"] for r in everyone),
+        "saved_bytes_stored": sum(r["saved_bytes_stored"] for r in everyone),
+        "wire_bytes_fp32": int(table[:, 5].sum()),
+        "wire_bytes_sent": int(table[:, 6].sum()),
+        "encode_s": round(sum(r["encode_s"] for r in everyone), 4),
+        "decode_s": round(sum(r["decode_s"] for r in everyone), 4),
+        "formats": dict(sorted(formats.items())),
+    }
     # A replica's decisions repeat its stage's (same layers, same losses): keep one per (stage, layer).
     unique = {(d["stage"], d["layer"]): d for d in merged}
     return summary, list(unique.values())
 
 
-def evaluate(executor: StageExecutor, stream: MinibatchStream, topology, micro: int, progress: ProgressLog,
-             step: int, last_stage_ranks: set[int], *, classify: bool) -> None:
+def evaluate(
+    executor: StageExecutor,
+    stream: MinibatchStream,
+    topology,
+    micro: int,
+    progress: ProgressLog,
+    step: int,
+    last_stage_ranks: set[int],
+    *,
+    classify: bool,
+) -> None:
     test_x, test_y = stream.test_x, stream.test_y
     chunk = max(micro, 64)
     xs, ys = test_x.split(chunk), test_y.split(chunk)

@@ -130,7 +130,7 @@ def _stage_compute_order(name: str, topology: Topology, stage: int, n: int) -> l
     else:
         # Warm-up depth in global microbatches: as many as there are workers downstream (PipeDream's
         # NOAM), so the stage has work while the first microbatch travels to the end and back.
-        warmup = min(n, sum(topology.replicas[stage + 1:]))
+        warmup = min(n, sum(topology.replicas[stage + 1 :]))
         order = [Action(stage, "F", b) for b in range(warmup)]
         for b in range(n - warmup):
             order += [Action(stage, "F", warmup + b), Action(stage, "B", b)]
@@ -158,8 +158,9 @@ def _lower(topology: Topology, stage: int, compute: Sequence[Action]) -> list[Ac
     return lowered
 
 
-def build_schedule(name: str, replicas: Sequence[int], n_microbatches: int, *,
-                   vertical_sync: bool = False) -> Schedule:
+def build_schedule(
+    name: str, replicas: Sequence[int], n_microbatches: int, *, vertical_sync: bool = False
+) -> Schedule:
     if name not in SCHEDULE_NAMES:
         raise ValueError(f"unknown schedule {name!r}; valid: {', '.join(SCHEDULE_NAMES)}")
     topology = Topology(tuple(int(r) for r in replicas))
@@ -259,8 +260,12 @@ def format_grid(rows: Sequence[Sequence[str]], error_row: int | None = None) -> 
     return "\n".join(lines)
 
 
-def simulate(schedule: Schedule, forward_s: Sequence[float] | None = None,
-             backward_s: Sequence[float] | None = None, comm_s: float = 0.0) -> SimResult:
+def simulate(
+    schedule: Schedule,
+    forward_s: Sequence[float] | None = None,
+    backward_s: Sequence[float] | None = None,
+    comm_s: float = 0.0,
+) -> SimResult:
     """Dry-run all ranks in rounds; raise ``ScheduleError`` with the grid on a deadlock.
 
     Sends never block; a receive waits for its matching send. Time per stage is ``forward_s[s]``
@@ -300,15 +305,17 @@ def simulate(schedule: Schedule, forward_s: Sequence[float] | None = None,
             row.append(cell or ".")
         rows.append(row)
         if not progressed:
-            stuck = [str(o[p]) if p < len(o) else "done"
-                     for p, o in zip(pointers, schedule.orders, strict=True)]
+            stuck = [
+                str(o[p]) if p < len(o) else "done" for p, o in zip(pointers, schedule.orders, strict=True)
+            ]
             rows[-1] = ["waits " + s for s in stuck]
             raise ScheduleError(f"deadlock in {schedule.name}:\n{format_grid(rows, len(rows) - 1)}")
     return SimResult(max(clock), tuple(busy), format_grid(rows))
 
 
-def predicted_bubble(name: str, n_stages: int, n_microbatches: int, forward_s: float = 1.0,
-                     backward_s: float = 2.0) -> float:
+def predicted_bubble(
+    name: str, n_stages: int, n_microbatches: int, forward_s: float = 1.0, backward_s: float = 2.0
+) -> float:
     """Bubble fraction of one straight pipeline step with equal stages (the simulator's estimate)."""
     schedule = build_schedule(name, [1] * n_stages, n_microbatches)
     return simulate(schedule, [forward_s] * n_stages, [backward_s] * n_stages).bubble_fraction

@@ -38,14 +38,24 @@ DURABLE_WAIT_S = 30.0
 def event_body(result: InferenceResult) -> dict[str, Any]:
     """The InferenceEvent and which frame it came from (the JPEG itself travels as a blob)."""
     jpeg = result.item.payload
-    return {**result.event.model_dump(mode="json"),
-            "frame": {"seq": result.item.seq, "jpeg_bytes": len(jpeg) if jpeg else 0}}
+    return {
+        **result.event.model_dump(mode="json"),
+        "frame": {"seq": result.item.seq, "jpeg_bytes": len(jpeg) if jpeg else 0},
+    }
 
 
 class CameraEventRecorder:
-    def __init__(self, config: CameraConfig, *, topic: str, record_log: RecordLog,
-                 blob_spool: BlobSpool | None, on_durable: Callable[[], None], flush_interval_s: float,
-                 on_fatal: Callable[[BaseException], None]) -> None:
+    def __init__(
+        self,
+        config: CameraConfig,
+        *,
+        topic: str,
+        record_log: RecordLog,
+        blob_spool: BlobSpool | None,
+        on_durable: Callable[[], None],
+        flush_interval_s: float,
+        on_fatal: Callable[[BaseException], None],
+    ) -> None:
         self.config = config
         self._topic = topic
         self._log = record_log
@@ -55,9 +65,17 @@ class CameraEventRecorder:
         self._adapter: MqttAdapter | None = None
         self._consumer: asyncio.Task[None] | None = None
         self._draining = False
-        self.counters = {"events_logged": 0, "events_log_full": 0, "events_log_failed": 0,
-                         "events_published": 0, "events_not_published": 0, "frames_spooled": 0,
-                         "frames_spool_full": 0, "frames_spool_failed": 0, "flushes": 0}
+        self.counters = {
+            "events_logged": 0,
+            "events_log_full": 0,
+            "events_log_failed": 0,
+            "events_published": 0,
+            "events_not_published": 0,
+            "frames_spooled": 0,
+            "frames_spool_full": 0,
+            "frames_spool_failed": 0,
+            "flushes": 0,
+        }
 
     def start(self, engine: InferenceEngine, adapter: MqttAdapter) -> None:
         """Take ``engine``'s results from now on; publish their events through ``adapter``."""

@@ -103,10 +103,22 @@ def run_batch(model: LoadedModel, items: list[InferenceInput]) -> list[Inference
     inputs = build_inputs(artifact, items)
     outputs = model.session.run([artifact.metadata.output_name], {artifact.metadata.input.name: inputs})[0]
     kind = "classification" if artifact.metadata.postprocess == "softmax_labels" else "anomaly"
-    return [InferenceResult(item, InferenceEvent(type=kind, source=item.source, seq=item.seq,
-                                                 capture_ts=item.capture_ts, model=artifact.name,
-                                                 model_version=artifact.version, label=label, score=score))
-            for item, (label, score) in zip(items, postprocess(artifact, inputs, outputs), strict=True)]
+    return [
+        InferenceResult(
+            item,
+            InferenceEvent(
+                type=kind,
+                source=item.source,
+                seq=item.seq,
+                capture_ts=item.capture_ts,
+                model=artifact.name,
+                model_version=artifact.version,
+                label=label,
+                score=score,
+            ),
+        )
+        for item, (label, score) in zip(items, postprocess(artifact, inputs, outputs), strict=True)
+    ]
 
 
 def probe_input(artifact: ModelArtifact) -> InferenceInput:
@@ -141,8 +153,15 @@ def load_and_probe(artifact: ModelArtifact, threads: int) -> LoadedModel:
 
 
 class InferenceEngine:
-    def __init__(self, *, max_batch: int = 8, queue_size: int = 64, results_size: int = 1024,
-                 threads: int = 1, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        *,
+        max_batch: int = 8,
+        queue_size: int = 64,
+        results_size: int = 1024,
+        threads: int = 1,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.max_batch, self.queue_size, self.results_size = max_batch, queue_size, results_size
         self.threads = threads
         self.counters = InferenceCounters()

@@ -45,8 +45,17 @@ class UpdaterCounters:
 
 
 class ModelUpdater:
-    def __init__(self, engine: InferenceEngine, *, name: str, cloud_url: str, store_dir: Path,
-                 token: str | None = None, poll_interval_s: float = 60.0, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        *,
+        name: str,
+        cloud_url: str,
+        store_dir: Path,
+        token: str | None = None,
+        poll_interval_s: float = 60.0,
+        timeout_s: float = 30.0,
+    ) -> None:
         self.engine, self.name, self.cloud_url = engine, name, cloud_url.rstrip("/")
         self.store_dir = store_dir / name
         self.poll_interval_s, self.timeout_s = poll_interval_s, timeout_s
@@ -128,8 +137,9 @@ class ModelUpdater:
     async def _list(self) -> list[dict[str, Any]]:
         assert self._http is not None, "start() first"
         self.counters.polls += 1
-        async with self._http.get(f"{self.cloud_url}/v1/models", params={"name": self.name},
-                                  headers=self._headers) as response:
+        async with self._http.get(
+            f"{self.cloud_url}/v1/models", params={"name": self.name}, headers=self._headers
+        ) as response:
             response.raise_for_status()
             return [e for e in (await response.json())["models"] if e["name"] == self.name]
 

@@ -63,13 +63,24 @@ def source_config(config: CameraConfig, settings: CameraSettings) -> CameraSourc
     assert settings.source is not None
     source: str | int = int(settings.source) if settings.source.isdigit() else settings.source
     if isinstance(source, str) and source.startswith("file://"):
-        source = source[len("file://"):]
-    change = ChangeConfig(enabled=config.change_detection, pixel_threshold=config.change_pixel_threshold,
-                          min_changed_fraction=config.change_min_fraction)
-    return CameraSourceConfig(config.camera_id, source, sample_fps=settings.sample_fps,
-                              queue_size=config.queue_size, change=change, jpeg_quality=config.jpeg_quality,
-                              backoff_initial_s=config.backoff_initial_s, backoff_max_s=config.backoff_max_s,
-                              open_timeout_s=config.open_timeout_s, read_timeout_s=config.read_timeout_s)
+        source = source[len("file://") :]
+    change = ChangeConfig(
+        enabled=config.change_detection,
+        pixel_threshold=config.change_pixel_threshold,
+        min_changed_fraction=config.change_min_fraction,
+    )
+    return CameraSourceConfig(
+        config.camera_id,
+        source,
+        sample_fps=settings.sample_fps,
+        queue_size=config.queue_size,
+        change=change,
+        jpeg_quality=config.jpeg_quality,
+        backoff_initial_s=config.backoff_initial_s,
+        backoff_max_s=config.backoff_max_s,
+        open_timeout_s=config.open_timeout_s,
+        read_timeout_s=config.read_timeout_s,
+    )
 
 
 def _numbers(values: dict[str, Any]) -> dict[str, float]:
@@ -77,18 +88,34 @@ def _numbers(values: dict[str, Any]) -> dict[str, float]:
 
 
 class CameraRunner:
-    def __init__(self, config: CameraConfig, *, gateway_id: str, record_log: RecordLog,
-                 mqtt_settings: MqttSettings, cloud_url: str, token: str | None, store_dir: Path,
-                 blob_spool: BlobSpool | None, on_durable: Callable[[], None], flush_interval_s: float,
-                 on_fatal: Callable[[BaseException], None]) -> None:
+    def __init__(
+        self,
+        config: CameraConfig,
+        *,
+        gateway_id: str,
+        record_log: RecordLog,
+        mqtt_settings: MqttSettings,
+        cloud_url: str,
+        token: str | None,
+        store_dir: Path,
+        blob_spool: BlobSpool | None,
+        on_durable: Callable[[], None],
+        flush_interval_s: float,
+        on_fatal: Callable[[BaseException], None],
+    ) -> None:
         self.config = config
         self.gateway_id = gateway_id
         self._mqtt_settings = mqtt_settings
         self._cloud_url, self._token, self._store_dir = cloud_url, token, store_dir
-        self.events = CameraEventRecorder(config, topic=camera_events_topic(gateway_id, config.camera_id),
-                                          record_log=record_log, blob_spool=blob_spool,
-                                          on_durable=on_durable, flush_interval_s=flush_interval_s,
-                                          on_fatal=on_fatal)
+        self.events = CameraEventRecorder(
+            config,
+            topic=camera_events_topic(gateway_id, config.camera_id),
+            record_log=record_log,
+            blob_spool=blob_spool,
+            on_durable=on_durable,
+            flush_interval_s=flush_interval_s,
+            on_fatal=on_fatal,
+        )
         self._lock = asyncio.Lock()  # one apply at a time: start, stop and source switches never interleave
         self.state = "stopped"
         self.detail = "not started"
@@ -125,14 +152,17 @@ class CameraRunner:
                 if failure is not None:
                     self.state, self.detail = "failed", failure
                     return Applied("failed", False, failure)
-            elif self._settings is None or ((settings.source, settings.sample_fps)
-                                            != (self._settings.source, self._settings.sample_fps)):
+            elif self._settings is None or (
+                (settings.source, settings.sample_fps) != (self._settings.source, self._settings.sample_fps)
+            ):
                 await self._switch_source(settings)
             self._settings = settings
             self.state = "running"
-            self.detail = (f"camera {self.config.camera_id} reading {settings.source} "
-                           f"(sample_fps {settings.sample_fps or 'all'}); model {self.config.model}@"
-                           f"{self.engine.active_version if self.engine else None}")
+            self.detail = (
+                f"camera {self.config.camera_id} reading {settings.source} "
+                f"(sample_fps {settings.sample_fps or 'all'}); model {self.config.model}@"
+                f"{self.engine.active_version if self.engine else None}"
+            )
             return Applied("running", True, self.detail)
 
     async def apply_pins(self, settings: ModelsSettings) -> Applied:
@@ -144,9 +174,13 @@ class CameraRunner:
             others = sorted(set(self._pins) - {name})
             note = f"; no model {', '.join(others)} on this gateway (ignored)" if others else ""
             if self.engine is None or self.updater is None:
-                return Applied("stopped", False, f"stored; the camera is off, so {name} "
-                                                 f"{'pin ' + want if want else 'follows the latest'} applies "
-                                                 f"when it starts{note}")
+                return Applied(
+                    "stopped",
+                    False,
+                    f"stored; the camera is off, so {name} "
+                    f"{'pin ' + want if want else 'follows the latest'} applies "
+                    f"when it starts{note}",
+                )
             why = ""
             if want != self.engine.pinned:  # unchanged pins cost no registry request (e.g. at startup)
                 outcome = await (self.updater.pin(want) if want is not None else self.updater.unpin())
@@ -157,8 +191,9 @@ class CameraRunner:
             if active == want:
                 return Applied("running", True, f"{name}: pinned to {want}, running it{note}")
             why = why or self.updater.counters.last_error or "the updater has not fetched it yet"
-            return Applied("pending", False,
-                           f"{name}: pinned to {want}, still running {active} ({why}){note}")
+            return Applied(
+                "pending", False, f"{name}: pinned to {want}, still running {active} ({why}){note}"
+            )
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -181,13 +216,19 @@ class CameraRunner:
         if not outcome.ok:
             await engine.stop()
             self.counters["start_failures"] += 1
-            return (f"model {artifact.name}@{artifact.version} from {folder}: "
-                    f"{outcome.reason}: {outcome.detail}")
+            return (
+                f"model {artifact.name}@{artifact.version} from {folder}: {outcome.reason}: {outcome.detail}"
+            )
         self.engine = engine
-        updater = ModelUpdater(engine, name=self.config.model, cloud_url=self._cloud_url,
-                               store_dir=self._store_dir, token=self._token,
-                               poll_interval_s=self.config.ota_poll_interval_s,
-                               timeout_s=self.config.ota_timeout_s)  # reads pin.json: pins the engine
+        updater = ModelUpdater(
+            engine,
+            name=self.config.model,
+            cloud_url=self._cloud_url,
+            store_dir=self._store_dir,
+            token=self._token,
+            poll_interval_s=self.config.ota_poll_interval_s,
+            timeout_s=self.config.ota_timeout_s,
+        )  # reads pin.json: pins the engine
         want = self._pins.get(self.config.model)
         persist = want != engine.pinned
         if persist:  # the desired pin changed while the camera was off: the first check must see it
@@ -202,8 +243,13 @@ class CameraRunner:
         self._notices = asyncio.create_task(self._notice_loop(), name="camera-notices")
         self.events.start(engine, self._adapter)
         await self._start_source(settings)
-        log.info("camera %s: reading %s, model %s@%s", self.config.camera_id, settings.source, artifact.name,
-                 artifact.version)
+        log.info(
+            "camera %s: reading %s, model %s@%s",
+            self.config.camera_id,
+            settings.source,
+            artifact.name,
+            artifact.version,
+        )
         return None
 
     async def _start_source(self, settings: CameraSettings) -> None:
@@ -227,8 +273,12 @@ class CameraRunner:
         """The new source replaces the old one after every frame the old one delivered was fed."""
         await self._stop_source()
         self.counters["source_switches"] += 1
-        log.info("camera %s: source -> %s (sample_fps %s)", self.config.camera_id, settings.source,
-                 settings.sample_fps)
+        log.info(
+            "camera %s: source -> %s (sample_fps %s)",
+            self.config.camera_id,
+            settings.source,
+            settings.sample_fps,
+        )
         await self._start_source(settings)
 
     async def _stop_all(self) -> None:
@@ -264,11 +314,17 @@ class CameraRunner:
     def status_parts(self) -> dict[str, Any]:
         source, engine, updater = self.source, self.engine, self.updater
         return {
-            "capture": None if source is None else {"state": source.state, "queued": source.queued(),
-                                                    **dataclasses.asdict(source.counters)},
-            "engine": None if engine is None else {"active_version": engine.active_version,
-                                                   "pinned": engine.pinned, "pending": engine.pending(),
-                                                   **dataclasses.asdict(engine.counters)},
+            "capture": None
+            if source is None
+            else {"state": source.state, "queued": source.queued(), **dataclasses.asdict(source.counters)},
+            "engine": None
+            if engine is None
+            else {
+                "active_version": engine.active_version,
+                "pinned": engine.pinned,
+                "pending": engine.pending(),
+                **dataclasses.asdict(engine.counters),
+            },
             "updater": None if updater is None else dataclasses.asdict(updater.counters),
         }
 
@@ -278,18 +334,27 @@ class CameraRunner:
     def status(self) -> dict[str, Any]:
         settings = self._settings
         parts = self.status_parts() if self.engine is not None else dict(self._last)
-        return {"camera_id": self.config.camera_id, "state": self.state, "detail": self.detail,
-                "source": settings.source if settings else None,
-                "sample_fps": settings.sample_fps if settings else None, "model": self.config.model,
-                **parts, "events": self._event_counters(),
-                "mqtt": self._adapter.stats() if self._adapter is not None else None}
+        return {
+            "camera_id": self.config.camera_id,
+            "state": self.state,
+            "detail": self.detail,
+            "source": settings.source if settings else None,
+            "sample_fps": settings.sample_fps if settings else None,
+            "model": self.config.model,
+            **parts,
+            "events": self._event_counters(),
+            "mqtt": self._adapter.stats() if self._adapter is not None else None,
+        }
 
     def metrics(self) -> dict[str, float]:
         """Flat numbers for /metrics (``edgefed_gateway_camera_<key>``)."""
         parts = self.status_parts() if self.engine is not None else dict(self._last)
         out = {"running": float(self.state == "running"), **_numbers(self._event_counters())}
-        for prefix, values in (("capture", parts.get("capture")), ("inference", parts.get("engine")),
-                               ("ota", parts.get("updater"))):
+        for prefix, values in (
+            ("capture", parts.get("capture")),
+            ("inference", parts.get("engine")),
+            ("ota", parts.get("updater")),
+        ):
             out.update({f"{prefix}_{k}": v for k, v in _numbers(values or {}).items()})
         return out
 

@@ -79,8 +79,12 @@ def open_capture(source: str | int, open_timeout_s: float, read_timeout_s: float
 
     if isinstance(source, int) or (isinstance(source, str) and source.isdigit()):
         return cv2.VideoCapture(int(source))
-    params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, int(open_timeout_s * 1000),
-              cv2.CAP_PROP_READ_TIMEOUT_MSEC, int(read_timeout_s * 1000)]
+    params = [
+        cv2.CAP_PROP_OPEN_TIMEOUT_MSEC,
+        int(open_timeout_s * 1000),
+        cv2.CAP_PROP_READ_TIMEOUT_MSEC,
+        int(read_timeout_s * 1000),
+    ]
     return cv2.VideoCapture(source, cv2.CAP_FFMPEG, params)
 
 

@@ -35,19 +35,42 @@ class CtlError(Exception):
 
 
 class ControlClient:
-    def __init__(self, broker: str, gateway_id: str, *, username: str | None = None,
-                 password: str | None = None, ca_file: Path | None = None, cert_file: Path | None = None,
-                 key_file: Path | None = None, protocol_version: str = "5", timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        broker: str,
+        gateway_id: str,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        ca_file: Path | None = None,
+        cert_file: Path | None = None,
+        key_file: Path | None = None,
+        protocol_version: str = "5",
+        timeout_s: float = 5.0,
+    ) -> None:
         self.gateway_id = gateway_id
         self.timeout_s = timeout_s
         token = secrets.token_hex(4)
         self.response_topic = control_response_topic(gateway_id, f"ctl-{token}")
         self._v5 = protocol_version == "5"
-        self._adapter = MqttAdapter(MqttSettings(
-            url=broker, client_id=f"gatewayctl-{token}", persistent_session=False, manual_ack=False,
-            inbound_bound=256, username=username, password=password, ca_file=ca_file, cert_file=cert_file,
-            key_file=key_file, protocol_version=protocol_version, connect_timeout_s=timeout_s,
-            backoff_initial_s=0.2, backoff_max_s=1.0))
+        self._adapter = MqttAdapter(
+            MqttSettings(
+                url=broker,
+                client_id=f"gatewayctl-{token}",
+                persistent_session=False,
+                manual_ack=False,
+                inbound_bound=256,
+                username=username,
+                password=password,
+                ca_file=ca_file,
+                cert_file=cert_file,
+                key_file=key_file,
+                protocol_version=protocol_version,
+                connect_timeout_s=timeout_s,
+                backoff_initial_s=0.2,
+                backoff_max_s=1.0,
+            )
+        )
         self._adapter.subscribe(status_topic(gateway_id), qos=1)
         self._adapter.subscribe(self.response_topic, qos=1)
         self._sequence = 0
@@ -62,8 +85,9 @@ class ControlClient:
             why = self._adapter.last_connect_error or f"no answer within {self.timeout_s:g}s"
             await self._adapter.stop(timeout_s=1.0)
             hint = " (check --username/--password-file)" if "authori" in why.lower() else ""
-            raise CtlError(f"cannot connect to broker {self._adapter.settings.url}: {why}{hint}",
-                           exit_code=2) from None
+            raise CtlError(
+                f"cannot connect to broker {self._adapter.settings.url}: {why}{hint}", exit_code=2
+            ) from None
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -78,8 +102,9 @@ class ControlClient:
         """Send one request and wait for its response; CtlError if offline, refused by the broker, or late."""
         status = await self.read_status()
         if status is not None and status.get("state") == "offline":
-            raise CtlError(f"gateway {self.gateway_id} is offline (since {status.get('ts', '?')}); "
-                           "request not sent")
+            raise CtlError(
+                f"gateway {self.gateway_id} is offline (since {status.get('ts', '?')}); request not sent"
+            )
         self._sequence += 1
         correlation = f"{self.response_topic.rsplit('/', 1)[1]}-{self._sequence}"
         payload = dict(body or {})
@@ -87,14 +112,21 @@ class ControlClient:
             payload.update(response_topic=self.response_topic, correlation_id=correlation)
         try:
             topic = control_request_topic(self.gateway_id, op)
-            await self._adapter.publish(topic, json.dumps(payload).encode(),
-                                        qos=1, timeout_s=self.timeout_s,
-                                        response_topic=self.response_topic if self._v5 else None,
-                                        correlation_data=correlation.encode() if self._v5 else None,
-                                        expiry_s=int(max(1, self.timeout_s)) if self._v5 else None)
+            await self._adapter.publish(
+                topic,
+                json.dumps(payload).encode(),
+                qos=1,
+                timeout_s=self.timeout_s,
+                response_topic=self.response_topic if self._v5 else None,
+                correlation_data=correlation.encode() if self._v5 else None,
+                expiry_s=int(max(1, self.timeout_s)) if self._v5 else None,
+            )
         except MqttError as exc:
-            raise CtlError(f"cannot send {op}: {exc} (is this user allowed to write "
-                           f"{control_request_topic(self.gateway_id, op)}?)", exit_code=2) from None
+            raise CtlError(
+                f"cannot send {op}: {exc} (is this user allowed to write "
+                f"{control_request_topic(self.gateway_id, op)}?)",
+                exit_code=2,
+            ) from None
         answer: list[ControlResponse] = []
 
         def take(topic: str, payload: bytes, correlation_data: bytes | None) -> bool:
@@ -113,8 +145,10 @@ class ControlClient:
         await self._pump(lambda: bool(answer), self.timeout_s, take)
         if not answer:
             state = (self.status or {}).get("state", "unknown: it never published a status")
-            raise CtlError(f"no response from gateway {self.gateway_id} to {op} within {self.timeout_s:g}s "
-                           f"(its status: {state})")
+            raise CtlError(
+                f"no response from gateway {self.gateway_id} to {op} within {self.timeout_s:g}s "
+                f"(its status: {state})"
+            )
         return answer[0]
 
     async def _pump(self, done: Any, wait_s: float, on_other: Any = None) -> None:

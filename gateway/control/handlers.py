@@ -56,8 +56,12 @@ class UnconnectedHandler:
         self.service = service
 
     async def apply(self, settings: BaseModel) -> Applied:
-        return Applied("pending", False, f"stored as desired; no {self.service} handler is connected in "
-                                         "this gatewayd, so it is not applied yet")
+        return Applied(
+            "pending",
+            False,
+            f"stored as desired; no {self.service} handler is connected in "
+            "this gatewayd, so it is not applied yet",
+        )
 
 
 class RunnerHandler:

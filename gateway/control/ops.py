@@ -66,15 +66,22 @@ def effective(base: DesiredConfig, overrides: Mapping[str, Mapping[str, Any]]) -
         raise control_error_from(exc) from None
 
 
-def overrides_after(overrides: Mapping[str, Mapping[str, Any]], old: DesiredConfig, new: DesiredConfig,
-                    whole: str | None = None) -> dict[str, dict[str, Any]]:
+def overrides_after(
+    overrides: Mapping[str, Mapping[str, Any]],
+    old: DesiredConfig,
+    new: DesiredConfig,
+    whole: str | None = None,
+) -> dict[str, dict[str, Any]]:
     """The overrides once ``old`` became ``new``: a field set over MQTT stays set (it no longer follows
     the file); ``whole`` (config.set) marks every field of that service as set."""
     old_data, new_data = old.model_dump(mode="json"), new.model_dump(mode="json")
     out = {service: dict(fields) for service, fields in overrides.items()}
     for service in SERVICE_NAMES:
-        fields = new_data[service] if service == whole else {
-            k: v for k, v in new_data[service].items() if old_data[service].get(k) != v}
+        fields = (
+            new_data[service]
+            if service == whole
+            else {k: v for k, v in new_data[service].items() if old_data[service].get(k) != v}
+        )
         if fields:
             out.setdefault(service, {}).update(fields)
     return out
@@ -157,16 +164,23 @@ def apply_change(config: DesiredConfig, request: BaseModel, catalog: TaskCatalog
 
 def check_placement(catalog: TaskCatalog, service: str, task: str, where: str | None) -> None:
     if service not in catalog:
-        raise ControlError("not_found", f"no service {service!r} with a task graph; known: "
-                           f"{', '.join(sorted(catalog))}", field="service")
+        raise ControlError(
+            "not_found",
+            f"no service {service!r} with a task graph; known: {', '.join(sorted(catalog))}",
+            field="service",
+        )
     tasks = catalog[service]
     if task not in tasks:
-        raise ControlError("not_found", f"service {service!r} has no task {task!r}; its tasks: "
-                           f"{', '.join(tasks)}", field="task")
+        raise ControlError(
+            "not_found",
+            f"service {service!r} has no task {task!r}; its tasks: {', '.join(tasks)}",
+            field="task",
+        )
     fixed = tasks[task]
     if where is not None and fixed is not None and fixed != where:
-        raise ControlError("conflict", f"{service}/{task} is pinned to {fixed} by its task graph",
-                           field="where")
+        raise ControlError(
+            "conflict", f"{service}/{task} is pinned to {fixed} by its task graph", field="where"
+        )
 
 
 def check_placement_pins(catalog: TaskCatalog, config: DesiredConfig) -> None:

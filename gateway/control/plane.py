@@ -67,9 +67,18 @@ RESPONSE_EXPIRY_S = 60  # a response nobody collected within a minute is of no u
 
 
 class ControlPlane:
-    def __init__(self, gateway_id: str, adapter: MqttAdapter, store: ControlStore, base: DesiredConfig,
-                 handlers: HandlerSet, catalog: TaskCatalog, recent: RecentErrors,
-                 status: Callable[[], dict[str, Any]], clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        gateway_id: str,
+        adapter: MqttAdapter,
+        store: ControlStore,
+        base: DesiredConfig,
+        handlers: HandlerSet,
+        catalog: TaskCatalog,
+        recent: RecentErrors,
+        status: Callable[[], dict[str, Any]],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.gateway_id = gateway_id
         self.adapter = adapter
         self._store = store
@@ -90,8 +99,14 @@ class ControlPlane:
         self._task: asyncio.Task[None] | None = None
         self._births_for = 0  # the adapter's connect count the retained topics were last published for
         self._warn = RateLimitedLog(log)
-        self.counters = {"requests": 0, "ok": 0, "changes": 0, "births": 0, "internal_errors": 0,
-                         "publish_failures": 0}
+        self.counters = {
+            "requests": 0,
+            "ok": 0,
+            "changes": 0,
+            "births": 0,
+            "internal_errors": 0,
+            "publish_failures": 0,
+        }
         self.refused: dict[str, int] = {}
         handlers.listen(self.report)
 
@@ -104,18 +119,27 @@ class ControlPlane:
             try:
                 self.config = effective(self.base, stored.overrides)
                 check_placement_pins(self._catalog, self.config)
-                self.revision, self._overrides = stored.revision, {k: dict(v) for k, v in
-                                                                   stored.overrides.items()}
+                self.revision, self._overrides = (
+                    stored.revision,
+                    {k: dict(v) for k, v in stored.overrides.items()},
+                )
             except ControlError as exc:
-                log.error("control: the stored config (revision %d) is no longer valid over the config "
-                          "file (%s); using the config file alone", stored.revision, exc.detail)
+                log.error(
+                    "control: the stored config (revision %d) is no longer valid over the config "
+                    "file (%s); using the config file alone",
+                    stored.revision,
+                    exc.detail,
+                )
                 self.revision = stored.revision  # revisions never go back: a stale writer stays stale
         self._digest = digest(self.config)
         self._service_revision = dict.fromkeys(SERVICE_NAMES, self.revision)
         for service in SERVICE_NAMES:
             await self._apply(service, getattr(self.config, service))
-        log.info("control: config revision %d (%d services overridden over MQTT)", self.revision,
-                 len(self._overrides))
+        log.info(
+            "control: config revision %d (%d services overridden over MQTT)",
+            self.revision,
+            len(self._overrides),
+        )
 
     async def start(self) -> None:
         self.adapter.subscribe(control_request_subscription(self.gateway_id), qos=1)
@@ -152,12 +176,18 @@ class ControlPlane:
         try:
             if target is not None and not is_control_response_topic(self.gateway_id, target):
                 target = None
-                raise ControlError("bad_response_topic", f"must be {control_response_prefix(self.gateway_id)}"
-                                   "<id> (one level); answered here instead",
-                                   field="response_topic")
+                raise ControlError(
+                    "bad_response_topic",
+                    f"must be {control_response_prefix(self.gateway_id)}"
+                    "<id> (one level); answered here instead",
+                    field="response_topic",
+                )
             if message.retain:
-                raise ControlError("retained", "a request must not be retained (it would run again on "
-                                   "every reconnect)", field="retain")
+                raise ControlError(
+                    "retained",
+                    "a request must not be retained (it would run again on every reconnect)",
+                    field="retain",
+                )
             request = parse_request(op, message.payload)
             correlation_id = request.correlation_id
             data = await self._execute(op, request)
@@ -165,26 +195,51 @@ class ControlPlane:
             self.counters["ok"] += 1
         except ControlError as exc:
             self.refused[exc.reason] = self.refused.get(exc.reason, 0) + 1
-            self._warn.warning(exc.reason, "control: refused %s (%s): %s", op[:64] or "<no op>", exc.reason,
-                               exc.detail[:300])
-            response = self._response(op, "error", correlation_id,
-                                      error=ErrorBody(reason=exc.reason, field=exc.field, detail=exc.why))
-        await self._publish(target or default, response.model_dump_json(exclude_none=True).encode(),
-                            retain=False, correlation_data=message.correlation_data)
+            self._warn.warning(
+                exc.reason, "control: refused %s (%s): %s", op[:64] or "<no op>", exc.reason, exc.detail[:300]
+            )
+            response = self._response(
+                op,
+                "error",
+                correlation_id,
+                error=ErrorBody(reason=exc.reason, field=exc.field, detail=exc.why),
+            )
+        await self._publish(
+            target or default,
+            response.model_dump_json(exclude_none=True).encode(),
+            retain=False,
+            correlation_data=message.correlation_data,
+        )
 
-    def _response(self, op: str, status: str, correlation_id: str | None, data: dict | None = None,
-                  error: ErrorBody | None = None) -> ControlResponse:
-        return ControlResponse(op=op[:64], status=status, correlation_id=correlation_id,  # type: ignore[arg-type]
-                               revision=self.revision, digest=self._digest, data=data, error=error)
+    def _response(
+        self,
+        op: str,
+        status: str,
+        correlation_id: str | None,
+        data: dict | None = None,
+        error: ErrorBody | None = None,
+    ) -> ControlResponse:
+        return ControlResponse(
+            op=op[:64],
+            status=status,
+            correlation_id=correlation_id,  # type: ignore[arg-type]
+            revision=self.revision,
+            digest=self._digest,
+            data=data,
+            error=error,
+        )
 
     async def _execute(self, op: str, request: Any) -> dict[str, Any]:
         if op in READ_ONLY_OPS:
             return self._read(op, request)
         async with self._lock:
             if request.revision is not None and request.revision != self.revision:
-                raise ControlError("stale_revision", f"the change is based on revision {request.revision} "
-                                   f"but the config is at revision {self.revision}; get it again",
-                                   field="revision")
+                raise ControlError(
+                    "stale_revision",
+                    f"the change is based on revision {request.revision} "
+                    f"but the config is at revision {self.revision}; get it again",
+                    field="revision",
+                )
             new = apply_change(self.config, request, self._catalog)
             check_placement_pins(self._catalog, new)
             changed = changed_services(self.config, new)
@@ -203,8 +258,9 @@ class ControlPlane:
             return self._status()
         return {"services": [self._service_view(s) for s in SERVICE_NAMES]}
 
-    async def _commit(self, new: DesiredConfig, overrides: dict[str, dict[str, Any]], changed: list[str],
-                      why: str) -> None:
+    async def _commit(
+        self, new: DesiredConfig, overrides: dict[str, dict[str, Any]], changed: list[str], why: str
+    ) -> None:
         """Persist, then make current, then apply: the order that makes a crash at any point harmless."""
         stored = StoredControl(revision=self.revision + 1, overrides=overrides, updated_ts=self._clock())
         try:
@@ -218,12 +274,23 @@ class ControlPlane:
             self._service_revision[service] = self.revision
             await self._apply(service, getattr(new, service))
             await self._publish_service(service)
-            event = {"v": 1, "service": service, "revision": self.revision, "op": why,
-                     "ts": round(self._clock(), 3), **self._applied[service].as_dict()}
-            await self._publish(service_topic(self.gateway_id, service, "events"), json.dumps(event).encode(),
-                                retain=False)
-        log.info("control: revision %d (%s): %s", self.revision, why, ", ".join(
-            f"{s} {self._applied[s].state}" for s in changed))
+            event = {
+                "v": 1,
+                "service": service,
+                "revision": self.revision,
+                "op": why,
+                "ts": round(self._clock(), 3),
+                **self._applied[service].as_dict(),
+            }
+            await self._publish(
+                service_topic(self.gateway_id, service, "events"), json.dumps(event).encode(), retain=False
+            )
+        log.info(
+            "control: revision %d (%s): %s",
+            self.revision,
+            why,
+            ", ".join(f"{s} {self._applied[s].state}" for s in changed),
+        )
 
     async def _apply(self, service: str, settings: Any) -> None:
         self._applying.add(service)
@@ -259,33 +326,55 @@ class ControlPlane:
 
     def _service_view(self, service: str) -> dict[str, Any]:
         applied = self._applied.get(service, Applied("pending", False, "not applied yet"))
-        return {"service": service, "revision": self._service_revision[service],
-                "config": getattr(self.config, service).model_dump(mode="json"),
-                "overridden": sorted(self._overrides.get(service, {})),
-                "handler": "connected" if self.handlers.is_connected(service) else "none",
-                **applied.as_dict()}
+        return {
+            "service": service,
+            "revision": self._service_revision[service],
+            "config": getattr(self.config, service).model_dump(mode="json"),
+            "overridden": sorted(self._overrides.get(service, {})),
+            "handler": "connected" if self.handlers.is_connected(service) else "none",
+            **applied.as_dict(),
+        }
 
     async def _publish_service(self, service: str) -> None:
         view = self._service_view(service)
-        config = {"v": 1, "service": service, "revision": view["revision"], "config": view["config"],
-                  "overridden": view["overridden"]}
-        state = {"v": 1, "service": service, "revision": view["revision"], "state": view["state"],
-                 "applied": view["applied"], "detail": view["detail"]}
+        config = {
+            "v": 1,
+            "service": service,
+            "revision": view["revision"],
+            "config": view["config"],
+            "overridden": view["overridden"],
+        }
+        state = {
+            "v": 1,
+            "service": service,
+            "revision": view["revision"],
+            "state": view["state"],
+            "applied": view["applied"],
+            "detail": view["detail"],
+        }
         for leaf, body in (("config", config), ("state", state)):
-            await self._publish(service_topic(self.gateway_id, service, leaf), json.dumps(body).encode(),
-                                retain=True)
+            await self._publish(
+                service_topic(self.gateway_id, service, leaf), json.dumps(body).encode(), retain=True
+            )
 
     async def _publish_birth(self) -> None:
         self.counters["births"] += 1
         for service in SERVICE_NAMES:
             await self._publish_service(service)
 
-    async def _publish(self, topic: str, payload: bytes, retain: bool,
-                       correlation_data: bytes | None = None) -> None:
+    async def _publish(
+        self, topic: str, payload: bytes, retain: bool, correlation_data: bytes | None = None
+    ) -> None:
         try:
-            await self.adapter.publish(topic, payload, qos=1, retain=retain, wait=False,
-                                       correlation_data=correlation_data,
-                                       expiry_s=None if retain else RESPONSE_EXPIRY_S)
+            await self.adapter.publish(
+                topic,
+                payload,
+                qos=1,
+                retain=retain,
+                wait=False,
+                correlation_data=correlation_data,
+                expiry_s=None if retain else RESPONSE_EXPIRY_S,
+            )
         except MqttError as exc:
             self.counters["publish_failures"] += 1
             self._warn.warning("publish", "control: cannot publish on %s: %s", topic, exc)
@@ -294,10 +383,14 @@ class ControlPlane:
         return {**self.counters, "refused": sum(self.refused.values()), "revision": self.revision}
 
     def status(self) -> dict[str, Any]:
-        return {"revision": self.revision, "digest": self._digest, **self.stats(),
-                "connected": int(self.adapter.connected),
-                "refused_by_reason": dict(self.refused),
-                "services": {s: self._service_view(s)["state"] for s in SERVICE_NAMES}}
+        return {
+            "revision": self.revision,
+            "digest": self._digest,
+            **self.stats(),
+            "connected": int(self.adapter.connected),
+            "refused_by_reason": dict(self.refused),
+            "services": {s: self._service_view(s)["state"] for s in SERVICE_NAMES},
+        }
 
     def overrides(self) -> Mapping[str, Mapping[str, Any]]:
         return self._overrides

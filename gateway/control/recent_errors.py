@@ -24,8 +24,14 @@ class RecentErrors(logging.Handler):
             message = str(record.msg)
         if len(self._lines) == self._lines.maxlen:
             self.dropped += 1
-        self._lines.append({"ts": round(record.created, 3), "level": record.levelname,
-                            "logger": record.name, "message": message[:2000]})
+        self._lines.append(
+            {
+                "ts": round(record.created, 3),
+                "level": record.levelname,
+                "logger": record.name,
+                "message": message[:2000],
+            }
+        )
 
     def recent(self, limit: int) -> list[dict[str, Any]]:
         """The last ``limit`` lines, oldest first."""

@@ -43,8 +43,12 @@ class ControlStore:
         except ValidationError as exc:
             aside = self.path.with_name(f"{STORE_NAME}.corrupt-{int(time.time())}")
             os.replace(self.path, aside)
-            log.error("control: %s is not a valid control state (%s); moved to %s, starting from the "
-                      "config file", self.path, exc.errors()[0]["msg"], aside.name)
+            log.error(
+                "control: %s is not a valid control state (%s); moved to %s, starting from the config file",
+                self.path,
+                exc.errors()[0]["msg"],
+                aside.name,
+            )
             return None
 
     def save(self, stored: StoredControl) -> None:

@@ -19,9 +19,12 @@ from protocol.control import ControlError, DesiredConfig, control_error_from
 def base_from_file(config: GatewayConfig) -> DesiredConfig:
     """The config file's say: ``[devices] allow``, ``log_level``, ``[placement] pins``, ``[camera]``
     enabled/source/sample_fps, ``[training]`` enabled/private; the rest default."""
-    data: dict = {"sensor": {"allow": list(config.devices.allow)}, "gateway": {"log_level": config.log_level},
-                  "placement": {"pins": dict(config.placement.pins)},
-                  "training": {"enabled": config.training.enabled, "private": config.training.private}}
+    data: dict = {
+        "sensor": {"allow": list(config.devices.allow)},
+        "gateway": {"log_level": config.log_level},
+        "placement": {"pins": dict(config.placement.pins)},
+        "training": {"enabled": config.training.enabled, "private": config.training.private},
+    }
     if config.camera is not None:
         camera = config.camera
         data["camera"] = {"enabled": camera.enabled, "source": camera.source, "sample_fps": camera.sample_fps}
@@ -38,5 +41,7 @@ def base_from_file(config: GatewayConfig) -> DesiredConfig:
 
 def task_catalog() -> TaskCatalog:
     """service -> task -> the side its graph requires (declared pins, sources, privacy; None: free)."""
-    return {service.name: {task.name: service.required_pins().get(task.name) for task in service.tasks}
-            for service in default_graphs()}
+    return {
+        service.name: {task.name: service.required_pins().get(task.name) for task in service.tasks}
+        for service in default_graphs()
+    }

@@ -38,8 +38,15 @@ class TrainingChoice:
         return f"{self.mode}: {self.reason}"
 
 
-def choose_training_mode(link: LinkLike, private: bool, *, raw_Bps: float, edge_can_train: bool = True,
-                         max_link_share: float = 0.5, min_up_fraction: float = 0.5) -> TrainingChoice:
+def choose_training_mode(
+    link: LinkLike,
+    private: bool,
+    *,
+    raw_Bps: float,
+    edge_can_train: bool = True,
+    max_link_share: float = 0.5,
+    min_up_fraction: float = 0.5,
+) -> TrainingChoice:
     """``raw_Bps``: the bytes per second the service's raw samples would add to the uplink."""
     if private:
         return TrainingChoice("train_locally", "private service: raw data stays on the gateway")
@@ -52,6 +59,8 @@ def choose_training_mode(link: LinkLike, private: bool, *, raw_Bps: float, edge_
         return TrainingChoice("train_locally", f"link flapping, up {up:.0%} < {min_up_fraction:.0%}")
     usable = link.goodput_Bps * up * max_link_share
     if raw_Bps > usable:
-        return TrainingChoice("train_locally", f"raw {raw_Bps:.0f} B/s > {max_link_share:.0%} of usable "
-                                               f"goodput ({usable:.0f} B/s)")
+        return TrainingChoice(
+            "train_locally",
+            f"raw {raw_Bps:.0f} B/s > {max_link_share:.0%} of usable goodput ({usable:.0f} B/s)",
+        )
     return TrainingChoice("upload_raw", f"raw {raw_Bps:.0f} B/s fits the link ({usable:.0f} B/s usable)")

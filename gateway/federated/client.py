@@ -53,8 +53,9 @@ class RoundOutcome:
 
 def load_weights(document: GlobalModel) -> dict[str, torch.Tensor]:
     """The fp32 state dict a GlobalModel carries (ProtocolError if malformed)."""
-    sections = split_payload(document.tensors, document.payload_b64, document.payload_sha256,
-                             max_bytes=64 << 20)
+    sections = split_payload(
+        document.tensors, document.payload_b64, document.payload_sha256, max_bytes=64 << 20
+    )
     state = {}
     for entry, data in zip(document.tensors, sections, strict=True):
         if entry.encoding != "fp32" or len(data) != 4 * entry.numel:
@@ -64,14 +65,29 @@ def load_weights(document: GlobalModel) -> dict[str, torch.Tensor]:
 
 
 class FederatedClient:
-    def __init__(self, gateway_id: str, cloud_url: str, token: str | None, data_log: RecordLog,
-                 uplink_log: RecordLog, *, trainer: LocalTrainer, codec: CodecSpec | None = None,
-                 wake_uplink: Callable[[], None] | None = None, device: str = "federated",
-                 poll_interval_s: float = 1.0, retrain_after_s: float = 10.0, min_samples: int = 16,
-                 max_samples: int = 10_000, timeout_s: float = 10.0, retry_max_s: float = 30.0,
-                 rng: random.Random | None = None,
-                 clock: Callable[[], float] = time.monotonic, expect_model: str | None = None,
-                 expect_arch: str | None = None) -> None:
+    def __init__(
+        self,
+        gateway_id: str,
+        cloud_url: str,
+        token: str | None,
+        data_log: RecordLog,
+        uplink_log: RecordLog,
+        *,
+        trainer: LocalTrainer,
+        codec: CodecSpec | None = None,
+        wake_uplink: Callable[[], None] | None = None,
+        device: str = "federated",
+        poll_interval_s: float = 1.0,
+        retrain_after_s: float = 10.0,
+        min_samples: int = 16,
+        max_samples: int = 10_000,
+        timeout_s: float = 10.0,
+        retry_max_s: float = 30.0,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        expect_model: str | None = None,
+        expect_arch: str | None = None,
+    ) -> None:
         self.gateway_id = gateway_id
         self._url = f"{cloud_url.rstrip('/')}/v1/federated/gateways/{gateway_id}/model"
         self._token = token
@@ -93,8 +109,17 @@ class FederatedClient:
         self._weights: dict[str, torch.Tensor] | None = None
         self._trained_version: int | None = None
         self._last_sent = float("-inf")
-        self.counters = {"rounds": 0, "updates_sent": 0, "payload_bytes": 0, "record_bytes": 0,
-                         "fetches": 0, "fetch_bytes": 0, "fetch_failures": 0, "wrong_model": 0, "errors": 0}
+        self.counters = {
+            "rounds": 0,
+            "updates_sent": 0,
+            "payload_bytes": 0,
+            "record_bytes": 0,
+            "fetches": 0,
+            "fetch_bytes": 0,
+            "fetch_failures": 0,
+            "wrong_model": 0,
+            "errors": 0,
+        }
         self.last_outcome: RoundOutcome | None = None
         self.last_error: str | None = None
 
@@ -203,18 +228,38 @@ class FederatedClient:
         self.counters["updates_sent"] += 1
         self.counters["payload_bytes"] += payload
         self.counters["record_bytes"] += len(record)
-        return RoundOutcome("sent", version=version, update_id=envelope.update_id, payload_bytes=payload,
-                            record_bytes=len(record))
+        return RoundOutcome(
+            "sent",
+            version=version,
+            update_id=envelope.update_id,
+            payload_bytes=payload,
+            record_bytes=len(record),
+        )
 
     def _envelope(self, result: LocalResult, version: int, fetched_ts: float) -> tuple[bytes, UpdateEnvelope]:
         assert self._global is not None
         entries, sections = self.encoder.encode(result.delta)
         b64, sha = pack_payload(sections)
         envelope = UpdateEnvelope(
-            update_id=f"v{version}-{self._rng.getrandbits(48):012x}", model=self._global.model,
-            base_version=version, samples=result.samples, local_steps=result.steps, fetched_ts=fetched_ts,
-            trained_s=result.seconds, train_loss=result.loss, codec=self.encoder.spec.describe(),
-            tensors=entries, payload_sha256=sha, payload_b64=b64)
-        record = encode_record(Record(kind="update", device=self.device, received_ts=time.time(),
-                                      body=envelope.model_dump(mode="json")))
+            update_id=f"v{version}-{self._rng.getrandbits(48):012x}",
+            model=self._global.model,
+            base_version=version,
+            samples=result.samples,
+            local_steps=result.steps,
+            fetched_ts=fetched_ts,
+            trained_s=result.seconds,
+            train_loss=result.loss,
+            codec=self.encoder.spec.describe(),
+            tensors=entries,
+            payload_sha256=sha,
+            payload_b64=b64,
+        )
+        record = encode_record(
+            Record(
+                kind="update",
+                device=self.device,
+                received_ts=time.time(),
+                body=envelope.model_dump(mode="json"),
+            )
+        )
         return record, envelope

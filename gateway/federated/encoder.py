@@ -57,8 +57,9 @@ class UpdateEncoder:
             data, sent = self._section(target)
             if self.spec.error_feedback and self.spec.kind != "fp32":
                 self.residual[name] = target - sent
-            entries.append(TensorEntry(name=name, shape=list(tensor.shape), encoding=self.spec.kind,
-                                       nbytes=len(data)))
+            entries.append(
+                TensorEntry(name=name, shape=list(tensor.shape), encoding=self.spec.kind, nbytes=len(data))
+            )
             sections.append(data)
         return entries, sections
 

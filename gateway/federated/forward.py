@@ -44,9 +44,16 @@ def read_cursor(path: Path, log_id: str) -> int:
 
 
 class RawForwarder:
-    def __init__(self, data_log: RecordLog, uplink_log: RecordLog, cursor_path: Path, *,
-                 wake_uplink: Callable[[], None] | None = None, batch: int = 256,
-                 interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        data_log: RecordLog,
+        uplink_log: RecordLog,
+        cursor_path: Path,
+        *,
+        wake_uplink: Callable[[], None] | None = None,
+        batch: int = 256,
+        interval_s: float = 1.0,
+    ) -> None:
         self._data_log, self._uplink_log = data_log, uplink_log
         self.cursor_path = cursor_path
         self._log_id = str(getattr(data_log, "log_id", "") or "")

@@ -62,16 +62,30 @@ def open_sample_log(data_dir: Path, config: TrainingConfig) -> EpochLog:
     ``data_max_bytes``, drop-oldest. Whatever produces labelled samples appends them here (with
     ``gateway.federated.samples.sample_record``) while gatewayd is stopped: one writer per log."""
     budget = config.data_max_bytes
-    return EpochLog(Path(data_dir) / "training" / "samples", segment_bytes=max(4096, budget // 8),
-                    max_bytes=budget, full_policy="drop_oldest", writer_threads=1)
+    return EpochLog(
+        Path(data_dir) / "training" / "samples",
+        segment_bytes=max(4096, budget // 8),
+        max_bytes=budget,
+        full_policy="drop_oldest",
+        writer_threads=1,
+    )
 
 
 class TrainingRunner:
-    def __init__(self, config: TrainingConfig, *, gateway_id: str, data_dir: Path, cloud_url: str,
-                 token: str | None, uplink_log: RecordLog, link_view: Callable[[], LinkLike],
-                 wake_uplink: Callable[[], None] | None = None,
-                 report: Callable[[Applied], Awaitable[None]] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        config: TrainingConfig,
+        *,
+        gateway_id: str,
+        data_dir: Path,
+        cloud_url: str,
+        token: str | None,
+        uplink_log: RecordLog,
+        link_view: Callable[[], LinkLike],
+        wake_uplink: Callable[[], None] | None = None,
+        report: Callable[[Applied], Awaitable[None]] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.config = config
         self.gateway_id = gateway_id
         self.data_dir = Path(data_dir)
@@ -163,9 +177,13 @@ class TrainingRunner:
 
     def decide(self, private: bool) -> TrainingChoice:
         config = self.config
-        return choose_training_mode(self._link_view(), private, raw_Bps=self.raw_Bps,
-                                    max_link_share=config.max_link_share,
-                                    min_up_fraction=config.min_up_fraction)
+        return choose_training_mode(
+            self._link_view(),
+            private,
+            raw_Bps=self.raw_Bps,
+            max_link_share=config.max_link_share,
+            min_up_fraction=config.min_up_fraction,
+        )
 
     async def _converge(self, trigger: str) -> Applied:
         settings = self.settings
@@ -181,8 +199,12 @@ class TrainingRunner:
             if choice.mode == "train_locally":
                 await self._stop_forwarder()
                 if not await self._start_client():
-                    return Applied("pending", False, f"{choice}; loading torch: local training starts "
-                                                     "in the background (/status training.state)")
+                    return Applied(
+                        "pending",
+                        False,
+                        f"{choice}; loading torch: local training starts "
+                        "in the background (/status training.state)",
+                    )
             else:
                 await self._stop_client()
                 await self._start_forwarder()
@@ -204,10 +226,17 @@ class TrainingRunner:
         if after == before:
             return
         link = self._link_view()
-        entry = {"ts": round(self.decided_ts, 3), "trigger": trigger, "mode": after,
-                 "reason": choice.reason if choice is not None else "training disabled",
-                 "link": {"state": link.state, "goodput_Bps": round(link.goodput_Bps, 1),
-                          "up_fraction": round(link.up_fraction, 3)}}
+        entry = {
+            "ts": round(self.decided_ts, 3),
+            "trigger": trigger,
+            "mode": after,
+            "reason": choice.reason if choice is not None else "training disabled",
+            "link": {
+                "state": link.state,
+                "goodput_Bps": round(link.goodput_Bps, 1),
+                "up_fraction": round(link.up_fraction, 3),
+            },
+        }
         if len(self.decisions) == self.decisions.maxlen:
             self.decisions_dropped += 1
         self.decisions.append(entry)
@@ -253,17 +282,32 @@ class TrainingRunner:
         from models.numerics import BfpFormat
 
         config = self.config
-        codec = CodecSpec(config.codec, BfpFormat(block_size=config.block_size,
-                                                  mantissa_bits=config.mantissa_bits),
-                          topk_fraction=config.topk_fraction, error_feedback=config.error_feedback)
+        codec = CodecSpec(
+            config.codec,
+            BfpFormat(block_size=config.block_size, mantissa_bits=config.mantissa_bits),
+            topk_fraction=config.topk_fraction,
+            error_feedback=config.error_feedback,
+        )
         self._trainer = LocalTrainer(threads=config.threads, duty=config.duty)
         assert self._data_log is not None
         self._client = client_module.FederatedClient(
-            self.gateway_id, self._cloud_url, self._token, self._data_log, self._uplink_log,
-            trainer=self._trainer, codec=codec, wake_uplink=self._wake_uplink, device="trainer",
-            poll_interval_s=config.poll_interval_s, retrain_after_s=config.retrain_after_s,
-            min_samples=config.min_samples, max_samples=config.max_samples, timeout_s=config.timeout_s,
-            expect_model=config.model, expect_arch=config.arch)
+            self.gateway_id,
+            self._cloud_url,
+            self._token,
+            self._data_log,
+            self._uplink_log,
+            trainer=self._trainer,
+            codec=codec,
+            wake_uplink=self._wake_uplink,
+            device="trainer",
+            poll_interval_s=config.poll_interval_s,
+            retrain_after_s=config.retrain_after_s,
+            min_samples=config.min_samples,
+            max_samples=config.max_samples,
+            timeout_s=config.timeout_s,
+            expect_model=config.model,
+            expect_arch=config.arch,
+        )
 
     async def _stop_client(self) -> None:
         if self._client_running:
@@ -274,9 +318,13 @@ class TrainingRunner:
     async def _start_forwarder(self) -> None:
         if self._forwarder is None:
             assert self._data_log is not None
-            self._forwarder = RawForwarder(self._data_log, self._uplink_log,
-                                           self.directory / "forwarded.json", wake_uplink=self._wake_uplink,
-                                           batch=self.config.forward_batch)
+            self._forwarder = RawForwarder(
+                self._data_log,
+                self._uplink_log,
+                self.directory / "forwarded.json",
+                wake_uplink=self._wake_uplink,
+                batch=self.config.forward_batch,
+            )
         await self._forwarder.start()
 
     async def _stop_forwarder(self) -> None:
@@ -301,8 +349,17 @@ class TrainingRunner:
 
     def _client_counters(self) -> dict[str, int]:
         if self._client is None:
-            return {"rounds": 0, "updates_sent": 0, "payload_bytes": 0, "record_bytes": 0, "fetches": 0,
-                    "fetch_bytes": 0, "fetch_failures": 0, "wrong_model": 0, "errors": 0}
+            return {
+                "rounds": 0,
+                "updates_sent": 0,
+                "payload_bytes": 0,
+                "record_bytes": 0,
+                "fetches": 0,
+                "fetch_bytes": 0,
+                "fetch_failures": 0,
+                "wrong_model": 0,
+                "errors": 0,
+            }
         return dict(self._client.counters)
 
     def _forwarder_counters(self) -> dict[str, int]:
@@ -311,37 +368,51 @@ class TrainingRunner:
         return dict(self._forwarder.counters)
 
     def _last_error(self) -> str | None:
-        errors = [self.last_error, getattr(self._client, "last_error", None),
-                  self._forwarder.last_error if self._forwarder is not None else None]
+        errors = [
+            self.last_error,
+            getattr(self._client, "last_error", None),
+            self._forwarder.last_error if self._forwarder is not None else None,
+        ]
         return next((e for e in reversed(errors) if e), None)
 
     def status(self) -> dict[str, Any]:
         settings = self.settings or TrainingSettings()
         outcome = getattr(self._client, "last_outcome", None)
         return {
-            "enabled": settings.enabled, "private": settings.private, "state": self.state,
+            "enabled": settings.enabled,
+            "private": settings.private,
+            "state": self.state,
             "mode": self.choice.mode if self.choice is not None else None,
             "reason": self.choice.reason if self.choice is not None else None,
-            "decided_ts": self.decided_ts, "checked_ts": self.checked_ts, "trigger": self.trigger,
+            "decided_ts": self.decided_ts,
+            "checked_ts": self.checked_ts,
+            "trigger": self.trigger,
             "raw_Bps": round(self.raw_Bps, 1),
-            "decisions": list(self.decisions), "decisions_total": self.decisions_total,
+            "decisions": list(self.decisions),
+            "decisions_total": self.decisions_total,
             "decisions_dropped": self.decisions_dropped,
             "torch_loaded": "torch" in sys.modules,
             "samples": len(self._client.samples) if self._client is not None else None,
             "global_version": getattr(getattr(self._client, "_global", None), "version", None),
-            "last_outcome": None if outcome is None else {"kind": outcome.kind, "detail": outcome.detail,
-                                                          "version": outcome.version},
-            "client": self._client_counters(), "forwarder": self._forwarder_counters(),
+            "last_outcome": None
+            if outcome is None
+            else {"kind": outcome.kind, "detail": outcome.detail, "version": outcome.version},
+            "client": self._client_counters(),
+            "forwarder": self._forwarder_counters(),
             "last_error": self._last_error(),
         }
 
     def metrics(self) -> dict[str, float]:
         mode = self.choice.mode if self.choice is not None else None
-        return {**self._client_counters(), **{f"raw_{k}": v for k, v in self._forwarder_counters().items()},
-                "decisions": self.decisions_total,
-                "enabled": float(bool(self.settings and self.settings.enabled)),
-                "mode_local": float(mode == "train_locally"), "mode_raw": float(mode == "upload_raw"),
-                "samples": float(len(self._client.samples)) if self._client is not None else 0.0}
+        return {
+            **self._client_counters(),
+            **{f"raw_{k}": v for k, v in self._forwarder_counters().items()},
+            "decisions": self.decisions_total,
+            "enabled": float(bool(self.settings and self.settings.enabled)),
+            "mode_local": float(mode == "train_locally"),
+            "mode_raw": float(mode == "upload_raw"),
+            "samples": float(len(self._client.samples)) if self._client is not None else 0.0,
+        }
 
 
 METRIC_GAUGES = {"enabled", "mode_local", "mode_raw", "samples"}

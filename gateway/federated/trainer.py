@@ -46,10 +46,17 @@ def duty_sleep_s(step_s: float, duty: float) -> float:
     return 0.0 if duty >= 1.0 else step_s * (1.0 - duty) / duty
 
 
-def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: RoundConfig, *,
-                generator: torch.Generator, duty: float = 1.0,
-                should_stop: Callable[[], bool] = lambda: False,
-                sleep: Callable[[float], None] = time.sleep) -> LocalResult:
+def train_local(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    config: RoundConfig,
+    *,
+    generator: torch.Generator,
+    duty: float = 1.0,
+    should_stop: Callable[[], bool] = lambda: False,
+    sleep: Callable[[float], None] = time.sleep,
+) -> LocalResult:
     started = time.perf_counter()
     base = {k: v.detach().clone() for k, v in model.state_dict().items()}
     anchors = [p.detach().clone() for p in model.parameters()] if config.mu > 0 else []
@@ -65,13 +72,14 @@ def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: Roun
             if should_stop():
                 raise TrainingStopped("stopped between steps")
             step_started = time.perf_counter()
-            index = order[start:start + config.batch_size]
+            index = order[start : start + config.batch_size]
             optimizer.zero_grad()
             loss = loss_fn(model(x[index]), y[index])
             total += loss.item()
             if anchors:
-                loss = loss + config.mu / 2 * sum(((p - a) ** 2).sum()
-                                                  for p, a in zip(model.parameters(), anchors, strict=True))
+                loss = loss + config.mu / 2 * sum(
+                    ((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchors, strict=True)
+                )
             loss.backward()
             optimizer.step()
             steps += 1
@@ -102,13 +110,21 @@ class LocalTrainer:
         """Run any torch work (training, encoding) on the trainer's thread."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    async def train(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                    config: RoundConfig) -> LocalResult:
+    async def train(
+        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: RoundConfig
+    ) -> LocalResult:
         generation = self._generation
 
         def work() -> LocalResult:
-            return train_local(model, x, y, config, generator=self._generator, duty=self.duty,
-                               should_stop=lambda: self._stop.is_set() or self._generation != generation)
+            return train_local(
+                model,
+                x,
+                y,
+                config,
+                generator=self._generator,
+                duty=self.duty,
+                should_stop=lambda: self._stop.is_set() or self._generation != generation,
+            )
 
         result = await self.run(work)
         self.rounds += 1

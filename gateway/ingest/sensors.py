@@ -34,8 +34,15 @@ log = logging.getLogger(__name__)
 
 EAGER_FLUSH_MESSAGES = 1000  # close the epoch early when this many messages wait for their ack
 DURABILITY_WARN_S = 30.0  # an fsync slower than this is logged (and waited for again)
-REJECT_REASONS = ("unknown_topic", "unknown_device", "too_large", "not_json", "invalid",
-                  "device_mismatch", "log_full")
+REJECT_REASONS = (
+    "unknown_topic",
+    "unknown_device",
+    "too_large",
+    "not_json",
+    "invalid",
+    "device_mismatch",
+    "log_full",
+)
 
 
 @dataclass(frozen=True)
@@ -48,8 +55,9 @@ class Verdict:
     sample: SampleKey | None = None
 
 
-def judge_message(gateway_id: str, allow: Sequence[str], topic: str, payload: bytes,
-                  received_ts: float) -> Verdict:
+def judge_message(
+    gateway_id: str, allow: Sequence[str], topic: str, payload: bytes, received_ts: float
+) -> Verdict:
     """Pure: validate one device message and build its log record."""
     try:
         where = parse_device_topic(topic)
@@ -64,17 +72,29 @@ def judge_message(gateway_id: str, allow: Sequence[str], topic: str, payload: by
     except ProtocolError as exc:
         return Verdict(None, exc.reason, f"device {where.device_id}: {exc.detail}")
     if telemetry.device != where.device_id:
-        return Verdict(None, "device_mismatch",
-                       f"payload device {telemetry.device!r} published on {where.device_id!r}'s topic")
-    return Verdict(telemetry_record(where.device_id, received_ts, payload),
-                   sample=(telemetry.device, telemetry.seq, telemetry.ts))
+        return Verdict(
+            None,
+            "device_mismatch",
+            f"payload device {telemetry.device!r} published on {where.device_id!r}'s topic",
+        )
+    return Verdict(
+        telemetry_record(where.device_id, received_ts, payload),
+        sample=(telemetry.device, telemetry.seq, telemetry.ts),
+    )
 
 
 class SensorIngest:
-    def __init__(self, adapter: MqttAdapter, record_log: RecordLog, gateway_id: str, allow: Sequence[str],
-                 flush_interval_ms: int, on_durable: Callable[[], None] = lambda: None,
-                 on_fatal: Callable[[BaseException], None] = lambda exc: None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        adapter: MqttAdapter,
+        record_log: RecordLog,
+        gateway_id: str,
+        allow: Sequence[str],
+        flush_interval_ms: int,
+        on_durable: Callable[[], None] = lambda: None,
+        on_fatal: Callable[[BaseException], None] = lambda exc: None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._adapter = adapter
         self._log = record_log
         self.gateway_id = gateway_id
@@ -124,8 +144,11 @@ class SensorIngest:
                 async with asyncio.timeout(timeout_s):
                     await self._flusher
             except TimeoutError:
-                log.error("ingest: log not durable within %.1fs at shutdown; unacked messages "
-                          "will be redelivered by the broker", timeout_s)
+                log.error(
+                    "ingest: log not durable within %.1fs at shutdown; unacked messages "
+                    "will be redelivered by the broker",
+                    timeout_s,
+                )
         self._intake = self._flusher = None
 
     # --- intake ----------------------------------------------------------------------------------
@@ -184,8 +207,11 @@ class SensorIngest:
                         await asyncio.shield(epoch.durable)
                     break
                 except TimeoutError:
-                    log.warning("ingest: epoch %d not durable after %.0fs (slow disk?)", epoch.number,
-                                DURABILITY_WARN_S)
+                    log.warning(
+                        "ingest: epoch %d not durable after %.0fs (slow disk?)",
+                        epoch.number,
+                        DURABILITY_WARN_S,
+                    )
         except LogFailed as exc:
             self._fail(exc)
             return
@@ -204,5 +230,10 @@ class SensorIngest:
 
     def stats(self) -> dict[str, int]:
         # rejections per reason are exported separately (a labelled counter), so no total here
-        return {"accepted": self.accepted, "acked": self.acked, "redelivered": self.redelivered,
-                "epochs": self.epochs, "awaiting_ack": len(self._awaiting_ack)}
+        return {
+            "accepted": self.accepted,
+            "acked": self.acked,
+            "redelivered": self.redelivered,
+            "epochs": self.epochs,
+            "awaiting_ack": len(self._awaiting_ack),
+        }

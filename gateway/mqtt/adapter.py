@@ -68,8 +68,12 @@ class _ConnectionState:
 class MqttAdapter:
     """One MQTT connection under asyncio. ``start()`` returns at once; the connection comes and goes."""
 
-    def __init__(self, settings: MqttSettings, on_connect_publish: list[Will] | None = None,
-                 rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        settings: MqttSettings,
+        on_connect_publish: list[Will] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
         self.settings = settings
         self.counters = MqttCounters()
         self._on_connect_publish = on_connect_publish or []
@@ -92,15 +96,21 @@ class MqttAdapter:
     def _make_client(self) -> paho.Client:
         s = self.settings
         v5 = s.protocol_version == "5"
-        client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id=s.client_id,
-                             protocol=paho.MQTTv5 if v5 else paho.MQTTv311, manual_ack=s.manual_ack,
-                             clean_session=None if v5 else not s.persistent_session,
-                             reconnect_on_failure=False)
+        client = paho.Client(
+            callback_api_version=CallbackAPIVersion.VERSION2,
+            client_id=s.client_id,
+            protocol=paho.MQTTv5 if v5 else paho.MQTTv311,
+            manual_ack=s.manual_ack,
+            clean_session=None if v5 else not s.persistent_session,
+            reconnect_on_failure=False,
+        )
         _, _, tls = s.host_port_tls
         if tls:
-            client.tls_set(ca_certs=str(s.ca_file) if s.ca_file else None,
-                           certfile=str(s.cert_file) if s.cert_file else None,
-                           keyfile=str(s.key_file) if s.key_file else None)
+            client.tls_set(
+                ca_certs=str(s.ca_file) if s.ca_file else None,
+                certfile=str(s.cert_file) if s.cert_file else None,
+                keyfile=str(s.key_file) if s.key_file else None,
+            )
         if s.username is not None:
             client.username_pw_set(s.username, s.password)
         if s.will is not None:
@@ -146,8 +156,9 @@ class MqttAdapter:
         if self._state.connected:
             try:
                 if final is not None:
-                    await self.publish(final.topic, final.payload, final.qos, final.retain,
-                                       timeout_s=timeout_s / 2)
+                    await self.publish(
+                        final.topic, final.payload, final.qos, final.retain, timeout_s=timeout_s / 2
+                    )
                 self._client.disconnect()
                 if not await wait_event(self._state.lost, timeout_s / 2):
                     raise TimeoutError(f"no disconnect within {timeout_s / 2:.1f}s")
@@ -172,8 +183,9 @@ class MqttAdapter:
                 self.counters.connect_failures += 1
                 self.last_connect_error = str(exc)
                 delay = retry.failed()
-                log.warning("mqtt: cannot connect to %s (%s); retrying in %.1fs",
-                            self.settings.url, exc, delay)
+                log.warning(
+                    "mqtt: cannot connect to %s (%s); retrying in %.1fs", self.settings.url, exc, delay
+                )
                 await asyncio.sleep(delay)
                 continue
             retry.succeeded()
@@ -194,14 +206,17 @@ class MqttAdapter:
             props.SessionExpiryInterval = SESSION_EXPIRY_S if self.settings.persistent_session else 0
             props.ReceiveMaximum = max(1, min(self.settings.inbound_bound, 65535))
             # clean_start=False on every connect: the session must survive a daemon restart
-            kwargs: dict[str, Any] = {"clean_start": not self.settings.persistent_session,
-                                      "properties": props}
+            kwargs: dict[str, Any] = {
+                "clean_start": not self.settings.persistent_session,
+                "properties": props,
+            }
         else:
             kwargs = {}  # v3.1.1: clean_session was given to the Client
         try:
             async with asyncio.timeout(self.settings.connect_timeout_s + 1):
                 await loop.run_in_executor(
-                    None, lambda: self._client.connect(host, port, self.settings.keepalive_s, **kwargs))
+                    None, lambda: self._client.connect(host, port, self.settings.keepalive_s, **kwargs)
+                )
             async with asyncio.timeout(self.settings.connect_timeout_s):
                 await asyncio.shield(self._state.connack)
         except (OSError, ssl.SSLError, ValueError) as exc:
@@ -221,8 +236,12 @@ class MqttAdapter:
             return
         self._state.connected = True
         self.counters.connects += 1
-        log.info("mqtt: connected to %s as %s (session present: %s)", self.settings.url,
-                 self.settings.client_id, flags.session_present)
+        log.info(
+            "mqtt: connected to %s as %s (session present: %s)",
+            self.settings.url,
+            self.settings.client_id,
+            flags.session_present,
+        )
         for sub in self._subscriptions:
             client.subscribe(sub.topic, qos=sub.qos)
         for message in self._on_connect_publish:
@@ -242,9 +261,18 @@ class MqttAdapter:
         props = getattr(message, "properties", None)
         response_topic = getattr(props, "ResponseTopic", None) if props is not None else None
         correlation = getattr(props, "CorrelationData", None) if props is not None else None
-        self._inbound.append(InboundMessage(message.topic, bytes(message.payload), message.qos, message.mid,
-                                            bool(message.retain), self._state.number, response_topic,
-                                            bytes(correlation) if correlation is not None else None))
+        self._inbound.append(
+            InboundMessage(
+                message.topic,
+                bytes(message.payload),
+                message.qos,
+                message.mid,
+                bool(message.retain),
+                self._state.number,
+                response_topic,
+                bytes(correlation) if correlation is not None else None,
+            )
+        )
         if len(self._inbound) > self.settings.inbound_bound:
             self.counters.overfull += 1
         if len(self._inbound) >= self.settings.inbound_bound and not self._socket.reading_paused:
@@ -285,8 +313,11 @@ class MqttAdapter:
             if not self._inbound:
                 return None
         message = self._inbound.popleft()
-        if (self._socket.reading_paused and not self._stopping
-                and len(self._inbound) <= self.settings.inbound_bound // 2):
+        if (
+            self._socket.reading_paused
+            and not self._stopping
+            and len(self._inbound) <= self.settings.inbound_bound // 2
+        ):
             self._socket.set_reading(True)
         return message
 
@@ -317,10 +348,19 @@ class MqttAdapter:
         self.counters.acks_sent += 1
         return True
 
-    async def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False,
-                      timeout_s: float = 5.0, *, response_topic: str | None = None,
-                      correlation_data: bytes | None = None, expiry_s: int | None = None,
-                      wait: bool = True) -> None:
+    async def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int = 1,
+        retain: bool = False,
+        timeout_s: float = 5.0,
+        *,
+        response_topic: str | None = None,
+        correlation_data: bytes | None = None,
+        expiry_s: int | None = None,
+        wait: bool = True,
+    ) -> None:
         """Publish; for QoS 1 wait (up to ``timeout_s``) for the broker's PUBACK unless ``wait=False``.
 
         ``response_topic``/``correlation_data``/``expiry_s`` become MQTT v5 properties (ignored on 3.1.1).
@@ -328,8 +368,9 @@ class MqttAdapter:
         if not self._state.connected:
             raise MqttNotConnected(f"not connected to {self.settings.url}")
         props = None
-        if self.settings.protocol_version == "5" and (response_topic or correlation_data is not None
-                                                      or expiry_s is not None):
+        if self.settings.protocol_version == "5" and (
+            response_topic or correlation_data is not None or expiry_s is not None
+        ):
             props = Properties(PacketTypes.PUBLISH)
             if response_topic:
                 props.ResponseTopic = response_topic

@@ -80,8 +80,7 @@ class SocketDriver:
     def _readable(self) -> None:
         self._client.loop_read()
         # TLS can hold decrypted bytes the selector cannot see; drain them now.
-        while (not self.reading_paused and isinstance(self._sock, ssl.SSLSocket)
-               and self._sock.pending() > 0):
+        while not self.reading_paused and isinstance(self._sock, ssl.SSLSocket) and self._sock.pending() > 0:
             self._client.loop_read()
 
     # --- paho's socket callbacks (on the loop thread, except open/write during connect) ---------

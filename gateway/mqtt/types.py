@@ -66,8 +66,7 @@ class MqttSettings:
         return parts.hostname, parts.port or (8883 if tls else 1883), tls
 
 
-def settings_from_config(config: Any, gateway_id: str, will: Will | None,
-                         role: str = "data") -> MqttSettings:
+def settings_from_config(config: Any, gateway_id: str, will: Will | None, role: str = "data") -> MqttSettings:
     """Settings for a gateway daemon connection.
 
     ``role="data"``: the ingest connection: persistent session under a stable client id, manual acks.
@@ -81,11 +80,18 @@ def settings_from_config(config: Any, gateway_id: str, will: Will | None,
     client_id = config.client_id or f"edgefed-{gateway_id}"
     control = role == "control"
     return MqttSettings(
-        url=config.broker, client_id=f"{client_id}-control" if control else client_id,
-        username=config.username, password=password, ca_file=config.ca_file,
-        cert_file=config.cert_file, key_file=config.key_file, keepalive_s=config.keepalive_s,
-        inbound_bound=1000 if control else config.inbound_queue, will=will,
-        persistent_session=not control, manual_ack=not control,
+        url=config.broker,
+        client_id=f"{client_id}-control" if control else client_id,
+        username=config.username,
+        password=password,
+        ca_file=config.ca_file,
+        cert_file=config.cert_file,
+        key_file=config.key_file,
+        keepalive_s=config.keepalive_s,
+        inbound_bound=1000 if control else config.inbound_queue,
+        will=will,
+        persistent_session=not control,
+        manual_ack=not control,
         protocol_version=getattr(config, "protocol_version", "5"),
     )
 

@@ -50,9 +50,7 @@ class Budgets:
     max_link_utilisation: float = 0.8  # of the measured goodput
     flap_penalty_s: float = 5.0  # expected wait for a flapping link, per crossing, at 0% up
     byte_weight: float = 1.0  # score of sending the whole uplink budget, in units of one latency target
-    flapping: Literal["edge", "model"] = (
-        "edge"  # a flapping link: keep work at the edge, or trust the model
-    )
+    flapping: Literal["edge", "model"] = "edge"  # a flapping link: keep work at the edge, or trust the model
 
     def __post_init__(self) -> None:
         for name in ("uplink_Bps", "edge_cores", "edge_cpu_share", "max_link_utilisation"):

@@ -62,8 +62,9 @@ class ShiftingEwma:
     mean and ``shifts`` counts it. Otherwise samples are averaged with weight ``alpha``.
     """
 
-    def __init__(self, alpha: float, shift_ratio: float, *, log_space: bool,
-                 initial: float | None = None) -> None:
+    def __init__(
+        self, alpha: float, shift_ratio: float, *, log_space: bool, initial: float | None = None
+    ) -> None:
         self.alpha = alpha
         self.shift_ratio = shift_ratio
         self.log_space = log_space
@@ -300,9 +301,7 @@ class _Metrics:
         self.transitions = Gauge(
             "edgefed_link_transitions", "Up/down transitions in the window", registry=registry
         )
-        self.state = Gauge(
-            "edgefed_link_state", "1 for the current link state", ["state"], registry=registry
-        )
+        self.state = Gauge("edgefed_link_state", "1 for the current link state", ["state"], registry=registry)
         self.observations = Counter(
             "edgefed_link_observations",
             "Probes and uploads seen by the link monitor",

@@ -76,9 +76,7 @@ class Plan:
             tasks = " ".join(f"{t}@{side}" for t, side in s.placement)
             lat = "waits-for-link" if s.latency_s is None else f"{s.latency_s:.3f}s"
             verdict = {True: "ok", False: "MISS", None: "-"}[s.meets_target]
-            lines.append(
-                f"  {s.name} p{s.priority}: {tasks}  latency={lat} target={s.target_s:g}s {verdict}"
-            )
+            lines.append(f"  {s.name} p{s.priority}: {tasks}  latency={lat} target={s.target_s:g}s {verdict}")
         lines.extend(f"  reason: {r}" for r in self.reasons)
         return "\n".join(lines)
 

@@ -45,9 +45,7 @@ class LinkProber:
         self._url = url
         self._interval = interval_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._upload_timeout = aiohttp.ClientTimeout(
-            total=upload_timeout_s
-        )  # a slow link is not a dead one
+        self._upload_timeout = aiohttp.ClientTimeout(total=upload_timeout_s)  # a slow link is not a dead one
         self._goodput_url = goodput_url
         self._payload = b"\0" * payload_bytes
         self._goodput_every = max(1, goodput_every)

@@ -26,40 +26,70 @@ log = logging.getLogger(__name__)
 
 
 def make_monitor(config: PlacementConfig) -> LinkMonitor:
-    return LinkMonitor(alpha=config.alpha, window_s=config.window_s,
-                       down_after_failures=config.down_after_failures,
-                       flap_transitions=config.flap_transitions, settle_factor=config.settle_factor,
-                       shift_ratio=config.shift_ratio, prior_goodput_Bps=config.prior_goodput_Bps)
+    return LinkMonitor(
+        alpha=config.alpha,
+        window_s=config.window_s,
+        down_after_failures=config.down_after_failures,
+        flap_transitions=config.flap_transitions,
+        settle_factor=config.settle_factor,
+        shift_ratio=config.shift_ratio,
+        prior_goodput_Bps=config.prior_goodput_Bps,
+    )
 
 
 def budgets_from(config: PlacementConfig) -> Budgets:
-    return Budgets(uplink_Bps=config.uplink_budget_Bps, edge_cores=config.edge_cores,
-                   edge_cpu_share=config.edge_cpu_share, max_link_utilisation=config.max_link_utilisation,
-                   flap_penalty_s=config.flap_penalty_s, byte_weight=config.byte_weight,
-                   flapping=config.flapping)
+    return Budgets(
+        uplink_Bps=config.uplink_budget_Bps,
+        edge_cores=config.edge_cores,
+        edge_cpu_share=config.edge_cpu_share,
+        max_link_utilisation=config.max_link_utilisation,
+        flap_penalty_s=config.flap_penalty_s,
+        byte_weight=config.byte_weight,
+        flapping=config.flapping,
+    )
 
 
 def hysteresis_from(config: PlacementConfig) -> Hysteresis:
-    return Hysteresis(rtt_ratio=config.rtt_ratio, rtt_floor_s=config.rtt_floor_s,
-                      goodput_ratio=config.goodput_ratio, up_fraction_delta=config.up_fraction_delta)
+    return Hysteresis(
+        rtt_ratio=config.rtt_ratio,
+        rtt_floor_s=config.rtt_floor_s,
+        goodput_ratio=config.goodput_ratio,
+        up_fraction_delta=config.up_fraction_delta,
+    )
 
 
 class PlacementRunner:
-    def __init__(self, config: PlacementConfig, cloud_url: str, monitor: LinkMonitor,
-                 on_plan: OnPlan | None = None, services: tuple[TaskGraph, ...] | None = None) -> None:
+    def __init__(
+        self,
+        config: PlacementConfig,
+        cloud_url: str,
+        monitor: LinkMonitor,
+        on_plan: OnPlan | None = None,
+        services: tuple[TaskGraph, ...] | None = None,
+    ) -> None:
         self.config = config
         self.monitor = monitor
-        self.planner = PlacementPlanner(services or default_graphs(), budgets_from(config),
-                                        hysteresis=hysteresis_from(config), pins=dict(config.pins))
+        self.planner = PlacementPlanner(
+            services or default_graphs(),
+            budgets_from(config),
+            hysteresis=hysteresis_from(config),
+            pins=dict(config.pins),
+        )
         base = cloud_url.rstrip("/")
         self.prober = LinkProber(
-            monitor, base + config.probe_path, interval_s=config.probe_interval_s,
+            monitor,
+            base + config.probe_path,
+            interval_s=config.probe_interval_s,
             timeout_s=config.probe_timeout_s,
             goodput_url=None if config.goodput_path is None else base + config.goodput_path,
-            payload_bytes=config.payload_bytes, goodput_every=config.goodput_every,
-            upload_timeout_s=max(config.probe_timeout_s, 10.0), confirm_after_s=config.confirm_after_s)
-        self.controller = PlacementController(self.planner, monitor, on_plan,
-                                              interval_s=config.replan_interval_s)
+            payload_bytes=config.payload_bytes,
+            goodput_every=config.goodput_every,
+            upload_timeout_s=max(config.probe_timeout_s, 10.0),
+            confirm_after_s=config.confirm_after_s,
+        )
+        self.controller = PlacementController(
+            self.planner, monitor, on_plan, interval_s=config.replan_interval_s
+        )
         self._started: list[str] = []
 
     async def start(self) -> None:
@@ -87,7 +117,7 @@ class PlacementRunner:
 
     def status(self) -> dict[str, Any]:
         plan = self.planner.current
-        decisions = list(self.planner.decisions)[-self.config.decisions_in_status:]
+        decisions = list(self.planner.decisions)[-self.config.decisions_in_status :]
         link = dataclasses.asdict(self.monitor.snapshot())
         return {
             "plan": None if plan is None else plan.to_dict(),

@@ -63,10 +63,20 @@ class LogCorrupted(Exception):
 
 
 class EpochLog:
-    def __init__(self, directory: Path | str, *, segment_bytes: int = 64 << 20, max_bytes: int = 1 << 30,
-                 full_policy: FullPolicy = "reject", writer_threads: int = 2, buffer_bytes: int = 32 << 20,
-                 file_layer: FileLayer | None = None, rng: random.Random | None = None,
-                 append_timeout_s: float = 30.0, close_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        directory: Path | str,
+        *,
+        segment_bytes: int = 64 << 20,
+        max_bytes: int = 1 << 30,
+        full_policy: FullPolicy = "reject",
+        writer_threads: int = 2,
+        buffer_bytes: int = 32 << 20,
+        file_layer: FileLayer | None = None,
+        rng: random.Random | None = None,
+        append_timeout_s: float = 30.0,
+        close_timeout_s: float = 30.0,
+    ) -> None:
         if full_policy not in ("reject", "drop_oldest"):
             raise ValueError(f"full_policy must be 'reject' or 'drop_oldest', not {full_policy!r}")
         if max_bytes < 2 * segment_bytes:
@@ -105,10 +115,24 @@ class EpochLog:
         self._failed: BaseException | None = None
         self._closed = False
         self._disk_full = False
-        self._stats = dict.fromkeys((
-            "appended_records", "appended_bytes", "epochs", "epochs_durable", "rejected_records",
-            "dropped_records", "dropped_segments", "disk_full_events", "buffer_waits", "corruptions",
-            "recovered_cut_bytes", "trims", "trim_persist_failures"), 0)
+        self._stats = dict.fromkeys(
+            (
+                "appended_records",
+                "appended_bytes",
+                "epochs",
+                "epochs_durable",
+                "rejected_records",
+                "dropped_records",
+                "dropped_segments",
+                "disk_full_events",
+                "buffer_waits",
+                "corruptions",
+                "recovered_cut_bytes",
+                "trims",
+                "trim_persist_failures",
+            ),
+            0,
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -117,9 +141,15 @@ class EpochLog:
         started = time.perf_counter()
         await self._loop.run_in_executor(self._admin, self._recover)
         self.recovery_s = time.perf_counter() - started
-        self._writer = EpochWriter(self._layer, self.directory, self._writer_threads,
-                                   self._from_writer(self._on_durable), self._from_writer(self._on_failed),
-                                   self._from_writer(self._on_disk_full), self._from_writer(self._on_written))
+        self._writer = EpochWriter(
+            self._layer,
+            self.directory,
+            self._writer_threads,
+            self._from_writer(self._on_durable),
+            self._from_writer(self._on_failed),
+            self._from_writer(self._on_disk_full),
+            self._from_writer(self._on_written),
+        )
         self._writer.start()
 
     def _recover(self) -> None:
@@ -146,8 +176,12 @@ class EpochLog:
         seqs = [s.header.seq for s in self._segments]
         if seqs != list(range(seqs[0], seqs[0] + len(seqs))) if seqs else tail.headers_unreadable:
             self._stats["corruptions"] += 1
-            log.error("epoch log %s: segments missing or unreadable: have %s, unreadable %s",
-                      self.directory, seqs, tail.headers_unreadable)
+            log.error(
+                "epoch log %s: segments missing or unreadable: have %s, unreadable %s",
+                self.directory,
+                seqs,
+                tail.headers_unreadable,
+            )
         self._next_lsn = max(tail.last_lsn, self._trimmed_lsn) + 1
         self._durable_lsn = self._next_lsn - 1
         self._epoch_no = tail.last_epoch
@@ -166,10 +200,12 @@ class EpochLog:
         self._closed = True
         if self._writer is not None:
             stopped = await asyncio.get_running_loop().run_in_executor(
-                None, self._writer.stop, self.close_timeout_s)
+                None, self._writer.stop, self.close_timeout_s
+            )
             if not stopped:
-                log.error("epoch log %s: writer did not stop within %.0fs", self.directory,
-                          self.close_timeout_s)
+                log.error(
+                    "epoch log %s: writer did not stop within %.0fs", self.directory, self.close_timeout_s
+                )
         self._fail_pending(LogFailed("log closed"))
         self._admin.shutdown(wait=True)
         self._reader.shutdown(wait=True)
@@ -239,8 +275,16 @@ class EpochLog:
         if not self._open_chunks:
             return
         assert self._active is not None and self._writer is not None
-        closed = ClosedEpoch(self._epoch_no, self._open_first, self._next_lsn - 1, self._active,
-                             self._segments[-1].path, self._open_chunks, self._open_bytes, self._chain)
+        closed = ClosedEpoch(
+            self._epoch_no,
+            self._open_first,
+            self._next_lsn - 1,
+            self._active,
+            self._segments[-1].path,
+            self._open_chunks,
+            self._open_bytes,
+            self._chain,
+        )
         self._open_chunks, self._open_bytes = [], 0
         self._active_bytes += commit_bytes(1)
         self._bytes_used += commit_bytes(1)
@@ -259,16 +303,20 @@ class EpochLog:
             self._space.clear()
             if not await wait_event(self._space, max(0.0, deadline - time.monotonic())):
                 self._stats["rejected_records"] += 1
-                raise LogFull(f"buffer of {self.buffer_bytes} bytes still full after "
-                              f"{self.append_timeout_s}s: the disk is not keeping up") from None
+                raise LogFull(
+                    f"buffer of {self.buffer_bytes} bytes still full after "
+                    f"{self.append_timeout_s}s: the disk is not keeping up"
+                ) from None
 
     async def _make_room(self, size: int) -> None:
         async with self._room_lock:
             while self._bytes_used + size > self.max_bytes or self._disk_full:
                 if self.full_policy == "reject" or not await self._drop_oldest():
                     self._stats["rejected_records"] += 1
-                    raise LogFull(f"epoch log {self.directory}: {self._bytes_used} of {self.max_bytes} bytes "
-                                  f"used{' and the disk is full' if self._disk_full else ''}")
+                    raise LogFull(
+                        f"epoch log {self.directory}: {self._bytes_used} of {self.max_bytes} bytes "
+                        f"used{' and the disk is full' if self._disk_full else ''}"
+                    )
                 self._disk_full = False  # re-raised by the writer if its retry still finds no space
 
     async def _drop_oldest(self) -> bool:
@@ -280,8 +328,9 @@ class EpochLog:
         await self._persist_trim(last)
         self._stats["dropped_records"] += lost
         self._stats["dropped_segments"] += 1
-        log.warning("epoch log %s full: dropped %d un-uploaded records (lsn <= %d)", self.directory,
-                    lost, last)
+        log.warning(
+            "epoch log %s full: dropped %d un-uploaded records (lsn <= %d)", self.directory, lost, last
+        )
         return True
 
     # -- writer callbacks (on the loop) --------------------------------------------------------------
@@ -295,6 +344,7 @@ class EpochLog:
                 loop.call_soon_threadsafe(callback, *args)
             except RuntimeError:  # the loop is gone: nobody is waiting any more
                 pass
+
         return call
 
     def _on_durable(self, group: DurableGroup) -> None:
@@ -435,8 +485,17 @@ class EpochLog:
 
     def stats(self) -> dict[str, int]:
         writer = self._writer
-        return {**self._stats, "durable_lsn": self._durable_lsn, "trimmed_lsn": self._trimmed_lsn,
-                "next_lsn": self._next_lsn, "segments": len(self._segments), "bytes_used": self._bytes_used,
-                "max_bytes": self.max_bytes, "buffered_bytes": self._buffered,
-                "fsyncs": writer.fsyncs if writer else 0, "write_rounds": writer.rounds if writer else 0,
-                "disk_full": int(self._disk_full), "failed": int(self._failed is not None)}
+        return {
+            **self._stats,
+            "durable_lsn": self._durable_lsn,
+            "trimmed_lsn": self._trimmed_lsn,
+            "next_lsn": self._next_lsn,
+            "segments": len(self._segments),
+            "bytes_used": self._bytes_used,
+            "max_bytes": self.max_bytes,
+            "buffered_bytes": self._buffered,
+            "fsyncs": writer.fsyncs if writer else 0,
+            "write_rounds": writer.rounds if writer else 0,
+            "disk_full": int(self._disk_full),
+            "failed": int(self._failed is not None),
+        }

@@ -81,9 +81,16 @@ class _Sync:
 
 
 class EpochWriter:
-    def __init__(self, layer: FileLayer, directory: str, writer_threads: int,
-                 on_durable: Callable[[DurableGroup], None], on_failed: Callable[[BaseException], None],
-                 on_disk_full: Callable[[], None], on_written: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        layer: FileLayer,
+        directory: str,
+        writer_threads: int,
+        on_durable: Callable[[DurableGroup], None],
+        on_failed: Callable[[BaseException], None],
+        on_disk_full: Callable[[], None],
+        on_written: Callable[[int], None],
+    ) -> None:
         self._layer = layer
         self._directory = directory
         self._on_durable, self._on_failed, self._on_disk_full = on_durable, on_failed, on_disk_full
@@ -299,7 +306,7 @@ class EpochWriter:
 
     def _pwritev_all(self, fd: int, buffers: list[bytes], offset: int) -> None:
         for at in range(0, len(buffers), IOV_MAX):
-            batch = buffers[at:at + IOV_MAX]
+            batch = buffers[at : at + IOV_MAX]
             size = sum(map(len, batch))
             written = self._layer.pwritev(fd, batch, offset)
             if written < size:  # a short write (rare on regular files): finish it with plain pwrites
@@ -326,4 +333,3 @@ class _Fatal(Exception):
     def __init__(self, cause: BaseException) -> None:
         super().__init__(str(cause))
         self.cause = cause
-

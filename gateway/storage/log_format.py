@@ -45,7 +45,7 @@ def segment_name(seq: int) -> str:
 def segment_seq(name: str) -> int | None:
     if not (name.startswith(SEGMENT_PREFIX) and name.endswith(SEGMENT_SUFFIX)):
         return None
-    stem = name[len(SEGMENT_PREFIX):-len(SEGMENT_SUFFIX)]
+    stem = name[len(SEGMENT_PREFIX) : -len(SEGMENT_SUFFIX)]
     return int(stem) if stem.isdigit() else None
 
 
@@ -57,8 +57,9 @@ class SegmentHeader:
     first_epoch: int
 
     def encode(self) -> bytes:
-        body = _SEGMENT_HEADER.pack(SEGMENT_MAGIC, FORMAT_VERSION, self.salt, self.seq,
-                                    self.first_lsn, self.first_epoch)
+        body = _SEGMENT_HEADER.pack(
+            SEGMENT_MAGIC, FORMAT_VERSION, self.salt, self.seq, self.first_lsn, self.first_epoch
+        )
         block = body + _U32.pack(crc32c.crc32c(body))
         return block + bytes(SEGMENT_HEADER_BYTES - len(block))
 
@@ -110,13 +111,15 @@ def check_commit(buf: bytes | memoryview, offset: int, salt: int) -> Commit | No
     if kind != KIND_COMMIT or length < _COMMIT_HEAD.size or offset + RECORD_HEADER_BYTES + length > len(buf):
         return None
     start = offset + RECORD_HEADER_BYTES
-    if crc32c.crc32c(buf[start:start + length], crc32c.crc32c(buf[offset + 4:start], salt)) != crc:
+    if crc32c.crc32c(buf[start : start + length], crc32c.crc32c(buf[offset + 4 : start], salt)) != crc:
         return None
     chain, count = _COMMIT_HEAD.unpack_from(buf, start)
     if length != _COMMIT_HEAD.size + count * _COMMIT_EPOCH.size or count == 0:
         return None
-    epochs = tuple(_COMMIT_EPOCH.unpack_from(buf, start + _COMMIT_HEAD.size + i * _COMMIT_EPOCH.size)
-                   for i in range(count))
+    epochs = tuple(
+        _COMMIT_EPOCH.unpack_from(buf, start + _COMMIT_HEAD.size + i * _COMMIT_EPOCH.size)
+        for i in range(count)
+    )
     return Commit(chain, epoch, lsn, epochs, start + length)
 
 

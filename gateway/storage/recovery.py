@@ -72,8 +72,18 @@ def start_position(header: SegmentHeader) -> Position:
     return Position(SEGMENT_HEADER_BYTES, header.salt, header.first_lsn, header.first_epoch - 1)
 
 
-def scan_buffer(buf: bytes, base: int, salt: int, start: Position, *, final: bool, segment: str = "",
-                from_lsn: int = 0, max_records: int | None = None, collect: bool = True) -> ScanResult:
+def scan_buffer(
+    buf: bytes,
+    base: int,
+    salt: int,
+    start: Position,
+    *,
+    final: bool,
+    segment: str = "",
+    from_lsn: int = 0,
+    max_records: int | None = None,
+    collect: bool = True,
+) -> ScanResult:
     """Scan ``buf`` (the file's bytes from offset ``base``) from ``start``.
 
     ``final``: buf reaches the end of the file, so a short record there is damage, not "read more".
@@ -99,7 +109,7 @@ def scan_buffer(buf: bytes, base: int, salt: int, start: Position, *, final: boo
             if length > MAX_RECORD_BYTES or body + length > n:
                 problem = "record runs past the end"
                 break
-            if crc32c.crc32c(view[body:body + length], crc32c.crc32c(view[off + 4:body], chain)) != crc:
+            if crc32c.crc32c(view[body : body + length], crc32c.crc32c(view[off + 4 : body], chain)) != crc:
                 problem = "checksum mismatch"
                 break
             if lsn != next_lsn or epoch <= last_epoch or (epochs and epoch < epochs[-1][0]):
@@ -116,14 +126,19 @@ def scan_buffer(buf: bytes, base: int, salt: int, start: Position, *, final: boo
             if commit is None:
                 problem = "commit record damaged"
                 break
-            if (not pending or commit.chain != chain or commit.last_lsn != next_lsn - 1
-                    or list(commit.epochs) != [tuple(e) for e in epochs]):
+            if (
+                not pending
+                or commit.chain != chain
+                or commit.last_lsn != next_lsn - 1
+                or list(commit.epochs) != [tuple(e) for e in epochs]
+            ):
                 problem = "commit does not match the records before it"
                 break
             last_epoch = epochs[-1][0]
             if collect:
-                result.records.extend((lsn, bytes(view[p:p + size])) for lsn, p, size in pending
-                                      if lsn >= from_lsn)
+                result.records.extend(
+                    (lsn, bytes(view[p : p + size])) for lsn, p, size in pending if lsn >= from_lsn
+                )
             pending.clear()
             epochs.clear()
             off = commit.end
@@ -135,7 +150,7 @@ def scan_buffer(buf: bytes, base: int, salt: int, start: Position, *, final: boo
                 result.complete = False
                 return result
         else:
-            problem = "no record here" if any(view[off:off + RECORD_HEADER_BYTES]) else ""
+            problem = "no record here" if any(view[off : off + RECORD_HEADER_BYTES]) else ""
             break
     if not final:
         result.complete = False  # the caller reads on from result.end
@@ -209,8 +224,9 @@ def recover_tail(layer: FileLayer, directory: str, floor_lsn: int) -> TailRecove
         fd = layer.open(path)
         try:
             buf = layer.pread(fd, size, 0)
-            scan = scan_buffer(buf, 0, header.salt, start_position(header), final=True, segment=path,
-                               collect=False)
+            scan = scan_buffer(
+                buf, 0, header.salt, start_position(header), final=True, segment=path, collect=False
+            )
             if scan.damage is not None and scan.damage.kind == "corrupt":
                 out.damage = out.damage or scan.damage
                 _keep_evidence(layer, path, buf, scan.end.offset)
@@ -275,16 +291,18 @@ def recover_all(layer: FileLayer, directory: str, collect: bool = True) -> FullR
                 damage = Damage("corrupt", path, 0, "segment header unreadable")
             break
         if last_lsn and header.first_lsn != last_lsn + 1:
-            damage = Damage("corrupt", path, 0, f"segment starts at lsn {header.first_lsn}, "
-                            f"expected {last_lsn + 1}")
+            damage = Damage(
+                "corrupt", path, 0, f"segment starts at lsn {header.first_lsn}, expected {last_lsn + 1}"
+            )
             break
         fd = layer.open(path)
         try:
             buf = layer.pread(fd, size, 0)
         finally:
             layer.close(fd)
-        scan = scan_buffer(buf, 0, header.salt, start_position(header), final=True, segment=path,
-                           collect=collect)
+        scan = scan_buffer(
+            buf, 0, header.salt, start_position(header), final=True, segment=path, collect=collect
+        )
         records.extend(scan.records)
         if scan.end.next_lsn > header.first_lsn:
             last_lsn, last_epoch = scan.end.next_lsn - 1, scan.end.last_epoch

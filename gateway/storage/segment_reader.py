@@ -34,8 +34,9 @@ class Chunk:
     resume: Position | None = None  # just after the last group scanned: where the next chunk starts
 
 
-def read_chunk(layer: FileLayer, info: SegmentInfo, lsn: int, last_lsn: int,
-               resume: Position | None = None) -> Chunk:
+def read_chunk(
+    layer: FileLayer, info: SegmentInfo, lsn: int, last_lsn: int, resume: Position | None = None
+) -> Chunk:
     """Committed records of ``info`` with LSN >= lsn (about CHUNK_RECORDS of them); ``last_lsn`` is
     the last LSN this segment must hold (the next segment's first LSN - 1, or the durable LSN).
     ``resume``: the previous chunk's ``resume`` in this segment (a verified commit boundary)."""
@@ -57,8 +58,16 @@ def read_chunk(layer: FileLayer, info: SegmentInfo, lsn: int, last_lsn: int,
             want = min(size, bound - start.offset)
             buf = layer.pread(fd, want, start.offset) if want > 0 else b""
             final = start.offset + len(buf) >= bound
-            scan = scan_buffer(buf, start.offset, info.header.salt, start, final=final, segment=info.path,
-                               from_lsn=lsn, max_records=CHUNK_RECORDS)
+            scan = scan_buffer(
+                buf,
+                start.offset,
+                info.header.salt,
+                start,
+                final=final,
+                segment=info.path,
+                from_lsn=lsn,
+                max_records=CHUNK_RECORDS,
+            )
             out.records.extend(scan.records)
             out.index.extend(scan.index)
             out.resume = scan.end

@@ -72,8 +72,9 @@ def camera_graph(
                 after=("capture",),
                 raw=True,
             ),
-            Task("infer", edge_cost_s=0.45, cloud_cost_s=cloud_infer_s, output_bytes=2_000,
-                 after=("change",)),
+            Task(
+                "infer", edge_cost_s=0.45, cloud_cost_s=cloud_infer_s, output_bytes=2_000, after=("change",)
+            ),
             Task("summarise", edge_cost_s=0.005, cloud_cost_s=0.001, output_bytes=400, after=("infer",)),
             Task(
                 "upload",
@@ -111,13 +112,30 @@ def vibration_graph(
         rate_hz=1.0 / window_s,
         tasks=(
             Task("capture", edge_cost_s=0.002, cloud_cost_s=0.002, output_bytes=raw_bytes, raw=True),
-            Task("spectrogram", edge_cost_s=0.04, cloud_cost_s=0.003, output_bytes=mel_bands * frames,
-                 after=("capture",)),
-            Task("classify", edge_cost_s=0.6, cloud_cost_s=cloud_classify_s, output_bytes=200,
-                 after=("spectrogram",)),
+            Task(
+                "spectrogram",
+                edge_cost_s=0.04,
+                cloud_cost_s=0.003,
+                output_bytes=mel_bands * frames,
+                after=("capture",),
+            ),
+            Task(
+                "classify",
+                edge_cost_s=0.6,
+                cloud_cost_s=cloud_classify_s,
+                output_bytes=200,
+                after=("spectrogram",),
+            ),
             Task("summarise", edge_cost_s=0.002, cloud_cost_s=0.001, output_bytes=300, after=("classify",)),
-            Task("upload", edge_cost_s=0.0, cloud_cost_s=0.0, output_bytes=0, after=("summarise",),
-                 pin="cloud", delivery=True),
+            Task(
+                "upload",
+                edge_cost_s=0.0,
+                cloud_cost_s=0.0,
+                output_bytes=0,
+                after=("summarise",),
+                pin="cloud",
+                delivery=True,
+            ),
         ),
     )
 

@@ -240,9 +240,7 @@ def parse_graphs(text: str) -> tuple[TaskGraph, ...]:
             name, tasks = words[1], []
             head = _fields(words[2:], {"target", "priority", "private", "rate"}, where)
         elif words[0] == "task" and head is not None and len(words) >= 2:
-            f = _fields(
-                words[2:], {"edge", "cloud", "out", "sel", "after", "pin", "raw", "delivery"}, where
-            )
+            f = _fields(words[2:], {"edge", "cloud", "out", "sel", "after", "pin", "raw", "delivery"}, where)
             pin = f.get("pin")
             if pin not in (None, "edge", "cloud"):
                 raise TaskGraphError(f"{where}: pin must be edge or cloud, not {pin!r}")

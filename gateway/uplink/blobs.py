@@ -53,8 +53,12 @@ class BlobRef:
     content_type: str = "application/octet-stream"
 
     def to_body(self) -> dict[str, Any]:
-        return {"id": self.blob_id, "size": self.size, "sha256": self.sha256,
-                "content_type": self.content_type}
+        return {
+            "id": self.blob_id,
+            "size": self.size,
+            "sha256": self.sha256,
+            "content_type": self.content_type,
+        }
 
 
 @dataclass(frozen=True)
@@ -67,8 +71,9 @@ class BlobOutcome:
 
 def blob_record(device: str, received_ts: float, ref: BlobRef, **meta: Any) -> bytes:
     """The log record that references a spooled blob (``meta``: e.g. camera, frame number)."""
-    return encode_record(Record(kind="event", device=device, received_ts=received_ts,
-                                body={"blob": ref.to_body(), **meta}))
+    return encode_record(
+        Record(kind="event", device=device, received_ts=received_ts, body={"blob": ref.to_body(), **meta})
+    )
 
 
 def blob_refs(data: bytes) -> list[BlobRef]:
@@ -80,8 +85,14 @@ def blob_refs(data: bytes) -> list[BlobRef]:
         blob = record["body"]["blob"] if record.get("kind") == "event" else None
         if not isinstance(blob, dict):
             return []
-        return [BlobRef(str(blob["id"]), int(blob["size"]), str(blob["sha256"]),
-                        str(blob.get("content_type", "application/octet-stream")))]
+        return [
+            BlobRef(
+                str(blob["id"]),
+                int(blob["size"]),
+                str(blob["sha256"]),
+                str(blob.get("content_type", "application/octet-stream")),
+            )
+        ]
     except (ValueError, KeyError, TypeError):
         return []
 
@@ -97,8 +108,9 @@ class BlobSpool:
     def path(self, blob_id: str) -> Path:
         return self.directory / blob_id
 
-    def put(self, data: bytes, blob_id: str | None = None,
-            content_type: str = "application/octet-stream") -> BlobRef:
+    def put(
+        self, data: bytes, blob_id: str | None = None, content_type: str = "application/octet-stream"
+    ) -> BlobRef:
         """Store ``data`` durably (tmp + fsync + rename + dir fsync) and return its reference.
 
         The default id is the content's SHA-256 (first 40 hex digits), so the same bytes stored
@@ -124,10 +136,18 @@ class BlobSpool:
 
 
 class BlobUploader:
-    def __init__(self, spool: BlobSpool, cloud_url: str, gateway_id: str, token: str | None, *,
-                 chunk_bytes: int = 256 * 1024, bucket: TokenBucket | None = None,
-                 monitor: UploadObserver | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        spool: BlobSpool,
+        cloud_url: str,
+        gateway_id: str,
+        token: str | None,
+        *,
+        chunk_bytes: int = 256 * 1024,
+        bucket: TokenBucket | None = None,
+        monitor: UploadObserver | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.spool = spool
         self._base = f"{cloud_url.rstrip('/')}/v1/gateways/{gateway_id}/blobs"
         self._token = token
@@ -137,9 +157,18 @@ class BlobUploader:
         self._clock = clock
         self._committed: OrderedDict[str, str] = OrderedDict()  # blob id -> sha256, bounded (LRU)
         self.resumed_at: list[int] = []  # offsets > 0 an upload (re)started at, as the cloud reported
-        self.counters = {"blobs_committed": 0, "blobs_already_committed": 0, "chunks_sent": 0,
-                         "bytes_sent": 0, "resumes": 0, "offset_resyncs": 0, "hash_mismatches": 0,
-                         "blobs_missing": 0, "blob_conflicts": 0, "throttled_s": 0}
+        self.counters = {
+            "blobs_committed": 0,
+            "blobs_already_committed": 0,
+            "chunks_sent": 0,
+            "bytes_sent": 0,
+            "resumes": 0,
+            "offset_resyncs": 0,
+            "hash_mismatches": 0,
+            "blobs_missing": 0,
+            "blob_conflicts": 0,
+            "throttled_s": 0,
+        }
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._token}"} if self._token is not None else {}
@@ -201,8 +230,12 @@ class BlobUploader:
     def _done(self, ref: BlobRef, doc: dict[str, Any], already: bool) -> BlobOutcome:
         if doc.get("sha256") != ref.sha256:
             self.counters["blob_conflicts"] += 1
-            log.error("uplink: the cloud holds blob %s with sha256 %s, ours is %s; keeping our copy",
-                      ref.blob_id, doc.get("sha256"), ref.sha256)
+            log.error(
+                "uplink: the cloud holds blob %s with sha256 %s, ours is %s; keeping our copy",
+                ref.blob_id,
+                doc.get("sha256"),
+                ref.sha256,
+            )
             return BlobOutcome("ok", "conflict")
         self.counters["blobs_already_committed" if already else "blobs_committed"] += 1
         self.spool.remove(ref.blob_id)
@@ -211,8 +244,14 @@ class BlobUploader:
             self._committed.popitem(last=False)
         return BlobOutcome("ok")
 
-    async def _request(self, session: aiohttp.ClientSession, method: str, url: str, body: bytes | None,
-                       sha256: str | None = None) -> tuple[int, dict[str, Any]] | BlobOutcome:
+    async def _request(
+        self,
+        session: aiohttp.ClientSession,
+        method: str,
+        url: str,
+        body: bytes | None,
+        sha256: str | None = None,
+    ) -> tuple[int, dict[str, Any]] | BlobOutcome:
         headers = self._headers()
         if sha256 is not None:
             headers["X-Sha256"] = sha256

@@ -60,7 +60,7 @@ class Runs:
         return len(self._lo) - self._head
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        return zip(self._lo[self._head:], self._hi[self._head:], strict=True)
+        return zip(self._lo[self._head :], self._hi[self._head :], strict=True)
 
     def first(self) -> tuple[int, int]:
         return self._lo[self._head], self._hi[self._head]
@@ -268,8 +268,12 @@ class TokenBucket:
     bucket may go into debt (a batch larger than the burst is sent after the debt is slept off).
     """
 
-    def __init__(self, rate_Bps: float | None, burst_bytes: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        rate_Bps: float | None,
+        burst_bytes: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if rate_Bps is not None and rate_Bps <= 0:
             raise ValueError("rate_Bps must be > 0 or None")
         self.rate = rate_Bps

@@ -50,8 +50,15 @@ log = logging.getLogger(__name__)
 IDLE_WAKE_S = 5.0  # look at the log at least this often even without a wake-up
 SCAN_SLICE_RECORDS = 10_000  # backlog records read and classified per round (~0.2 s; then a live batch)
 SPAN_PER_RECORD = 20  # a backlog batch spans at most this many log LSNs per record it carries
-FAILURE_KINDS = ("connection", "timeout", "server_error", "auth", "rejected_by_cloud",
-                 "unexpected_status", "bad_ack")
+FAILURE_KINDS = (
+    "connection",
+    "timeout",
+    "server_error",
+    "auth",
+    "rejected_by_cloud",
+    "unexpected_status",
+    "bad_ack",
+)
 LINK_FAILURES = ("connection", "timeout")  # the others got an answer: the link itself worked
 
 
@@ -83,10 +90,18 @@ def read_token(token: str | None, token_file: Path | None) -> str | None:
 
 
 class Uplink:
-    def __init__(self, record_log: RecordLog, gateway_id: str, config: UplinkConfig,
-                 rng: random.Random | None = None, *, monitor: UploadObserver | None = None,
-                 link_down: Callable[[], bool] | None = None,
-                 clock: Callable[[], float] = time.perf_counter, blob_spool: BlobSpool | None = None) -> None:
+    def __init__(
+        self,
+        record_log: RecordLog,
+        gateway_id: str,
+        config: UplinkConfig,
+        rng: random.Random | None = None,
+        *,
+        monitor: UploadObserver | None = None,
+        link_down: Callable[[], bool] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        blob_spool: BlobSpool | None = None,
+    ) -> None:
         self._log = record_log
         self.gateway_id = gateway_id
         self._config = config
@@ -100,11 +115,25 @@ class Uplink:
         if blob_spool is None and config.blob_dir is not None:
             blob_spool = BlobSpool(config.blob_dir)
         # Blobs share the batches' token bucket (one cap for the link) and feed the same monitor.
-        self.blobs = (BlobUploader(blob_spool, config.cloud_url, gateway_id, self._token,
-                                   chunk_bytes=config.blob_chunk_bytes, bucket=self._bucket, monitor=monitor,
-                                   clock=clock) if blob_spool is not None else None)
-        self._order = {"alert": config.drain_alerts, "summary": config.drain_summaries,
-                       "raw": config.drain_raw}
+        self.blobs = (
+            BlobUploader(
+                blob_spool,
+                config.cloud_url,
+                gateway_id,
+                self._token,
+                chunk_bytes=config.blob_chunk_bytes,
+                bucket=self._bucket,
+                monitor=monitor,
+                clock=clock,
+            )
+            if blob_spool is not None
+            else None
+        )
+        self._order = {
+            "alert": config.drain_alerts,
+            "summary": config.drain_summaries,
+            "raw": config.drain_raw,
+        }
         self._wake = asyncio.Event()
         self._link_up = asyncio.Event()
         self._warn = RateLimitedLog(log)
@@ -119,9 +148,18 @@ class Uplink:
         self.state = "idle"
         self.last_error = ""
         self.last_success_ts = 0.0
-        self.counters = {"batches_sent": 0, "records_uploaded": 0, "bytes_uploaded": 0, "attempts": 0,
-                         "live_batches": 0, "backlog_batches": 0, "backlog_scanned": 0,
-                         "link_up_wakeups": 0, "throttled_s": 0, "blob_refs_without_spool": 0}
+        self.counters = {
+            "batches_sent": 0,
+            "records_uploaded": 0,
+            "bytes_uploaded": 0,
+            "attempts": 0,
+            "live_batches": 0,
+            "backlog_batches": 0,
+            "backlog_scanned": 0,
+            "link_up_wakeups": 0,
+            "throttled_s": 0,
+            "blob_refs_without_spool": 0,
+        }
         self.uploaded_by_class: dict[str, int] = dict.fromkeys(CLASSES, 0)
         self.failures: dict[str, int] = dict.fromkeys(FAILURE_KINDS, 0)
 
@@ -163,10 +201,15 @@ class Uplink:
         return lsn <= self._log.trimmed_lsn or self._acked.contains(lsn)
 
     def drain_status(self) -> dict[str, object]:
-        return {"backlog_upto": self._index.upto, "backlog_pending": self._index.pending(),
-                "backlog_by_class": {c: self._index.pending(c) for c in CLASSES},
-                "scan_done": self._scan_next > self._index.upto, "live_next": self._live_next,
-                "acked_untrimmed": self._acked.count, "uploaded_by_class": dict(self.uploaded_by_class)}
+        return {
+            "backlog_upto": self._index.upto,
+            "backlog_pending": self._index.pending(),
+            "backlog_by_class": {c: self._index.pending(c) for c in CLASSES},
+            "scan_done": self._scan_next > self._index.upto,
+            "live_next": self._live_next,
+            "acked_untrimmed": self._acked.count,
+            "uploaded_by_class": dict(self.uploaded_by_class),
+        }
 
     def _sync_with_log(self) -> None:
         """Start from the log's trim point; everything untrimmed is sent again (idempotent)."""
@@ -195,18 +238,27 @@ class Uplink:
             self.failures[outcome.kind] += 1
             self.last_error = f"{outcome.kind}: {outcome.detail}"
             self.state = "backoff"
-            link_known_down = (outcome.kind in LINK_FAILURES and self._link_down is not None
-                               and self._link_down())
+            link_known_down = (
+                outcome.kind in LINK_FAILURES and self._link_down is not None and self._link_down()
+            )
             if outcome.kind == "auth" or link_known_down:  # no retry storm against a refusal or a dead link
                 delay = self._retry.longest()
             else:
                 delay = self._retry.failed()
             if outcome.kind == "auth":
-                log.error("uplink: the cloud refused our token (%s); fix uplink.token; retrying in %.0fs",
-                          outcome.detail, delay)
+                log.error(
+                    "uplink: the cloud refused our token (%s); fix uplink.token; retrying in %.0fs",
+                    outcome.detail,
+                    delay,
+                )
             else:
-                self._warn.warning(outcome.kind, "uplink: batch failed (%s: %s); retrying in %.1fs",
-                                   outcome.kind, outcome.detail, delay)
+                self._warn.warning(
+                    outcome.kind,
+                    "uplink: batch failed (%s: %s); retrying in %.1fs",
+                    outcome.kind,
+                    outcome.detail,
+                    delay,
+                )
             await self._wait_to_retry(delay)
 
     async def _wait_to_retry(self, delay_s: float) -> None:
@@ -227,8 +279,11 @@ class Uplink:
         self._sync_with_log()
         durable = self._log.durable_lsn
         scanning = self._scan_next <= self._index.upto
-        if (not scanning and self._index.pending() == 0
-                and durable - self._live_next + 1 > self._config.backlog_threshold_records):
+        if (
+            not scanning
+            and self._index.pending() == 0
+            and durable - self._live_next + 1 > self._config.backlog_threshold_records
+        ):
             # everything before live_next is acknowledged (batches go one at a time)
             self._scan_next = self._live_next
             self._index.upto = durable
@@ -261,8 +316,9 @@ class Uplink:
 
     def _limits_reached(self, entries: list, size: int, data: bytes) -> bool:
         cfg = self._config
-        return bool(entries) and (len(entries) >= cfg.batch_max_records
-                                  or size + len(data) + 32 > cfg.batch_max_bytes)
+        return bool(entries) and (
+            len(entries) >= cfg.batch_max_records or size + len(data) + 32 > cfg.batch_max_bytes
+        )
 
     async def _live_batch(self) -> Batch:
         entries: list[tuple[int, bytes]] = []
@@ -278,8 +334,9 @@ class Uplink:
         cls = self._index.next_class()
         assert cls is not None
         cfg = self._config
-        wanted = self._index.pick(cls, self._order[cls], cfg.batch_max_records,
-                                  cfg.batch_max_records * SPAN_PER_RECORD)
+        wanted = self._index.pick(
+            cls, self._order[cls], cfg.batch_max_records, cfg.batch_max_records * SPAN_PER_RECORD
+        )
         want = set(wanted)
         entries: list[tuple[int, bytes]] = []
         size = 0
@@ -315,14 +372,16 @@ class Uplink:
         started = self._clock()
         outcome = await self._post(body, idempotency_key(self.gateway_id, self._log.log_id, first, last))
         if self._monitor is not None:
-            self._monitor.observe_upload(len(body), self._clock() - started,
-                                         outcome.kind not in LINK_FAILURES)
+            self._monitor.observe_upload(
+                len(body), self._clock() - started, outcome.kind not in LINK_FAILURES
+            )
         if outcome.kind != "ok":
             return outcome
         assert outcome.ack is not None
         if outcome.ack.first_lsn != first or outcome.ack.last_lsn != last:
-            return Outcome("bad_ack", f"sent {first}-{last}, cloud acked "
-                                      f"{outcome.ack.first_lsn}-{outcome.ack.last_lsn}")
+            return Outcome(
+                "bad_ack", f"sent {first}-{last}, cloud acked {outcome.ack.first_lsn}-{outcome.ack.last_lsn}"
+            )
         lsns = [lsn for lsn, _ in entries]
         if batch.source == "live":
             self._live_next = last + 1

@@ -12,7 +12,21 @@ from models.numerics.stats import ErrorStats, error_stats
 from models.numerics.wire import WireFormatError, from_bytes, pack_for_wire, to_bytes, unpack_from_wire
 
 __all__ = [
-    "BfpCodec", "BfpFormat", "ErrorStats", "Packed", "WireFormatError", "decode", "encode", "error_stats",
-    "from_bytes", "pack_bits", "pack_for_wire", "packed_length", "packed_nbytes", "side_entry_bytes",
-    "to_bytes", "unpack_bits", "unpack_from_wire",
+    "BfpCodec",
+    "BfpFormat",
+    "ErrorStats",
+    "Packed",
+    "WireFormatError",
+    "decode",
+    "encode",
+    "error_stats",
+    "from_bytes",
+    "pack_bits",
+    "pack_for_wire",
+    "packed_length",
+    "packed_nbytes",
+    "side_entry_bytes",
+    "to_bytes",
+    "unpack_bits",
+    "unpack_from_wire",
 ]

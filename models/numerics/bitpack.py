@@ -49,8 +49,9 @@ def _check(width: int, packed: torch.Tensor | None = None, numel: int = 0) -> No
     if not 1 <= width <= 8:
         raise ValueError(f"width must be in 1..8, got {width}")
     if packed is not None and packed.numel() != packed_length(numel, width):
-        raise ValueError(f"packed has {packed.numel()} bytes, {width}-bit x {numel} needs "
-                         f"{packed_length(numel, width)}")
+        raise ValueError(
+            f"packed has {packed.numel()} bytes, {width}-bit x {numel} needs {packed_length(numel, width)}"
+        )
 
 
 def pack_bits(codes: torch.Tensor, width: int) -> torch.Tensor:
@@ -88,10 +89,10 @@ def pack_u8(buffer: torch.Tensor, width: int, n: int) -> torch.Tensor:
         if buffer.device.type == "cpu":
             return torch.from_numpy(np.packbits(buffer[:n].numpy(), bitorder="little"))
         weights = torch.tensor([1 << i for i in range(8)], dtype=torch.uint8, device=buffer.device)
-        return (buffer[:code_capacity(n)].view(-1, 8) * weights).sum(dim=1, dtype=torch.uint8)
+        return (buffer[: code_capacity(n)].view(-1, 8) * weights).sum(dim=1, dtype=torch.uint8)
     if 8 % width == 0:
         per_byte = 8 // width
-        planes = buffer[:per_byte * length].view(per_byte, length)
+        planes = buffer[: per_byte * length].view(per_byte, length)
         out = torch.add(planes[0], planes[1], alpha=1 << width)  # codes < 2**width: no carries
         for j in range(2, per_byte):
             out.add_(planes[j], alpha=1 << (width * j))
@@ -99,7 +100,7 @@ def pack_u8(buffer: torch.Tensor, width: int, n: int) -> torch.Tensor:
     groups = code_capacity(n) // 8
     # Each group's eight code bytes are one little-endian int64 word (code i at bit 8i); three
     # mask-shift-or steps squeeze the 8-bit lanes to w bits (pairs, quads, the whole word).
-    word = buffer[:8 * groups].view(torch.int64)
+    word = buffer[: 8 * groups].view(torch.int64)
     for keep, move, shift in _squeeze_masks(width):
         word = (word & keep) | ((word >> shift) & move)
     return word.view(torch.uint8).view(groups, 8)[:, :width].reshape(-1)[:length].clone()
@@ -119,12 +120,12 @@ def unpack_u8(packed: torch.Tensor, width: int, n: int, out: torch.Tensor) -> to
             return out
         shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
         bits = (packed.view(-1, 1) >> shifts) & 1
-        out[:bits.numel()].copy_(bits.view(-1))
+        out[: bits.numel()].copy_(bits.view(-1))
         return out
     if 8 % width == 0:
         per_byte = 8 // width
         length = packed.numel()
-        planes = out[:per_byte * length].view(per_byte, length)
+        planes = out[: per_byte * length].view(per_byte, length)
         if length and length % 4 == 0 and packed.is_contiguous() and packed.storage_offset() % 4 == 0:
             # Four bytes per int32 word; the mask keeps each byte's field, so no bits cross bytes.
             words, planes = packed.view(torch.int32), planes.view(torch.int32)
@@ -147,12 +148,12 @@ def unpack_u8(packed: torch.Tensor, width: int, n: int, out: torch.Tensor) -> to
         words[:, :width] = packed.view(groups, width)
     else:  # the last group is cut short: its missing bytes are zero
         whole = torch.zeros(groups * width, dtype=torch.uint8, device=packed.device)
-        whole[:packed.numel()] = packed
+        whole[: packed.numel()] = packed
         words[:, :width] = whole.view(groups, width)
     word = words.view(torch.int64).view(-1)
     for keep, move, shift in reversed(_squeeze_masks(width)):
         word = (word & keep) | ((word & move) << shift)
-    out[:8 * groups].copy_(word.view(torch.uint8))
+    out[: 8 * groups].copy_(word.view(torch.uint8))
     return out
 
 
@@ -187,7 +188,7 @@ def pack_signed(q: torch.Tensor, width: int, n: int, offset: int, scratch_u8: to
         offsets = offset * ((1 << (width * per_word)) - 1) // ((1 << width) - 1)  # offset in every field
         words = torch.mv(q[:capacity].view(-1, per_word), weights).add_(offsets)
         as_bytes = words.to(torch.int32).view(torch.uint8).view(-1, 4)[:, :3]
-        return as_bytes.reshape(-1)[:packed_length(n, width)].clone()
+        return as_bytes.reshape(-1)[: packed_length(n, width)].clone()
     per_byte = 8 // width
     if width in (2, 4) and n % per_byte == 0 and n:
         # Combine the signed planes first (sum of q_j * 2**(width*j) fits int8), then add every
@@ -207,22 +208,23 @@ def pack_signed(q: torch.Tensor, width: int, n: int, offset: int, scratch_u8: to
     return pack_u8(codes, width, n)
 
 
-def unpack_signed(packed: torch.Tensor, width: int, n: int, offset: int, out: torch.Tensor,
-                  scratch_u8: torch.Tensor) -> torch.Tensor:
+def unpack_signed(
+    packed: torch.Tensor, width: int, n: int, offset: int, out: torch.Tensor, scratch_u8: torch.Tensor
+) -> torch.Tensor:
     """Inverse of ``pack_signed``: ``out[:n]`` (float32, >= code_capacity(n)) receives code - offset;
     positions n.. receive whatever the padding held. Returns ``out``."""
     _check(width, packed, n)
     capacity = code_capacity(n)
     if width == 3:  # (width 6: the squeeze below measured faster than a gather of n/2 entries)
         per_word = _WORD_CODES[width]
-        words = scratch_u8[:4 * capacity // per_word].view(-1, 4)
+        words = scratch_u8[: 4 * capacity // per_word].view(-1, 4)
         whole = packed.numel() // 3
-        words[:whole, :3] = packed[:3 * whole].view(whole, 3)
+        words[:whole, :3] = packed[: 3 * whole].view(whole, 3)
         words[:, 3] = 0
         if whole < words.shape[0]:  # the last word is cut short: its missing bytes are zero
             words[whole:, :3] = 0
-            tail = packed[3 * whole:]
-            words[whole, :tail.numel()] = tail
+            tail = packed[3 * whole :]
+            words[whole, : tail.numel()] = tail
         # Each 24-bit word is two 12-bit halves; a 4096-entry table turns a half into its codes,
         # one per byte, so one gather yields the codes in order.
         word = words.view(torch.int32).view(-1)

@@ -62,8 +62,8 @@ class Packed:
     fmt: BfpFormat
     shape: tuple[int, ...]
     dtype: torch.dtype
-    mantissas: torch.Tensor   # uint8, ceil(n * mantissa_bits / 8) bytes
-    exponents: torch.Tensor   # uint8, ceil(n_blocks * exponent_bits / 8) bytes
+    mantissas: torch.Tensor  # uint8, ceil(n * mantissa_bits / 8) bytes
+    exponents: torch.Tensor  # uint8, ceil(n_blocks * exponent_bits / 8) bytes
     side_index: torch.Tensor  # int32, flat indices (sorted, unique)
     side_value: torch.Tensor  # dtype, the exact values at side_index
 
@@ -77,8 +77,10 @@ class Packed:
 
     @property
     def nbytes(self) -> int:
-        return sum(int(t.numel() * t.element_size())
-                   for t in (self.mantissas, self.exponents, self.side_index, self.side_value))
+        return sum(
+            int(t.numel() * t.element_size())
+            for t in (self.mantissas, self.exponents, self.side_index, self.side_value)
+        )
 
     @property
     def formula_nbytes(self) -> int:
@@ -90,8 +92,9 @@ class BfpCodec:
     stochastic rounding (inject a seeded ``torch.Generator`` for determinism). Thread-safe: the
     scratch buffers are per thread."""
 
-    def __init__(self, fmt: BfpFormat, generator: torch.Generator | None = None, *,
-                 use_kernels: bool = False) -> None:
+    def __init__(
+        self, fmt: BfpFormat, generator: torch.Generator | None = None, *, use_kernels: bool = False
+    ) -> None:
         """``use_kernels``: encode and decode the formats the fused kernels cover with them (2.5-3x
         faster; the same bytes). Off by default: loading numba and the kernels costs a process
         ~145 MB of RSS once, worth it in a trainer, not on a gateway that encodes one update."""
@@ -100,7 +103,7 @@ class BfpCodec:
         self._tables: dict[torch.device, LevelTables] = {}
         # Log levels: the top level at E = 128 would be 2**128 (inf in float32), so magnitudes of
         # 2**127 and more go to side storage like non-finite values; then E <= 127 always.
-        self._special_at = 2.0 ** 127 if fmt.levels == "log" else math.inf
+        self._special_at = 2.0**127 if fmt.levels == "log" else math.inf
         # The fused kernels, if asked for and they cover this format (float32 CPU tensors; fused.py).
         self._fused = _fused_kernels() if use_kernels and _fused_kernels().covers(fmt) else None
         if self._fused:
@@ -113,7 +116,7 @@ class BfpCodec:
         fmt = self.fmt
         flat = tensor.detach().reshape(-1)
         n = flat.numel()
-        if n >= 2 ** 31:
+        if n >= 2**31:
             raise ValueError("tensors of 2**31 elements or more do not fit int32 side indices")
         n_blocks = max(1, -(-n // fmt.block_size))
         n_pad = n_blocks * fmt.block_size
@@ -138,16 +141,21 @@ class BfpCodec:
             side, block_max = self._side_indices(blocks, magnitude, block_max, n, special)
         exponent = torch.frexp(block_max).exponent.clamp_(fmt.exponent_floor, fmt.exponent_range[1])
         q = self._mantissa_codes(blocks, magnitude, exponent, n, work)
-        mantissas = pack_signed(q, fmt.mantissa_bits, n, fmt.max_code,
-                                work.get("codes", q.numel(), torch.uint8))
+        mantissas = pack_signed(
+            q, fmt.mantissa_bits, n, fmt.max_code, work.get("codes", q.numel(), torch.uint8)
+        )
         biased = exponent if fmt.levels == "uniform" else exponent.sub_(fmt.exponent_range[0])
         if fmt.exponent_bits == 8:
             exponents = biased.to(torch.uint8)
         else:
             exponents = pack_bits(biased, fmt.exponent_bits)
         if side is None:
-            side_index, side_value = _EMPTY_INDEX if flat.device.type == "cpu" else torch.zeros(
-                0, dtype=torch.int32, device=flat.device), flat.new_empty(0)
+            side_index, side_value = (
+                _EMPTY_INDEX
+                if flat.device.type == "cpu"
+                else torch.zeros(0, dtype=torch.int32, device=flat.device),
+                flat.new_empty(0),
+            )
         else:
             side_index, side_value = side.to(torch.int32), flat.index_select(0, side)
         return Packed(fmt, tuple(tensor.shape), tensor.dtype, mantissas, exponents, side_index, side_value)
@@ -160,8 +168,15 @@ class BfpCodec:
         device = packed.mantissas.device
         if fmt == self.fmt and self._fused and packed.dtype == torch.float32 and device.type == "cpu" and n:
             out = torch.empty(n_pad, dtype=torch.float32)
-            self._fused.decode_into(packed.mantissas.numpy(), packed.exponents.numpy(), n, fmt.mantissa_bits,
-                                    fmt.max_code, self._decode_scales, out.numpy())
+            self._fused.decode_into(
+                packed.mantissas.numpy(),
+                packed.exponents.numpy(),
+                n,
+                fmt.mantissa_bits,
+                fmt.max_code,
+                self._decode_scales,
+                out.numpy(),
+            )
             result = out[:n]
             if packed.side_index.numel():
                 result[packed.side_index.long()] = packed.side_value
@@ -214,21 +229,33 @@ class BfpCodec:
         exponents = torch.empty(n_blocks, dtype=torch.uint8)
         mantissas = torch.empty(packed_length(n, fmt.mantissa_bits), dtype=torch.uint8)
         low, high = fmt.exponent_range
-        if not self._fused.encode_into(source.numpy(), n, fmt.mantissa_bits, fmt.max_code, fmt.exponent_floor,
-                                       high, low, self._encode_scales, exponents.numpy(), mantissas.numpy()):
+        if not self._fused.encode_into(
+            source.numpy(),
+            n,
+            fmt.mantissa_bits,
+            fmt.max_code,
+            fmt.exponent_floor,
+            high,
+            low,
+            self._encode_scales,
+            exponents.numpy(),
+            mantissas.numpy(),
+        ):
             return None
-        return Packed(fmt, tuple(tensor.shape), tensor.dtype, mantissas, exponents, _EMPTY_INDEX,
-                      flat.new_empty(0))
+        return Packed(
+            fmt, tuple(tensor.shape), tensor.dtype, mantissas, exponents, _EMPTY_INDEX, flat.new_empty(0)
+        )
 
     @staticmethod
     def _padded_copy(flat: torch.Tensor, n_pad: int, work) -> torch.Tensor:
         buffer = work.get("blocks", n_pad, torch.float32)
-        buffer[:flat.numel()].copy_(flat)
-        buffer[flat.numel():].zero_()
+        buffer[: flat.numel()].copy_(flat)
+        buffer[flat.numel() :].zero_()
         return buffer
 
-    def _side_indices(self, blocks: torch.Tensor, magnitude: torch.Tensor, block_max: torch.Tensor, n: int,
-                      special: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def _side_indices(
+        self, blocks: torch.Tensor, magnitude: torch.Tensor, block_max: torch.Tensor, n: int, special: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(sorted unique flat indices, block maxima without them). Non-finite elements (and, for
         log levels, |x| >= 2**127) plus the outlier budget k = floor(fraction * n), chosen by how
         large an element is relative to the mean magnitude of its block (so one spike cannot
@@ -269,15 +296,16 @@ class BfpCodec:
         side = torch.unique(torch.cat(parts)) if len(parts) > 1 else torch.sort(parts[0]).values
         return side, block_max
 
-    def _mantissa_codes(self, blocks: torch.Tensor, magnitude: torch.Tensor, exponent: torch.Tensor,
-                        n: int, work) -> torch.Tensor:
+    def _mantissa_codes(
+        self, blocks: torch.Tensor, magnitude: torch.Tensor, exponent: torch.Tensor, n: int, work
+    ) -> torch.Tensor:
         """Signed codes as float32 in [-max_code, max_code] (a 1-D scratch buffer of
         ``max(n_pad, code_capacity(n))`` values; what ``pack_signed`` reads). ``magnitude`` is
         consumed (reused as scratch)."""
         fmt = self.fmt
         rows, columns = blocks.shape
         codes = work.get("q", max(rows * columns, code_capacity(n)), torch.float32)
-        q = codes[:rows * columns].view(rows, columns)
+        q = codes[: rows * columns].view(rows, columns)
         if fmt.levels == "uniform":
             # In place: the caller stores the biased exponent codes this leaves behind.
             biased = exponent.sub_(fmt.exponent_range[0])
@@ -312,8 +340,9 @@ class BfpCodec:
         torch.bitwise_right_shift(relative.view(torch.int32), 16, out=key)
         flat_key = key.view(-1)
         base = torch.index_select(tables.base, 0, flat_key, out=spare.view(-1)).view_as(relative)
-        threshold = torch.index_select(tables.threshold, 0, flat_key,
-                                       out=work.get("threshold", relative.numel(), torch.float32))
+        threshold = torch.index_select(
+            tables.threshold, 0, flat_key, out=work.get("threshold", relative.numel(), torch.float32)
+        )
         relative.sub_(threshold.view_as(relative)).sign_().clamp_(0, 1).add_(base)
 
     def _uniform_noise(self, like: torch.Tensor, work) -> torch.Tensor:
@@ -346,6 +375,7 @@ def _fused_kernels():
     """models.numerics.fused, imported by the first codec that uses the kernels: numba takes ~0.3 s
     and ~145 MB to load, which processes that do not (the gateway) should not pay."""
     from models.numerics import fused
+
     return fused
 
 

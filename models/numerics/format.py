@@ -25,7 +25,8 @@ LEVEL_KINDS = ("uniform", "log")
 LOG_LEVEL_OCTAVES = 4.0
 
 _TEXT = re.compile(
-    r"^bfp\(b=(?P<b>\d+),m=(?P<m>\d+),e=(?P<e>\d+),r=(?P<r>[a-z]+),l=(?P<l>[a-z]+),o=(?P<o>[0-9.eE+-]+)\)$")
+    r"^bfp\(b=(?P<b>\d+),m=(?P<m>\d+),e=(?P<e>\d+),r=(?P<r>[a-z]+),l=(?P<l>[a-z]+),o=(?P<o>[0-9.eE+-]+)\)$"
+)
 
 
 @dataclass(frozen=True)
@@ -52,16 +53,19 @@ class BfpFormat:
             raise ValueError(f"outlier_fraction must be in [0, 1), got {self.outlier_fraction}")
 
     def __str__(self) -> str:
-        return (f"bfp(b={self.block_size},m={self.mantissa_bits},e={self.exponent_bits},"
-                f"r={self.rounding},l={self.levels},o={self.outlier_fraction!r})")
+        return (
+            f"bfp(b={self.block_size},m={self.mantissa_bits},e={self.exponent_bits},"
+            f"r={self.rounding},l={self.levels},o={self.outlier_fraction!r})"
+        )
 
     @classmethod
     def parse(cls, text: str) -> BfpFormat:
         match = _TEXT.match(text.strip())
         if match is None:
             raise ValueError(f"not a BFP format: {text!r} (expected e.g. {cls()!s})")
-        return cls(int(match["b"]), int(match["m"]), int(match["e"]), match["r"], match["l"],
-                   float(match["o"]))
+        return cls(
+            int(match["b"]), int(match["m"]), int(match["e"]), match["r"], match["l"], float(match["o"])
+        )
 
     # Derived constants (pure functions of the format) -----------------------------------------
 
@@ -123,5 +127,8 @@ def packed_nbytes(numel: int, fmt: BfpFormat, n_side: int, itemsize: int) -> int
     nbytes = ceil(n*m/8) + ceil(max(1, ceil(n/B))*e/8) + n_side*(4 + itemsize)
     """
     n_blocks = max(1, math.ceil(numel / fmt.block_size))
-    return (math.ceil(numel * fmt.mantissa_bits / 8) + math.ceil(n_blocks * fmt.exponent_bits / 8)
-            + n_side * side_entry_bytes(itemsize))
+    return (
+        math.ceil(numel * fmt.mantissa_bits / 8)
+        + math.ceil(n_blocks * fmt.exponent_bits / 8)
+        + n_side * side_entry_bytes(itemsize)
+    )

@@ -33,16 +33,21 @@ from numba import njit
 from models.numerics.format import BfpFormat
 
 BLOCK_SIZE = 32
-_ROUNDING_MAGIC = np.float32(1.5 * 2 ** 23)
+_ROUNDING_MAGIC = np.float32(1.5 * 2**23)
 _SMALLEST_NORMAL_BITS = 0x00800000
 _NON_FINITE_BITS = 0x7F800000
-_SUBNORMAL_UNIT = 2.0 ** -149  # the value of bit pattern 1
+_SUBNORMAL_UNIT = 2.0**-149  # the value of bit pattern 1
 
 
 def covers(fmt: BfpFormat) -> bool:
     """Whether the kernels implement ``fmt`` (for float32 CPU tensors)."""
-    return (fmt.block_size == BLOCK_SIZE and fmt.levels == "uniform" and fmt.rounding == "nearest"
-            and fmt.exponent_bits == 8 and fmt.outlier_fraction == 0.0)
+    return (
+        fmt.block_size == BLOCK_SIZE
+        and fmt.levels == "uniform"
+        and fmt.rounding == "nearest"
+        and fmt.exponent_bits == 8
+        and fmt.outlier_fraction == 0.0
+    )
 
 
 @njit(cache=True, nogil=True)
@@ -94,7 +99,7 @@ def _pack(codes, n, width, mantissas):
         for plane in range(8 // width):
             start = plane * length
             count = max(0, min(length, n - start))
-            source, shift = codes[start:start + count], np.uint8(width * plane)
+            source, shift = codes[start : start + count], np.uint8(width * plane)
             for k in range(count):
                 mantissas[k] |= source[k] << shift
         return
@@ -112,14 +117,16 @@ def _pack(codes, n, width, mantissas):
 
 
 @njit(cache=True, nogil=True)
-def encode_into(x, n, width, max_code, exponent_floor, exponent_high, exponent_low, encode_scales, exponents,
-                mantissas):
+def encode_into(
+    x, n, width, max_code, exponent_floor, exponent_high, exponent_low, encode_scales, exponents, mantissas
+):
     """Encode the first ``n`` elements of float32 ``x`` (zero-padded to whole blocks) into
     ``exponents`` (uint8, one per block) and ``mantissas`` (uint8, ceil(n * width / 8) bytes).
     Returns False, outputs unspecified, if an element is not finite."""
     codes = np.empty(x.shape[0], dtype=np.uint8)
-    if not _encode_codes(x, max_code, exponent_floor, exponent_high, exponent_low, encode_scales, exponents,
-                         codes):
+    if not _encode_codes(
+        x, max_code, exponent_floor, exponent_high, exponent_low, encode_scales, exponents, codes
+    ):
         return False
     _pack(codes, n, width, mantissas)
     return True
@@ -132,7 +139,7 @@ def _unpack_planes(mantissas, n, width, codes):
     for plane in range(8 // width):
         start = plane * length
         count = max(0, min(length, n - start))
-        source, target, shift = mantissas[:count], codes[start:start + count], np.uint8(width * plane)
+        source, target, shift = mantissas[:count], codes[start : start + count], np.uint8(width * plane)
         for k in range(count):  # slices, not offsets: numba then drops the negative-index checks
             target[k] = (source[k] >> shift) & mask
 
@@ -165,7 +172,7 @@ def decode_into(mantissas, exponents, n, width, offset, decode_scales, out):
             _unpack_stream(mantissas, n, width, codes)
     for block in range(exponents.shape[0]):
         start = block * BLOCK_SIZE
-        source, target = codes[start:start + BLOCK_SIZE], out[start:start + BLOCK_SIZE]
+        source, target = codes[start : start + BLOCK_SIZE], out[start : start + BLOCK_SIZE]
         scale, shifted = decode_scales[exponents[block]], np.float32(offset)
         for j in range(min(BLOCK_SIZE, n - start)):
             target[j] = (np.float32(source[j]) - shifted) * scale

@@ -26,10 +26,10 @@ N_KEYS = 1 << 15  # non-negative float32 bit patterns >> 16
 
 @dataclass(frozen=True)
 class LevelTables:
-    levels: torch.Tensor         # float32, max_code + 1: level k relative to 2**E
+    levels: torch.Tensor  # float32, max_code + 1: level k relative to 2**E
     signed_levels: torch.Tensor  # float32, 2 * max_code + 1: decode table indexed by code
-    base: torch.Tensor           # float32, N_KEYS
-    threshold: torch.Tensor      # float32, N_KEYS
+    base: torch.Tensor  # float32, N_KEYS
+    threshold: torch.Tensor  # float32, N_KEYS
 
 
 @lru_cache(maxsize=16)
@@ -47,14 +47,18 @@ def _cpu_tables(max_code: int) -> LevelTables:
     threshold = np.where(inside > 0, midpoints[np.minimum(base, len(midpoints) - 1)], np.float32(np.inf))
     base = np.where(nan_keys, len(midpoints), base)
     threshold = np.where(nan_keys, np.float32(np.inf), threshold)
-    return LevelTables(levels, torch.cat([-levels.flip(0)[:-1], levels]),
-                       torch.from_numpy(base.astype(np.float32)),
-                       torch.from_numpy(threshold.astype(np.float32)))
+    return LevelTables(
+        levels,
+        torch.cat([-levels.flip(0)[:-1], levels]),
+        torch.from_numpy(base.astype(np.float32)),
+        torch.from_numpy(threshold.astype(np.float32)),
+    )
 
 
 def level_tables(max_code: int, device: torch.device | str = "cpu") -> LevelTables:
     tables = _cpu_tables(max_code)
     if torch.device(device).type == "cpu":
         return tables
-    return LevelTables(*(t.to(device) for t in (tables.levels, tables.signed_levels, tables.base,
-                                                 tables.threshold)))
+    return LevelTables(
+        *(t.to(device) for t in (tables.levels, tables.signed_levels, tables.base, tables.threshold))
+    )

@@ -15,13 +15,15 @@ import torch
 @dataclass(frozen=True)
 class ErrorStats:
     relative_error: float  # ||a - r|| / ||r|| (0 when both are zero, inf when only r is)
-    snr_db: float          # 10 log10(sum r^2 / sum (a - r)^2); inf when exact
+    snr_db: float  # 10 log10(sum r^2 / sum (a - r)^2); inf when exact
     max_abs_error: float
     nonfinite_mismatches: int
 
     def __str__(self) -> str:
-        return (f"rel={self.relative_error:.4g} snr={self.snr_db:.2f}dB max_abs={self.max_abs_error:.4g} "
-                f"nonfinite_mismatches={self.nonfinite_mismatches}")
+        return (
+            f"rel={self.relative_error:.4g} snr={self.snr_db:.2f}dB max_abs={self.max_abs_error:.4g} "
+            f"nonfinite_mismatches={self.nonfinite_mismatches}"
+        )
 
 
 def error_stats(reference: torch.Tensor, approx: torch.Tensor) -> ErrorStats:
@@ -34,7 +36,7 @@ def error_stats(reference: torch.Tensor, approx: torch.Tensor) -> ErrorStats:
     mismatches = int(((~finite) & ~both_nan & (ref != app)).sum())
     diff = (app - ref)[finite]
     signal = float((ref[finite] ** 2).sum())
-    noise = float((diff ** 2).sum())
+    noise = float((diff**2).sum())
     if noise == 0.0:
         relative, snr = 0.0, math.inf
     elif signal == 0.0:

@@ -42,15 +42,19 @@ def _header(packed: Packed) -> bytes:
         raise TypeError(f"no wire code for dtype {packed.dtype}")
     ndim = len(packed.shape)
     fixed = _FIXED.pack(MAGIC, VERSION, _DTYPES[packed.dtype], ndim, len(fmt_text), packed.n_side)
-    return (fixed + struct.pack(f"<{len(packed.shape)}Q", *packed.shape) + fmt_text)
+    return fixed + struct.pack(f"<{len(packed.shape)}Q", *packed.shape) + fmt_text
 
 
 def pack_for_wire(packed: Packed) -> torch.Tensor:
     """One contiguous uint8 CPU tensor: header followed by the payload sections."""
     header = torch.frombuffer(bytearray(_header(packed)), dtype=torch.uint8)
-    parts = [header, packed.mantissas.cpu(), packed.exponents.cpu(),
-             packed.side_index.cpu().contiguous().view(torch.uint8),
-             packed.side_value.cpu().contiguous().view(torch.uint8)]
+    parts = [
+        header,
+        packed.mantissas.cpu(),
+        packed.exponents.cpu(),
+        packed.side_index.cpu().contiguous().view(torch.uint8),
+        packed.side_value.cpu().contiguous().view(torch.uint8),
+    ]
     return torch.cat(parts)
 
 
@@ -60,7 +64,7 @@ def unpack_from_wire(wire: torch.Tensor) -> Packed:
     wire = wire.cpu()
     if wire.numel() < _FIXED.size:
         raise WireFormatError(f"{wire.numel()} bytes is shorter than the {_FIXED.size}-byte header")
-    magic, version, dtype_code, ndim, fmt_len, n_side = _FIXED.unpack(wire[:_FIXED.size].numpy().tobytes())
+    magic, version, dtype_code, ndim, fmt_len, n_side = _FIXED.unpack(wire[: _FIXED.size].numpy().tobytes())
     if magic != MAGIC or version != VERSION:
         raise WireFormatError(f"bad magic/version {magic!r}/{version}")
     if dtype_code not in _DTYPE_BY_CODE:
@@ -70,24 +74,34 @@ def unpack_from_wire(wire: torch.Tensor) -> Packed:
     header_end = offset + 8 * ndim + fmt_len
     if wire.numel() < header_end:
         raise WireFormatError("truncated header")
-    shape = struct.unpack(f"<{ndim}Q", wire[offset:offset + 8 * ndim].numpy().tobytes())
+    shape = struct.unpack(f"<{ndim}Q", wire[offset : offset + 8 * ndim].numpy().tobytes())
     try:
-        fmt = BfpFormat.parse(wire[offset + 8 * ndim:header_end].numpy().tobytes().decode())
+        fmt = BfpFormat.parse(wire[offset + 8 * ndim : header_end].numpy().tobytes().decode())
     except (UnicodeDecodeError, ValueError) as err:
         raise WireFormatError(f"bad format text: {err}") from err
     numel = math.prod(shape)
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    sizes = [packed_length(numel, fmt.mantissa_bits),
-             packed_length(max(1, math.ceil(numel / fmt.block_size)), fmt.exponent_bits),
-             4 * n_side, itemsize * n_side]
+    sizes = [
+        packed_length(numel, fmt.mantissa_bits),
+        packed_length(max(1, math.ceil(numel / fmt.block_size)), fmt.exponent_bits),
+        4 * n_side,
+        itemsize * n_side,
+    ]
     if wire.numel() != header_end + sum(sizes):
         raise WireFormatError(f"length {wire.numel()} != header {header_end} + payload {sum(sizes)}")
     sections, cursor = [], header_end
     for size in sizes:
-        sections.append(wire[cursor:cursor + size].clone())  # clone: aligned, owns its memory
+        sections.append(wire[cursor : cursor + size].clone())  # clone: aligned, owns its memory
         cursor += size
-    return Packed(fmt=fmt, shape=tuple(shape), dtype=dtype, mantissas=sections[0], exponents=sections[1],
-                  side_index=sections[2].view(torch.int32), side_value=sections[3].view(dtype))
+    return Packed(
+        fmt=fmt,
+        shape=tuple(shape),
+        dtype=dtype,
+        mantissas=sections[0],
+        exponents=sections[1],
+        side_index=sections[2].view(torch.int32),
+        side_value=sections[3].view(dtype),
+    )
 
 
 def to_bytes(packed: Packed) -> bytes:

@@ -38,14 +38,31 @@ def relabel(artifact: ModelArtifact, version: str, onnx_bytes: bytes | None = No
 class DevicesimCamera:
     """`devicesim camera` serving MJPEG on ``port``, ground truth to ``truth``."""
 
-    def __init__(self, port: int, truth: Path, *, seed: int = 0, fps: float = 10.0,
-                 extra: list[str] | None = None) -> None:
+    def __init__(
+        self, port: int, truth: Path, *, seed: int = 0, fps: float = 10.0, extra: list[str] | None = None
+    ) -> None:
         self.port, self.truth = port, truth
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "devices.cli", "camera", "--port", str(port), "--truth", str(truth),
-             "--seed", str(seed), "--fps", str(fps), *(extra or [])],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": str(REPO)})
+            [
+                sys.executable,
+                "-m",
+                "devices.cli",
+                "camera",
+                "--port",
+                str(port),
+                "--truth",
+                str(truth),
+                "--seed",
+                str(seed),
+                "--fps",
+                str(fps),
+                *(extra or []),
+            ],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
         wait_for_port(port, timeout=20, proc=self.proc)
 
     @property
@@ -62,9 +79,26 @@ class DevicesimCamera:
 
 
 def write_video(path: Path, truth: Path, frames: int, seed: int = 0) -> None:
-    subprocess.run([sys.executable, "-m", "devices.cli", "camera", "--out", str(path), "--truth", str(truth),
-                    "--frames", str(frames), "--seed", str(seed)],
-                   cwd=REPO, check=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "devices.cli",
+            "camera",
+            "--out",
+            str(path),
+            "--truth",
+            str(truth),
+            "--frames",
+            str(frames),
+            "--seed",
+            str(seed),
+        ],
+        cwd=REPO,
+        check=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
 
 
 class GroundTruth:

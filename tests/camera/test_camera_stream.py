@@ -44,16 +44,18 @@ async def test_mjpeg_stream_detections_match_ground_truth(tmp_path: Path) -> Non
         await engine.stop()
     assert len(results) >= 25, f"only {len(results)} results; camera {source.counters}"
     ground_truth = GroundTruth(truth)
-    correct = sum(r.event.label in ground_truth.labels_between(r.event.capture_ts - MATCH_WINDOW_S,
-                                                                r.event.capture_ts)
-                  for r in results)
+    correct = sum(
+        r.event.label in ground_truth.labels_between(r.event.capture_ts - MATCH_WINDOW_S, r.event.capture_ts)
+        for r in results
+    )
     accuracy = correct / len(results)
     assert accuracy >= ACCURACY_FLOOR, f"accuracy {accuracy:.2f} over {len(results)} results"
     # change detection: some frames were judged unchanged and neither inferred nor queued for upload
     counters = source.counters
     assert counters.unchanged > 0
-    assert counters.frames_read == (counters.sampled_out + counters.unchanged + counters.dropped
-                                    + counters.delivered)
+    assert counters.frames_read == (
+        counters.sampled_out + counters.unchanged + counters.dropped + counters.delivered
+    )
     assert fed == counters.delivered
     assert all(r.item.payload and r.item.payload[:2] == b"\xff\xd8" for r in results)  # JPEG for upload
 
@@ -61,8 +63,16 @@ async def test_mjpeg_stream_detections_match_ground_truth(tmp_path: Path) -> Non
 async def test_camera_that_disconnects_is_reconnected(tmp_path: Path) -> None:
     port = free_port()
     camera = DevicesimCamera(port, tmp_path / "truth1.jsonl")
-    source = CameraSource(CameraSourceConfig("cam1", camera.url, backoff_initial_s=0.1, backoff_max_s=0.5,
-                                             read_timeout_s=2.0, open_timeout_s=2.0))
+    source = CameraSource(
+        CameraSourceConfig(
+            "cam1",
+            camera.url,
+            backoff_initial_s=0.1,
+            backoff_max_s=0.5,
+            read_timeout_s=2.0,
+            open_timeout_s=2.0,
+        )
+    )
     try:
         await source.start()
         assert await source.get(30.0) is not None

@@ -40,8 +40,19 @@ class NotifyingCloudd(Cloudd):
     broker_url: str = ""
 
     def start(self) -> None:
-        cmd = [sys.executable, "-m", "cloud.server", "--data-dir", str(self.data_dir),
-               "--port", str(self.port), "--log-level", "INFO", "--broker", self.broker_url]
+        cmd = [
+            sys.executable,
+            "-m",
+            "cloud.server",
+            "--data-dir",
+            str(self.data_dir),
+            "--port",
+            str(self.port),
+            "--log-level",
+            "INFO",
+            "--broker",
+            self.broker_url,
+        ]
         for gateway in self.gateways:
             cmd += ["--token", f"{gateway}={cloudd_token(gateway)}"]
         cmd += ["--operator-token", str(self.operator_token)]
@@ -54,11 +65,17 @@ def upload(url: str, artifact: ModelArtifact) -> int:
     async def go() -> int:
         form = aiohttp.FormData()
         form.add_field("metadata", artifact.metadata.model_dump_json(), content_type="application/json")
-        form.add_field("onnx", artifact.onnx_bytes, content_type="application/octet-stream",
-                       filename="model.onnx")
-        async with aiohttp.ClientSession() as http, http.post(
-                f"{url}/v1/models/{artifact.name}", data=form,
-                headers={"Authorization": f"Bearer {CLOUDD_OPERATOR_TOKEN}"}) as response:
+        form.add_field(
+            "onnx", artifact.onnx_bytes, content_type="application/octet-stream", filename="model.onnx"
+        )
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                f"{url}/v1/models/{artifact.name}",
+                data=form,
+                headers={"Authorization": f"Bearer {CLOUDD_OPERATOR_TOKEN}"},
+            ) as response,
+        ):
             return response.status
 
     return asyncio.run(go())
@@ -71,8 +88,14 @@ def corrupt_in_registry(cloud: Cloudd, artifact: ModelArtifact, seq: int) -> Non
     data = bytearray(artifact.onnx_bytes)
     data[len(data) // 2] ^= 0xFF
     (folder / "model.onnx").write_bytes(bytes(data))
-    entry = {"name": artifact.name, "version": artifact.version, "sha256": artifact.metadata.sha256,
-             "size": artifact.metadata.size, "seq": seq, "uploaded_ts": time.time()}
+    entry = {
+        "name": artifact.name,
+        "version": artifact.version,
+        "sha256": artifact.metadata.sha256,
+        "size": artifact.metadata.size,
+        "seq": seq,
+        "uploaded_ts": time.time(),
+    }
     (folder / "registry.json").write_text(json.dumps(entry))
 
 
@@ -81,8 +104,10 @@ def cloud_events(cloud: Cloudd, gateway: str = "gw1") -> list[dict[str, Any]]:
 
 
 def blob_committed(cloud: Cloudd, blob_id: str) -> bool:
-    request = urllib.request.Request(f"{cloud.url}/v1/gateways/gw1/blobs/{blob_id}/status",
-                                     headers={"Authorization": f"Bearer {cloudd_token('gw1')}"})
+    request = urllib.request.Request(
+        f"{cloud.url}/v1/gateways/gw1/blobs/{blob_id}/status",
+        headers={"Authorization": f"Bearer {cloudd_token('gw1')}"},
+    )
     with urllib.request.urlopen(request, timeout=5) as response:
         return bool(json.loads(response.read()).get("committed"))
 
@@ -99,24 +124,36 @@ def ctl_json(*args: str) -> dict[str, Any]:
 
 
 def camera_config(camera_url: str, blob_dir: Path) -> str:
-    return (f'blob_dir = "{blob_dir}"\n'  # still inside write_config's [uplink]
-            '[log]\nflush_interval_ms = 50\n'
-            '[placement]\nenabled = false\n'
-            f'[camera]\nenabled = true\ncamera_id = "cam1"\nsource = "{camera_url}"\n'
-            'ota_poll_interval_s = 2.0\nopen_timeout_s = 3.0\nread_timeout_s = 3.0\n'
-            'backoff_initial_s = 0.2\nbackoff_max_s = 1.0\n')
+    return (
+        f'blob_dir = "{blob_dir}"\n'  # still inside write_config's [uplink]
+        "[log]\nflush_interval_ms = 50\n"
+        "[placement]\nenabled = false\n"
+        f'[camera]\nenabled = true\ncamera_id = "cam1"\nsource = "{camera_url}"\n'
+        "ota_poll_interval_s = 2.0\nopen_timeout_s = 3.0\nread_timeout_s = 3.0\n"
+        "backoff_initial_s = 0.2\nbackoff_max_s = 1.0\n"
+    )
 
 
 def test_gatewayd_camera_inference_ota_and_reconnect(tmp_path: Path, mosquitto) -> None:
-    cloud = NotifyingCloudd(data_dir=tmp_path / "cloud-data", port=free_port(), gateways=("gw1",),
-                            operator_token=CLOUDD_OPERATOR_TOKEN, log_path=tmp_path / "cloudd.log",
-                            broker_url=mosquitto.url)
+    cloud = NotifyingCloudd(
+        data_dir=tmp_path / "cloud-data",
+        port=free_port(),
+        gateways=("gw1",),
+        operator_token=CLOUDD_OPERATOR_TOKEN,
+        log_path=tmp_path / "cloudd.log",
+        broker_url=mosquitto.url,
+    )
     camera_port = free_port()
     truth = tmp_path / "truth1.jsonl"
     camera = DevicesimCamera(camera_port, truth, seed=3, fps=FPS)
     cloud.start()
-    config, http_port = write_config(tmp_path, mosquitto.url, cloud_url=cloud.url, token=cloudd_token("gw1"),
-                                     extra=camera_config(camera.url, tmp_path / "blobs"))
+    config, http_port = write_config(
+        tmp_path,
+        mosquitto.url,
+        cloud_url=cloud.url,
+        token=cloudd_token("gw1"),
+        extra=camera_config(camera.url, tmp_path / "blobs"),
+    )
     gw = Gatewayd(config, http_port)
 
     def cam() -> dict[str, Any]:
@@ -130,8 +167,10 @@ def test_gatewayd_camera_inference_ota_and_reconnect(tmp_path: Path, mosquitto) 
         assert status["state"] == "running" and status["engine"]["active_version"] == "1", status
         ground_truth = GroundTruth(truth)
         events = cloud_events(cloud)
-        correct = sum(e["label"] in ground_truth.labels_between(e["capture_ts"] - MATCH_WINDOW_S,
-                                                                e["capture_ts"]) for e in events)
+        correct = sum(
+            e["label"] in ground_truth.labels_between(e["capture_ts"] - MATCH_WINDOW_S, e["capture_ts"])
+            for e in events
+        )
         assert correct / len(events) >= ACCURACY_FLOOR, f"accuracy {correct}/{len(events)}"
         assert all(e["source"] == "cam1" and e["model"] == "scene" for e in events)
         assert status["capture"]["unchanged"] > 0  # change detection kept some frames from inference
@@ -147,16 +186,22 @@ def test_gatewayd_camera_inference_ota_and_reconnect(tmp_path: Path, mosquitto) 
         wait_until(lambda: cam()["engine"]["active_version"] == "2", 20, "version 2 swapped in")
         status = cam()
         assert status["updater"]["notices"] >= 1 and status["updater"]["installed"] == 1, status["updater"]
-        wait_until(lambda: any(e["model_version"] == "2" for e in cloud_events(cloud)), 20,
-                   "events of version 2 in the cloud")
+        wait_until(
+            lambda: any(e["model_version"] == "2" for e in cloud_events(cloud)),
+            20,
+            "events of version 2 in the cloud",
+        )
 
         # (c) a corrupted version (bytes no longer match the listed sha256) and a version that does not
         # load are refused; version 2 keeps running and frames keep flowing
         corrupt_in_registry(cloud, relabel(base, "3"), seq=3)
         wait_until(lambda: cam()["updater"]["refused"] >= 1, 20, "corrupted version 3 refused")
         assert "hash_mismatch" in cam()["updater"]["last_error"]
-        broken = build_metadata(b"not an onnx model" * 64, **base.metadata.model_dump(
-            exclude={"sha256", "size", "version"}), version="4")
+        broken = build_metadata(
+            b"not an onnx model" * 64,
+            **base.metadata.model_dump(exclude={"sha256", "size", "version"}),
+            version="4",
+        )
         assert upload(cloud.url, ModelArtifact(broken, b"not an onnx model" * 64)) == 201
         wait_until(lambda: cam()["engine"]["swap_failures"] >= 1, 20, "version 4 failed to load")
         inferred = cam()["engine"]["inferred"]
@@ -188,8 +233,11 @@ def test_gatewayd_camera_inference_ota_and_reconnect(tmp_path: Path, mosquitto) 
         camera.stop()
         wait_until(lambda: cam()["engine"]["pending"] == 0 and cam()["capture"]["queued"] == 0, 20, "idle")
         status = cam()
-        wait_until(lambda: len(cloud_events(cloud)) == cam()["events"]["events_logged"], 30,
-                   "every event record uploaded")
+        wait_until(
+            lambda: len(cloud_events(cloud)) == cam()["events"]["events_logged"],
+            30,
+            "every event record uploaded",
+        )
         engine, capture = status["engine"], status["capture"]
         assert engine["submitted"] == engine["inferred"] + engine["dropped"] + engine["failed"]
         assert engine["dropped"] == engine["failed"] == engine["results_dropped"] == 0, engine

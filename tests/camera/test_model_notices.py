@@ -46,8 +46,10 @@ async def test_dead_broker_never_blocks_or_raises(tmp_path: Path) -> None:
     notifier.notify(scene_artifact("8").metadata)  # returns at once: a bounded queue, no network
     assert time.monotonic() - started < 0.5
     deadline = time.monotonic() + 5
-    while notifier.counters["held_for_reconnect"] + notifier.counters["published"] < 1 \
-            and time.monotonic() < deadline:
+    while (
+        notifier.counters["held_for_reconnect"] + notifier.counters["published"] < 1
+        and time.monotonic() < deadline
+    ):
         await asyncio.sleep(0.05)
     await asyncio.to_thread(notifier.stop)
     assert notifier.counters["held_for_reconnect"] == 1 and notifier.stats()["connected"] == 0

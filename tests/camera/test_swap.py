@@ -27,8 +27,16 @@ async def test_swap_under_load_loses_no_frame(tmp_path: Path) -> None:
     write_video(video, tmp_path / "truth.jsonl", FRAMES)
     v1, v2 = scene_artifact("1"), scene_artifact("2")
     # every frame of the file goes in: no change detection, the reader blocks instead of dropping
-    source = CameraSource(CameraSourceConfig("cam1", str(video), full_policy="block", queue_size=8,
-                                             change=ChangeConfig(enabled=False), encode_jpeg=False))
+    source = CameraSource(
+        CameraSourceConfig(
+            "cam1",
+            str(video),
+            full_policy="block",
+            queue_size=8,
+            change=ChangeConfig(enabled=False),
+            encode_jpeg=False,
+        )
+    )
     engine = InferenceEngine(max_batch=4, queue_size=FRAMES + 1)
     assert (await engine.start(v1)).ok
     await source.start()
@@ -69,11 +77,18 @@ async def test_bad_models_are_refused_and_the_old_one_keeps_running(tmp_path: Pa
     assert (await engine.start(good)).ok
     garbage = relabel(good, "2", onnx_bytes=b"this is not an onnx graph" * 10)  # hash right, bytes wrong
     # a real model whose input is a sensor window, labelled as taking camera frames: fails the probe
-    wrong_input = export_artifact(anomaly_autoencoder(), torch.zeros(1, ANOMALY_INPUT["shape"][1]),
-                                  name="scene", version="3", input_spec=ANOMALY_INPUT,
-                                  postprocess="softmax_labels", labels=list(good.metadata.labels))
-    wrong_input = ModelArtifact(wrong_input.metadata.model_copy(update={"input": good.metadata.input}),
-                                wrong_input.onnx_bytes)
+    wrong_input = export_artifact(
+        anomaly_autoencoder(),
+        torch.zeros(1, ANOMALY_INPUT["shape"][1]),
+        name="scene",
+        version="3",
+        input_spec=ANOMALY_INPUT,
+        postprocess="softmax_labels",
+        labels=list(good.metadata.labels),
+    )
+    wrong_input = ModelArtifact(
+        wrong_input.metadata.model_copy(update={"input": good.metadata.input}), wrong_input.onnx_bytes
+    )
     try:
         with pytest.raises(ArtifactError):  # a hash mismatch cannot even become an artifact
             artifact_from_bytes(good.metadata.model_dump_json(), good.onnx_bytes[:-1] + b"\0")

@@ -13,8 +13,16 @@ from protocol.records import telemetry_record
 
 
 def record_bytes(gateway: str, lsn: int, device: str = "dev1") -> bytes:
-    body = json.dumps({"v": 1, "device": device, "seq": lsn, "ts": 1000.0 + lsn,
-                       "values": {"temp": 20.0 + lsn % 7}, "src": gateway}).encode()
+    body = json.dumps(
+        {
+            "v": 1,
+            "device": device,
+            "seq": lsn,
+            "ts": 1000.0 + lsn,
+            "values": {"temp": 20.0 + lsn % 7},
+            "src": gateway,
+        }
+    ).encode()
     return telemetry_record(device, 1000.0 + lsn, body)
 
 
@@ -23,8 +31,9 @@ def batch_body(gateway: str, log_id: str, lsns: Iterable[int], device: str = "de
 
 
 def post(url: str, body: bytes, headers: dict[str, str], timeout: float = 30.0) -> tuple[int, dict]:
-    request = urllib.request.Request(url, data=body, method="POST",
-                                     headers={"Content-Type": "application/json", **headers})
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": "application/json", **headers}
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read())
@@ -32,9 +41,17 @@ def post(url: str, body: bytes, headers: dict[str, str], timeout: float = 30.0) 
         return exc.code, json.loads(exc.read())
 
 
-def upload(base_url: str, token: str | None, gateway: str, log_id: str, lsns: list[int],
-           device: str = "dev1", key: str | None = None, path_gateway: str | None = None,
-           timeout: float = 30.0) -> tuple[int, dict]:
+def upload(
+    base_url: str,
+    token: str | None,
+    gateway: str,
+    log_id: str,
+    lsns: list[int],
+    device: str = "dev1",
+    key: str | None = None,
+    path_gateway: str | None = None,
+    timeout: float = 30.0,
+) -> tuple[int, dict]:
     """POST one batch with the headers a gateway sends (``key``/``token`` override for fault tests)."""
     if key is None:
         key = idempotency_key(gateway, log_id, lsns[0], lsns[-1])

@@ -12,8 +12,14 @@ LOG = "feedface01"
 BATCH = 25
 
 
-def uploader(cloudd, gateway: str, sent: list[list[int]], acked: list[list[int]], enough: threading.Event,
-             stop: threading.Event) -> None:
+def uploader(
+    cloudd,
+    gateway: str,
+    sent: list[list[int]],
+    acked: list[list[int]],
+    enough: threading.Event,
+    stop: threading.Event,
+) -> None:
     """Upload consecutive batches until stopped or cloudd dies; record what was sent and acknowledged."""
     try:
         _upload_until_stopped(cloudd, gateway, sent, acked, enough, stop)
@@ -43,8 +49,10 @@ def test_sigkill_mid_stream_then_restart(cloudd):
     acked = {gw: [] for gw in gateways}
     enough = {gw: threading.Event() for gw in gateways}
     stop = threading.Event()
-    threads = [threading.Thread(target=uploader, args=(cloudd, gw, sent[gw], acked[gw], enough[gw], stop))
-               for gw in gateways]
+    threads = [
+        threading.Thread(target=uploader, args=(cloudd, gw, sent[gw], acked[gw], enough[gw], stop))
+        for gw in gateways
+    ]
     for t in threads:
         t.start()
     try:

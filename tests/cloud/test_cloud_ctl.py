@@ -13,8 +13,9 @@ from cloud.ctl import format_table
 
 
 def cloudctl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cloud.ctl", *args], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "cloud.ctl", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_format_table_aligns_columns():

@@ -47,7 +47,9 @@ def test_batch_stored_and_counted(cloudd):
     assert (gateways["gw1"]["records"], gateways["gw1"]["batches"]) == (3, 1)
     assert gateways["gw3"] == {"id": "gw3", "last_seen": None, "records": 0, "batches": 0, "duplicates": 0}
     assert {(d["gateway"], d["device"], d["records"]) for d in doc["devices"]} == {
-        ("gw1", "dev1", 3), ("gw2", "cam1", 2)}
+        ("gw1", "dev1", 3),
+        ("gw2", "cam1", 2),
+    }
     assert doc["totals"] == {"records": 5, "batches": 2}
     assert metric(cloudd, "cloudd_records_stored_total") == 5
     assert metric(cloudd, "cloudd_batches_total") == 2
@@ -66,8 +68,13 @@ def test_partial_overlap_and_out_of_order(cloudd):
     assert up(cloudd, [1, 2, 3, 4])[1]["stored"] == 4
     status, ack = up(cloudd, [3, 4, 5, 6])
     assert (ack["stored"], ack["duplicates"]) == (2, 2)
-    assert up(cloudd, list(range(5, 23)))[1] == {"v": 1, "stored": 13, "duplicates": 5,
-                                                   "first_lsn": 5, "last_lsn": 22}
+    assert up(cloudd, list(range(5, 23)))[1] == {
+        "v": 1,
+        "stored": 13,
+        "duplicates": 5,
+        "first_lsn": 5,
+        "last_lsn": 22,
+    }
     assert stored_lsns(cloudd) == list(range(1, 23))
 
 
@@ -92,18 +99,27 @@ def test_unknown_gateway_is_refused(cloudd):
 
 
 def bad_post(cloudd, body: bytes, key: str = "gw1:abcdef12:1-1"):
-    return post(f"{cloudd.url}/v1/gateways/gw1/batches", body,
-                {"Authorization": f"Bearer {cloudd.token_for('gw1')}", "Idempotency-Key": key})
+    return post(
+        f"{cloudd.url}/v1/gateways/gw1/batches",
+        body,
+        {"Authorization": f"Bearer {cloudd.token_for('gw1')}", "Idempotency-Key": key},
+    )
 
 
-@pytest.mark.parametrize("body, error, names", [
-    (b'{"v":1,"gateway":"gw1","log_id":"abcdef12","records":[{"lsn":1,', "not_json", "JSON"),
-    (b"", "not_json", "JSON"),
-    (b'{"v":1,"gateway":"gw1","log_id":"abcdef12","records":[{"lsn":"one","data":{}}]}', "invalid",
-     "records.0.lsn"),
-    (b'{"v":2,"gateway":"gw1","log_id":"abcdef12","records":[]}', "invalid", "v"),
-    (b'{"v":1,"gateway":"gw1","log_id":"abcdef12","records":[]}', "invalid", "records"),
-])
+@pytest.mark.parametrize(
+    "body, error, names",
+    [
+        (b'{"v":1,"gateway":"gw1","log_id":"abcdef12","records":[{"lsn":1,', "not_json", "JSON"),
+        (b"", "not_json", "JSON"),
+        (
+            b'{"v":1,"gateway":"gw1","log_id":"abcdef12","records":[{"lsn":"one","data":{}}]}',
+            "invalid",
+            "records.0.lsn",
+        ),
+        (b'{"v":2,"gateway":"gw1","log_id":"abcdef12","records":[]}', "invalid", "v"),
+        (b'{"v":1,"gateway":"gw1","log_id":"abcdef12","records":[]}', "invalid", "records"),
+    ],
+)
 def test_malformed_bodies_are_400_naming_the_problem(cloudd, body, error, names):
     status, answer = bad_post(cloudd, body)
     assert status == 400 and answer["error"] == error and names in answer["detail"]
@@ -127,17 +143,22 @@ def test_idempotency_key_must_match(cloudd):
     assert status == 400 and body["error"] == "idempotency_key_mismatch"
     status, body = bad_post(cloudd, batch_body("gw1", LOG, [1]), key="")
     assert status == 400 and body["error"] == "idempotency_key_mismatch"
-    status, body = post(f"{cloudd.url}/v1/gateways/gw1/batches", batch_body("gw1", LOG, [1]),
-                        {"Authorization": f"Bearer {cloudd.token_for('gw1')}"})
+    status, body = post(
+        f"{cloudd.url}/v1/gateways/gw1/batches",
+        batch_body("gw1", LOG, [1]),
+        {"Authorization": f"Bearer {cloudd.token_for('gw1')}"},
+    )
     assert status == 400 and body["error"] == "missing_idempotency_key"
     assert "Idempotency-Key" in body["detail"]
     assert_alive_and_empty(cloudd)
 
 
 def _head(cloudd, extra: str) -> bytes:
-    return (f"POST /v1/gateways/gw1/batches HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer {cloudd.token_for('gw1')}\r\nIdempotency-Key: gw1:{LOG}:1-2\r\n"
-            f"{extra}\r\n").encode()
+    return (
+        f"POST /v1/gateways/gw1/batches HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {cloudd.token_for('gw1')}\r\nIdempotency-Key: gw1:{LOG}:1-2\r\n"
+        f"{extra}\r\n"
+    ).encode()
 
 
 def test_oversize_declared_body_is_413_before_reading(cloudd):

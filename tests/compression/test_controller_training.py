@@ -24,8 +24,9 @@ torch.set_num_threads(1)
 
 
 def test_controller_tightens_loosens_and_logs_bounded() -> None:
-    settings = ControllerSettings(window=2, start_rung=3, tightest_rung=len(DEFAULT_LADDER) - 1,
-                                  tighten_rungs=1, max_decisions=3)
+    settings = ControllerSettings(
+        window=2, start_rung=3, tightest_rung=len(DEFAULT_LADDER) - 1, tighten_rungs=1, max_decisions=3
+    )
     controller = AdaptiveController(["a", "b"], settings)
     controller.record_loss(1.0)
     made = controller.decide(1, grad_rel_error=0.01, layer_errors={"a": 0.05, "b": 0.3})
@@ -98,8 +99,9 @@ def test_compressed_training_reaches_fp32_accuracy() -> None:
     layers = [name for name, module in model.named_modules() if name and not list(module.children())]
     controller = AdaptiveController(layers, ControllerSettings(window=10))
     compressor = ActivationCompressor(model, LayerPolicy(), ssdc_layers=plan.ssdc_layers)
-    result = train_compressed(model, split, compressor=compressor, controller=controller, epochs=6,
-                              batch_size=64)
+    result = train_compressed(
+        model, split, compressor=compressor, controller=controller, epochs=6, batch_size=64
+    )
     assert result.probe_grad_errors and len(result.epoch_losses) == 6
     assert controller.decisions  # the controller acted, and said so
     assert accuracy(model, split.test_x, split.test_y) >= fp32_accuracy - 0.03

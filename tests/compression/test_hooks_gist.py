@@ -24,8 +24,9 @@ def batch() -> tuple[torch.Tensor, torch.Tensor]:
     return split.train_x[:48], split.train_y[:48]
 
 
-def grads_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-             compressor: ActivationCompressor | None = None) -> list[torch.Tensor]:
+def grads_of(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, compressor: ActivationCompressor | None = None
+) -> list[torch.Tensor]:
     model.zero_grad(set_to_none=True)
     if compressor is None:
         loss = nn.functional.cross_entropy(model(x), y)
@@ -104,8 +105,9 @@ def test_lossy_policy_gradients_close_and_per_layer_none(batch) -> None:
     fine = ActivationCompressor(model, LayerPolicy.uniform(BfpFormat(mantissa_bits=8)), min_numel=64)
     grads_of(model, x, y, fine)
     assert relative_grad_error(reference, params) < 0.05
-    only_relu = ActivationCompressor(model, LayerPolicy.from_mapping({"1": BfpFormat(mantissa_bits=4)}),
-                                     min_numel=64)
+    only_relu = ActivationCompressor(
+        model, LayerPolicy.from_mapping({"1": BfpFormat(mantissa_bits=4)}), min_numel=64
+    )
     grads_of(model, x, y, only_relu)
     assert only_relu.kinds["bfp"] == 1 and set(only_relu.counters) >= {"1", "3"}
     assert only_relu.counters["3"].stored == only_relu.counters["3"].original
@@ -136,8 +138,9 @@ def test_gist_lossless_gradients_bit_identical(batch) -> None:
 
 def test_binarize_exact_with_odd_sizes_nan_and_overlap_falls_back() -> None:
     torch.manual_seed(1)
-    model = nn.Sequential(nn.Conv2d(2, 4, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                          nn.Linear(4 * 3 * 3, 3))
+    model = nn.Sequential(
+        nn.Conv2d(2, 4, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(4 * 3 * 3, 3)
+    )
     original = copy.deepcopy(model)
     transformed, plan = gist_transform(model)
     assert [p.encoding for p in plan.pairs] == [BINARIZE]
@@ -166,8 +169,10 @@ def test_binarize_ties_pick_the_first_maximum_like_max_pool(kernel, upstream_inf
     if upstream_inf:
         upstream.view(-1)[::7] = float("inf")
     results = []
-    for module in (nn.Sequential(nn.ReLU(), nn.MaxPool2d(kernel)), gist_transform(
-            nn.Sequential(nn.ReLU(), nn.MaxPool2d(kernel)))[0]):
+    for module in (
+        nn.Sequential(nn.ReLU(), nn.MaxPool2d(kernel)),
+        gist_transform(nn.Sequential(nn.ReLU(), nn.MaxPool2d(kernel)))[0],
+    ):
         leaf = x.clone().requires_grad_()
         out = module(leaf)
         out.backward(upstream)

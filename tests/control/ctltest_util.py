@@ -35,14 +35,40 @@ def make_certs(directory: Path) -> None:
         subprocess.run(cmd, cwd=d, check=True, capture_output=True, timeout=60)
 
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    run("openssl", "req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
-        "-subj", "/CN=edgefed-test-ca")
+    run(
+        "openssl",
+        "req",
+        "-x509",
+        *ec,
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=edgefed-test-ca",
+    )
     (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
     for name, cn in (("server", "127.0.0.1"), ("gw1", "gw1")):
         run("openssl", "req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={cn}")
-        run("openssl", "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", f"{name}.pem", "-days", "2",
-            *(["-extfile", "san.ext"] if name == "server" else []))
+        run(
+            "openssl",
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.pem",
+            "-days",
+            "2",
+            *(["-extfile", "san.ext"] if name == "server" else []),
+        )
 
 
 @dataclass
@@ -66,8 +92,20 @@ class SecureBroker:
         return path
 
     def ctl_args(self, user: str = "operator", gateway: str = "gw1") -> list[str]:
-        return ["--broker", self.url, "--gateway", gateway, "--username", user,
-                "--password-file", str(self.password_file(user)), "--ca-file", str(self.ca), "--timeout", "5"]
+        return [
+            "--broker",
+            self.url,
+            "--gateway",
+            gateway,
+            "--username",
+            user,
+            "--password-file",
+            str(self.password_file(user)),
+            "--ca-file",
+            str(self.ca),
+            "--timeout",
+            "5",
+        ]
 
 
 def start_secure_broker(tmp: Path) -> SecureBroker:
@@ -78,11 +116,30 @@ def start_secure_broker(tmp: Path) -> SecureBroker:
     etc.mkdir()
     make_certs(etc)
     (etc / "users.txt").write_text("".join(f"{u}:{p}\n" for u, p in USERS.items()))
-    subprocess.run(["sh", str(DEPLOY / "make_passwd.sh"), str(etc / "users.txt"), str(etc / "passwd")],
-                   check=True, capture_output=True, timeout=60)
-    acl = subprocess.run([sys.executable, str(DEPLOY / "make_acl.py"), "--operator", "operator",
-                          "--gateway", "gw1", "--gateway", "gw2", "--device", "gw1:sensor-1"],
-                         check=True, capture_output=True, timeout=60, text=True)
+    subprocess.run(
+        ["sh", str(DEPLOY / "make_passwd.sh"), str(etc / "users.txt"), str(etc / "passwd")],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    acl = subprocess.run(
+        [
+            sys.executable,
+            str(DEPLOY / "make_acl.py"),
+            "--operator",
+            "operator",
+            "--gateway",
+            "gw1",
+            "--gateway",
+            "gw2",
+            "--device",
+            "gw1:sensor-1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+        text=True,
+    )
     (etc / "acl").write_text(acl.stdout)
     port, mtls_port = free_port(), free_port()
     conf = (DEPLOY / "mosquitto.conf").read_text()
@@ -97,8 +154,14 @@ def start_secure_broker(tmp: Path) -> SecureBroker:
     return SecureBroker(broker, port, mtls_port, etc)
 
 
-def gateway_config(tmp: Path, sb: SecureBroker, http_port: int | None = None, extra: str = "",
-                   mtls: bool = False, flush_ms: int = 20) -> tuple[Path, int]:
+def gateway_config(
+    tmp: Path,
+    sb: SecureBroker,
+    http_port: int | None = None,
+    extra: str = "",
+    mtls: bool = False,
+    flush_ms: int = 20,
+) -> tuple[Path, int]:
     port = http_port or free_port()
     config = tmp / "gw1.toml"
     broker = f"mqtts://127.0.0.1:{sb.mtls_port}" if mtls else sb.url
@@ -107,9 +170,10 @@ def gateway_config(tmp: Path, sb: SecureBroker, http_port: int | None = None, ex
         f'gateway_id = "gw1"\ndata_dir = "data-gw1"\n{extra}'
         f'[mqtt]\nbroker = "{broker}"\nusername = "gw1"\npassword_file = "{sb.password_file("gw1")}"\n'
         f'ca_file = "{sb.ca}"\n{cert}'
-        f'[log]\nflush_interval_ms = {flush_ms}\n'
+        f"[log]\nflush_interval_ms = {flush_ms}\n"
         f'[http]\nlisten = "127.0.0.1:{port}"\n'
-        f'[uplink]\ncloud_url = "http://127.0.0.1:9"\ntoken = "t"\nbackoff_max_s = 1.0\n')
+        f'[uplink]\ncloud_url = "http://127.0.0.1:9"\ntoken = "t"\nbackoff_max_s = 1.0\n'
+    )
     return config, port
 
 

@@ -26,16 +26,46 @@ from protocol.control import OPS, READ_ONLY_OPS
 
 COUNT = int(os.environ.get("EDGEFED_FUZZ_REQUESTS", "10000"))
 RESPONSES = "edgefed/gw1/control/response/fuzz"
-FIELDS = ["v", "service", "config", "patch", "revision", "device", "source", "sample_fps", "model", "version",
-          "task", "where", "level", "limit", "correlation_id", "response_topic", "enabled", "allow", "pins"]
+FIELDS = [
+    "v",
+    "service",
+    "config",
+    "patch",
+    "revision",
+    "device",
+    "source",
+    "sample_fps",
+    "model",
+    "version",
+    "task",
+    "where",
+    "level",
+    "limit",
+    "correlation_id",
+    "response_topic",
+    "enabled",
+    "allow",
+    "pins",
+]
 SERVICES = ["sensor", "camera", "training", "models", "placement", "gateway", "nope", "", "SENSOR"]
 
 # Shallow on purpose: generation must keep up with 10,000 requests in about a minute on 2 busy cores.
-words = st.sampled_from(SERVICES + ["edge", "cloud", "DEBUG", "*", "a/b", "sensor-1", "rtsp://x/y", "ftp://z"])
-json_scalar = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False),
-                        st.text(max_size=12), words)
-shallow = st.one_of(json_scalar, st.lists(json_scalar, max_size=3),
-                    st.dictionaries(st.sampled_from(FIELDS), json_scalar, max_size=3))
+words = st.sampled_from(
+    SERVICES + ["edge", "cloud", "DEBUG", "*", "a/b", "sensor-1", "rtsp://x/y", "ftp://z"]
+)
+json_scalar = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False),
+    st.text(max_size=12),
+    words,
+)
+shallow = st.one_of(
+    json_scalar,
+    st.lists(json_scalar, max_size=3),
+    st.dictionaries(st.sampled_from(FIELDS), json_scalar, max_size=3),
+)
 request_object = st.dictionaries(st.sampled_from(FIELDS), shallow, max_size=4)
 payload = st.one_of(
     st.binary(max_size=64),
@@ -57,8 +87,9 @@ def test_random_and_malformed_requests_never_break_the_control_plane(mosquitto, 
     sent: list[tuple[str, bytes]] = []
     broken: list[tuple[bytes, str]] = []
     got_all = threading.Event()
-    client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5,
-                         client_id="fuzzer")
+    client = paho.Client(
+        callback_api_version=CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5, client_id="fuzzer"
+    )
     client.max_inflight_messages_set(1000)
 
     def on_message(c, u, message):
@@ -83,11 +114,16 @@ def test_random_and_malformed_requests_never_break_the_control_plane(mosquitto, 
 
         batch = 50
 
-        @settings(max_examples=COUNT // batch + 50, phases=[Phase.generate], deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=COUNT // batch + 50,
+            phases=[Phase.generate],
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(requests=st.lists(st.tuples(op, payload), min_size=batch, max_size=batch))
         def send(requests: list[tuple[str, bytes]]) -> None:
-            for op, body in requests[:COUNT - len(sent)]:
+            for op, body in requests[: COUNT - len(sent)]:
                 props = Properties(PacketTypes.PUBLISH)
                 props.ResponseTopic = RESPONSES
                 props.CorrelationData = str(len(sent)).encode()
@@ -96,9 +132,11 @@ def test_random_and_malformed_requests_never_break_the_control_plane(mosquitto, 
 
         send()
         assert len(sent) == COUNT, f"hypothesis generated only {len(sent)} requests"
-        if not got_all.wait(float(os.environ.get('EDGEFED_FUZZ_WAIT_S', '180'))):
-            raise AssertionError(f"only {len(responses)} of {COUNT} responses arrived; {broken[:3]}; "
-                                 f"gatewayd: {gw.status()['control']} {gw.status()['mqtt']}")
+        if not got_all.wait(float(os.environ.get("EDGEFED_FUZZ_WAIT_S", "180"))):
+            raise AssertionError(
+                f"only {len(responses)} of {COUNT} responses arrived; {broken[:3]}; "
+                f"gatewayd: {gw.status()['control']} {gw.status()['mqtt']}"
+            )
         assert not broken, broken[:5]
         time.sleep(0.5)  # a duplicate answer would show up now
         assert gw.proc.poll() is None, "gatewayd died"

@@ -19,8 +19,11 @@ from protocol.control import (
 
 
 def test_merge_patch_follows_rfc7386():
-    assert merge_patch({"a": 1, "b": {"c": 2, "d": 3}}, {"b": {"c": None, "e": 4}, "f": [1]}) == \
-        {"a": 1, "b": {"d": 3, "e": 4}, "f": [1]}
+    assert merge_patch({"a": 1, "b": {"c": 2, "d": 3}}, {"b": {"c": None, "e": 4}, "f": [1]}) == {
+        "a": 1,
+        "b": {"d": 3, "e": 4},
+        "f": [1],
+    }
     assert merge_patch({"a": 1}, [1, 2]) == [1, 2]
 
 
@@ -29,8 +32,11 @@ def test_overrides_reproduce_the_config_and_follow_the_file_elsewhere():
     catalog = task_catalog()
     config = base
     overrides: dict = {}
-    for op, body in (("log.level", b'{"level": "DEBUG"}'), ("device.add", b'{"device": "b-1"}'),
-                     ("placement.pin", b'{"service": "camera", "task": "infer", "where": "cloud"}')):
+    for op, body in (
+        ("log.level", b'{"level": "DEBUG"}'),
+        ("device.add", b'{"device": "b-1"}'),
+        ("placement.pin", b'{"service": "camera", "task": "infer", "where": "cloud"}'),
+    ):
         new = apply_change(config, parse_request(op, body), catalog)
         overrides = overrides_after(overrides, config, new)
         config = new
@@ -43,19 +49,22 @@ def test_overrides_reproduce_the_config_and_follow_the_file_elsewhere():
     assert changed_services(config, reloaded) == ["sensor"]
 
 
-@pytest.mark.parametrize(("op", "body", "field"), [
-    ("config.set", b'{"service": "camera", "config": {"sample_fps": -1}}', "config.sample_fps"),
-    ("config.patch", b'{"service": "sensor", "patch": {"allow": ["ok", "bad/one"]}}', "patch.allow.1"),
-    ("config.patch", b'{"service": "sensor", "patch": {"colour": "red"}}', "patch.colour"),
-    ("camera.source", b'{"source": "ftp://cam/1"}', "source"),
-    ("device.remove", b'{"device": "nobody"}', "device"),
-    ("placement.pin", b'{"service": "camera", "task": "nope", "where": "edge"}', "task"),
-    ("placement.pin", b'{"service": "sensor", "task": "upload", "where": "edge"}', "where"),
-    ("model.pin", b'{"model": "scene", "version": "a b"}', "version"),
-    ("nope", b"{}", "op"),
-    ("config.get", b"{", "<payload>"),
-    ("config.get", b"[]", "<payload>"),
-])
+@pytest.mark.parametrize(
+    ("op", "body", "field"),
+    [
+        ("config.set", b'{"service": "camera", "config": {"sample_fps": -1}}', "config.sample_fps"),
+        ("config.patch", b'{"service": "sensor", "patch": {"allow": ["ok", "bad/one"]}}', "patch.allow.1"),
+        ("config.patch", b'{"service": "sensor", "patch": {"colour": "red"}}', "patch.colour"),
+        ("camera.source", b'{"source": "ftp://cam/1"}', "source"),
+        ("device.remove", b'{"device": "nobody"}', "device"),
+        ("placement.pin", b'{"service": "camera", "task": "nope", "where": "edge"}', "task"),
+        ("placement.pin", b'{"service": "sensor", "task": "upload", "where": "edge"}', "where"),
+        ("model.pin", b'{"model": "scene", "version": "a b"}', "version"),
+        ("nope", b"{}", "op"),
+        ("config.get", b"{", "<payload>"),
+        ("config.get", b"[]", "<payload>"),
+    ],
+)
 def test_refusals_name_the_field(op, body, field):
     with pytest.raises(ControlError) as info:
         apply_change(DesiredConfig(), parse_request(op, body), task_catalog())

@@ -86,7 +86,7 @@ def test_sigterm_during_heavy_ingest_loses_no_accepted_record(mosquitto, tmp_pat
     finally:
         gw.kill()
     seqs = asyncio.run(logged_seqs(config))
-    assert seqs[:len(first_run)] == first_run  # nothing the first run accepted went missing
+    assert seqs[: len(first_run)] == first_run  # nothing the first run accepted went missing
     assert sorted(set(seqs)) == list(range(total))
 
 
@@ -95,7 +95,7 @@ def test_sighup_reloads_and_a_broken_file_keeps_the_old_config(mosquitto, tmp_pa
     good = config.read_text()
     gw = Gatewayd(config, http_port).wait_ready()
     try:
-        config.write_text(good.replace('[uplink]', '[log]\nflush_interval_ms = -5\n[uplink]'))
+        config.write_text(good.replace("[uplink]", "[log]\nflush_interval_ms = -5\n[uplink]"))
         gw.proc.send_signal(signal.SIGHUP)
         wait_until(lambda: gw.status()["reload"]["failed"] == 1, 20, "reload refused")
         last = gw.status()["reload"]["last"]

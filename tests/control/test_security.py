@@ -67,8 +67,17 @@ def test_anonymous_and_wrong_password_cannot_connect(secure_broker):
     client, reason = connect(secure_broker, "operator", "wrong")
     client.loop_stop()
     assert reason.lower() in ("not authorized", "bad user name or password"), reason
-    code, _, err = ctl("--broker", secure_broker.url, "--gateway", "gw1", "--ca-file", str(secure_broker.ca),
-                       "--timeout", "3", "services")
+    code, _, err = ctl(
+        "--broker",
+        secure_broker.url,
+        "--gateway",
+        "gw1",
+        "--ca-file",
+        str(secure_broker.ca),
+        "--timeout",
+        "3",
+        "services",
+    )
     assert code == 2 and "cannot connect" in err and "authori" in err.lower(), err
 
 
@@ -83,8 +92,10 @@ def test_device_and_gateway_credentials_cannot_write_config(secure_broker, tmp_p
             client, reason = connect(sb, user)
             try:
                 assert reason == "Success", (user, reason)
-                assert publish_reason(client, "edgefed/gw1/control/request/config.set", request) == \
-                    "Not authorized", user
+                assert (
+                    publish_reason(client, "edgefed/gw1/control/request/config.set", request)
+                    == "Not authorized"
+                ), user
                 allowed = publish_reason(client, "edgefed/gw1/services/sensor/events", b"{}") in ALLOWED
                 assert allowed == (user == "gw1"), user
             finally:

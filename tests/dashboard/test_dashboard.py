@@ -13,12 +13,19 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
-from jobtest_util import call, heartbeat, start_jobs_cloudd  # noqa: E402
+from jobtest_util import call, heartbeat, start_jobs_cloudd
 
 CHROMIUM = Path("/usr/bin/chromium")
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
+ARGS = [
+    "--no-sandbox",
+    "--headless",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 OP = "operator-secret"
 GATEWAYS = tuple(f"gw{i:03d}" for i in range(1, 101))
 
@@ -35,15 +42,24 @@ def _heartbeat_fleet(url: str) -> None:
     for i, gateway in enumerate(GATEWAYS):
         if i in SILENT:
             continue
-        beat = heartbeat(gateway, interval_s=60, backlog=(i * 37) % 500, rtt_ms=20 + (i * 7) % 180,
-                         cloud_tasks=("detect",) if i % 4 == 0 else (), sent_ts=time.time())
+        beat = heartbeat(
+            gateway,
+            interval_s=60,
+            backlog=(i * 37) % 500,
+            rtt_ms=20 + (i * 7) % 180,
+            cloud_tasks=("detect",) if i % 4 == 0 else (),
+            sent_ts=time.time(),
+        )
         status, doc = call(f"{url}/v1/gateways/{gateway}/heartbeat", f"token-{gateway}", "POST", beat)
         assert status == 200, doc
 
 
 def _points(page, selector: str) -> int:
-    value = page.eval_on_selector(selector, "node => node.dataset.points || '0'") if page.query_selector(
-        selector) else "0"
+    value = (
+        page.eval_on_selector(selector, "node => node.dataset.points || '0'")
+        if page.query_selector(selector)
+        else "0"
+    )
     return int(value)
 
 
@@ -77,11 +93,18 @@ def test_dashboard_fleet_and_live_job(tmp_path):
                 page.screenshot(path=str(shots / "dashboard-job.png"))
 
                 page.goto(f"{server.url}/#/fleet")
-                page.wait_for_function("document.querySelectorAll('#fleet-table tbody tr').length === 100",
-                                       timeout=20_000)
+                page.wait_for_function(
+                    "document.querySelectorAll('#fleet-table tbody tr').length === 100", timeout=20_000
+                )
                 figures = page.inner_text("#fleet-figures").split("\n")
-                assert figures[:6] == ["100", "gateways", str(100 - len(SILENT)), "online", str(len(SILENT)),
-                                       "offline"]
+                assert figures[:6] == [
+                    "100",
+                    "gateways",
+                    str(100 - len(SILENT)),
+                    "online",
+                    str(len(SILENT)),
+                    "offline",
+                ]
                 page.fill("#fleet-filter", "gw01")
                 page.wait_for_function("document.querySelectorAll('#fleet-table tbody tr').length === 10")
                 page.fill("#fleet-filter", "")
@@ -91,8 +114,11 @@ def test_dashboard_fleet_and_live_job(tmp_path):
                 page.screenshot(path=str(shots / "dashboard-fleet.png"))
 
                 page.goto(f"{server.url}/#/federated")
-                page.wait_for_function("document.getElementById('fed-figures').innerText.includes("
-                                       "'no federated job is running')", timeout=20_000)
+                page.wait_for_function(
+                    "document.getElementById('fed-figures').innerText.includes("
+                    "'no federated job is running')",
+                    timeout=20_000,
+                )
             finally:
                 browser.close()
     finally:

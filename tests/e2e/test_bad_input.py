@@ -20,8 +20,13 @@ MISSING_FIELDS = json.dumps({"v": 1, "device": "sensor-1", "seq": 102}).encode()
 
 
 def test_each_bad_message_is_counted_and_nothing_accepted_is_lost(mosquitto, cloudd, tmp_path):
-    config, port = write_config(tmp_path, mosquitto.url, cloud_url=cloudd.url, token=cloudd.token_for("gw1"),
-                                extra='[devices]\nallow = ["sensor-*"]\n')
+    config, port = write_config(
+        tmp_path,
+        mosquitto.url,
+        cloud_url=cloudd.url,
+        token=cloudd.token_for("gw1"),
+        extra='[devices]\nallow = ["sensor-*"]\n',
+    )
     gateway = Gatewayd(config, port).wait_ready()
     try:
         publish(mosquitto.port, [(TOPIC, telemetry("sensor-1", seq)) for seq in range(10)])
@@ -48,10 +53,16 @@ def test_batch_with_wrong_token_is_refused_and_nothing_stored(cloudd):
     from protocol.records import telemetry_record
 
     body = encode_batch("gw1", "ab" * 8, [(1, telemetry_record("sensor-1", 1.0, telemetry("sensor-1", 0)))])
-    request = urllib.request.Request(f"{cloudd.url}/v1/gateways/gw1/batches", data=body, method="POST",
-                                     headers={"Authorization": "Bearer wrong",
-                                              "Idempotency-Key": idempotency_key("gw1", "ab" * 8, 1, 1),
-                                              "Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{cloudd.url}/v1/gateways/gw1/batches",
+        data=body,
+        method="POST",
+        headers={
+            "Authorization": "Bearer wrong",
+            "Idempotency-Key": idempotency_key("gw1", "ab" * 8, 1, 1),
+            "Content-Type": "application/json",
+        },
+    )
     try:
         urllib.request.urlopen(request, timeout=10)
         raise AssertionError("a batch with a wrong token was accepted")

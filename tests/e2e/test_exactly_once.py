@@ -26,8 +26,14 @@ def _start_sensors(broker_url: str, halfway: threading.Event) -> tuple[threading
             halfway.set()
 
     def publish() -> None:
-        run = SensorRun(broker=broker_url, count=SENSORS, rate_hz=250, duration_s=None, messages=MESSAGES,
-                        dropout_probability=0.0)
+        run = SensorRun(
+            broker=broker_url,
+            count=SENSORS,
+            rate_hz=250,
+            duration_s=None,
+            messages=MESSAGES,
+            dropout_probability=0.0,
+        )
         result.append(run_sensors(run, on_progress=progress))
 
     thread = threading.Thread(target=publish, name="sensors")
@@ -47,8 +53,13 @@ def _assert_exactly_once(sent: SentRecord, stored: list) -> None:
 
 @pytest.mark.parametrize("crash", ["none", "cloudd", "gatewayd"])
 def test_three_sensors_exactly_once(crash: str, mosquitto, cloudd, tmp_path: Path) -> None:
-    config, port = write_config(tmp_path, mosquitto.url, cloud_url=cloudd.url, token=cloudd.token_for("gw1"),
-                                extra='\n[devices]\nallow = ["sensor-*"]\n')
+    config, port = write_config(
+        tmp_path,
+        mosquitto.url,
+        cloud_url=cloudd.url,
+        token=cloudd.token_for("gw1"),
+        extra='\n[devices]\nallow = ["sensor-*"]\n',
+    )
     gateway = Gatewayd(config, port).wait_ready()
     halfway = threading.Event()
     sensors, result = _start_sensors(mosquitto.url, halfway)

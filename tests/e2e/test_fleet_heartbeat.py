@@ -11,15 +11,21 @@ from gwtest_util import Gatewayd, wait_until, write_config
 
 
 def fleet(cloudd) -> dict:
-    request = urllib.request.Request(f"{cloudd.url}/v1/fleet",
-                                     headers={"Authorization": f"Bearer {CLOUDD_OPERATOR_TOKEN}"})
+    request = urllib.request.Request(
+        f"{cloudd.url}/v1/fleet", headers={"Authorization": f"Bearer {CLOUDD_OPERATOR_TOKEN}"}
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         return {g["id"]: g for g in json.loads(response.read())["gateways"]}
 
 
 def test_gateway_heartbeats_show_in_the_fleet(mosquitto, cloudd, tmp_path):
-    config, port = write_config(tmp_path, mosquitto.url, cloud_url=cloudd.url, token=cloudd.token_for("gw1"),
-                                extra="heartbeat_interval_s = 0.5\n")
+    config, port = write_config(
+        tmp_path,
+        mosquitto.url,
+        cloud_url=cloudd.url,
+        token=cloudd.token_for("gw1"),
+        extra="heartbeat_interval_s = 0.5\n",
+    )
     gateway = Gatewayd(config, port).wait_ready()
     try:
         wait_until(lambda: fleet(cloudd)["gw1"]["online"], 30, "gw1 online in the fleet")

@@ -16,8 +16,8 @@ from gwtest_util import Gatewayd, wait_until, write_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "camera"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
-from camtest_util import DevicesimCamera  # noqa: E402
-from jobtest_util import call, cloudctl, start_jobs_cloudd  # noqa: E402
+from camtest_util import DevicesimCamera
+from jobtest_util import call, cloudctl, start_jobs_cloudd
 
 BATCH, MICROBATCHES, STEPS = 8, 2, 4
 FRAMES = 16  # committed frames wanted before training: a minibatch left after the held-out fifth
@@ -25,11 +25,13 @@ FRAMES = 16  # committed frames wanted before training: a minibatch left after t
 
 def camera_config(camera_url: str, blob_dir: Path) -> str:
     # A long poll interval: the new version can only arrive in time through cloudd's MQTT notice.
-    return (f'blob_dir = "{blob_dir}"\n'  # still inside write_config's [uplink]
-            '[log]\nflush_interval_ms = 50\n'
-            '[placement]\nenabled = false\n'
-            f'[camera]\nenabled = true\ncamera_id = "cam1"\nsource = "{camera_url}"\n'
-            'ota_poll_interval_s = 3600\nopen_timeout_s = 3.0\nread_timeout_s = 3.0\n')
+    return (
+        f'blob_dir = "{blob_dir}"\n'  # still inside write_config's [uplink]
+        "[log]\nflush_interval_ms = 50\n"
+        "[placement]\nenabled = false\n"
+        f'[camera]\nenabled = true\ncamera_id = "cam1"\nsource = "{camera_url}"\n'
+        "ota_poll_interval_s = 3600\nopen_timeout_s = 3.0\nread_timeout_s = 3.0\n"
+    )
 
 
 def camera_events(cloud) -> list[dict[str, Any]]:
@@ -46,8 +48,13 @@ def uploaded_frames(cloud) -> list[dict[str, Any]]:
 def test_job_on_gateway_camera_uploads_reaches_the_gateway(tmp_path: Path, mosquitto) -> None:
     cloud = start_jobs_cloudd(tmp_path / "c", gateways=("gw1",), extra_args=("--broker", mosquitto.url))
     camera = DevicesimCamera(free_port(), tmp_path / "truth.jsonl", seed=3, fps=4.0)
-    config, http_port = write_config(tmp_path, mosquitto.url, cloud_url=cloud.url, token=cloudd_token("gw1"),
-                                     extra=camera_config(camera.url, tmp_path / "blobs"))
+    config, http_port = write_config(
+        tmp_path,
+        mosquitto.url,
+        cloud_url=cloud.url,
+        token=cloudd_token("gw1"),
+        extra=camera_config(camera.url, tmp_path / "blobs"),
+    )
     gateway = Gatewayd(config, http_port)
 
     def engine() -> dict[str, Any]:
@@ -58,9 +65,25 @@ def test_job_on_gateway_camera_uploads_reaches_the_gateway(tmp_path: Path, mosqu
         wait_until(lambda: len(uploaded_frames(cloud)) >= FRAMES, 90, f"{FRAMES} frames uploaded to cloudd")
         assert engine()["active_version"] == "1"  # the artifact shipped with the code
 
-        result = cloudctl(cloud, "train", "--model", "scene_cnn", "--gateway", "gw1", "--nproc", "2",
-                          "--batch-size", str(BATCH), "--microbatches", str(MICROBATCHES),
-                          "--epochs", "50", "--max-steps", str(STEPS), "--wait")
+        result = cloudctl(
+            cloud,
+            "train",
+            "--model",
+            "scene_cnn",
+            "--gateway",
+            "gw1",
+            "--nproc",
+            "2",
+            "--batch-size",
+            str(BATCH),
+            "--microbatches",
+            str(MICROBATCHES),
+            "--epochs",
+            "50",
+            "--max-steps",
+            str(STEPS),
+            "--wait",
+        )
         assert result.returncode == 0, result.stdout + result.stderr + cloud.log_text()[-3000:]
         assert result.stdout.splitlines()[-1] == "job-00001 succeeded: registered scene@job-00001"
 
@@ -76,7 +99,11 @@ def test_job_on_gateway_camera_uploads_reaches_the_gateway(tmp_path: Path, mosqu
         progress = [json.loads(line) for line in (job_dir / "progress.jsonl").read_text().splitlines()]
         start = next(p for p in progress if p["event"] == "start")
         assert (start["dataset"], start["loss"], start["world"], start["total_steps"]) == (
-            "tensor_file", "cross_entropy", 2, STEPS)
+            "tensor_file",
+            "cross_entropy",
+            2,
+            STEPS,
+        )
         rows = start["train_rows"] + start["test_rows"]
         assert sum(lineage["labels"].values()) == lineage["frames"] == rows  # the frames it names, all
 
@@ -84,15 +111,20 @@ def test_job_on_gateway_camera_uploads_reaches_the_gateway(tmp_path: Path, mosqu
         shown = cloudctl(cloud, "status")
         assert shown.returncode == 0, shown.stderr
         done = f"job-00001  succeeded  scene_cnn  [{'#' * 30}]  {STEPS}/{STEPS}"
-        assert any(line.startswith(done) and line.endswith("-> scene@job-00001")
-                   for line in shown.stdout.splitlines()), shown.stdout
+        assert any(
+            line.startswith(done) and line.endswith("-> scene@job-00001")
+            for line in shown.stdout.splitlines()
+        ), shown.stdout
 
         # the gateway learns of it over MQTT (it polls only hourly), swaps it in, and infers with it
         wait_until(lambda: engine()["active_version"] == "job-00001", 60, "gateway runs scene@job-00001")
         updater = gateway.status()["camera"]["updater"]
         assert updater["notices"] >= 1 and updater["installed"] == 1, updater
-        wait_until(lambda: any(e.get("model_version") == "job-00001" for e in camera_events(cloud)), 60,
-                   "events inferred by scene@job-00001 uploaded to cloudd")
+        wait_until(
+            lambda: any(e.get("model_version") == "job-00001" for e in camera_events(cloud)),
+            60,
+            "events inferred by scene@job-00001 uploaded to cloudd",
+        )
     finally:
         gateway.kill()
         camera.stop()

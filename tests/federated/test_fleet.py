@@ -43,8 +43,14 @@ MAX_UPDATE_BYTES = 256 * 1024
 DEADLINE_S = 150.0
 
 
-def http(cloudd: Cloudd, method: str, path: str, body: bytes | None = None,
-         token: str | None = None, headers: dict | None = None) -> tuple[int, bytes]:
+def http(
+    cloudd: Cloudd,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    token: str | None = None,
+    headers: dict | None = None,
+) -> tuple[int, bytes]:
     request = urllib.request.Request(cloudd.url + path, data=body, method=method, headers=headers or {})
     request.add_header("Authorization", f"Bearer {token or cloudd.operator_token}")
     try:
@@ -79,8 +85,12 @@ class SimGateway:
         await self.uplink_log.open()
 
     async def start_uplink(self) -> None:
-        config = UplinkConfig(cloud_url=self.cloudd.url, token=self.cloudd.token_for(self.name),
-                              backoff_initial_s=0.1, backoff_max_s=1.0)
+        config = UplinkConfig(
+            cloud_url=self.cloudd.url,
+            token=self.cloudd.token_for(self.name),
+            backoff_initial_s=0.1,
+            backoff_max_s=1.0,
+        )
         self.uplink = Uplink(self.uplink_log, self.name, config, rng=random.Random(1))
         await self.uplink.start()
 
@@ -91,10 +101,19 @@ class SimGateway:
 
     async def start_client(self) -> None:
         self.client = FederatedClient(
-            self.name, self.cloudd.url, self.cloudd.token_for(self.name), self.data_log, self.uplink_log,
-            trainer=self.trainer, codec=CodecSpec("bfp"), device="trainer",
+            self.name,
+            self.cloudd.url,
+            self.cloudd.token_for(self.name),
+            self.data_log,
+            self.uplink_log,
+            trainer=self.trainer,
+            codec=CodecSpec("bfp"),
+            device="trainer",
             wake_uplink=lambda: self.uplink.wake() if self.uplink is not None else None,
-            poll_interval_s=0.3, retrain_after_s=4.0, rng=random.Random(hash(self.name)))
+            poll_interval_s=0.3,
+            retrain_after_s=4.0,
+            rng=random.Random(hash(self.name)),
+        )
         await self.client.start()
 
     async def stop_client(self) -> None:
@@ -122,8 +141,11 @@ def global_accuracy(cloudd: Cloudd, split) -> tuple[int, float]:
 
 async def post_batch(cloudd: Cloudd, gateway: str, log_id: str, entries: list[tuple[int, bytes]]) -> dict:
     body = encode_batch(gateway, log_id, entries)
-    headers = {"Authorization": f"Bearer {cloudd.token_for(gateway)}", "Content-Type": "application/json",
-               "Idempotency-Key": idempotency_key(gateway, log_id, entries[0][0], entries[-1][0])}
+    headers = {
+        "Authorization": f"Bearer {cloudd.token_for(gateway)}",
+        "Content-Type": "application/json",
+        "Idempotency-Key": idempotency_key(gateway, log_id, entries[0][0], entries[-1][0]),
+    }
     url = f"{cloudd.url}/v1/gateways/{gateway}/batches"
     async with aiohttp.ClientSession() as session, session.post(url, data=body, headers=headers) as response:
         assert response.status == 200, await response.text()
@@ -141,10 +163,18 @@ async def wait_for(predicate, timeout: float, what: str, cloudd: Cloudd) -> dict
 
 
 def update_record(update_id: str, payload: bytes, version: int, tensors: list[TensorEntry]) -> bytes:
-    body = {"v": 1, "update_id": update_id, "model": "digits", "base_version": version, "samples": 10,
-            "local_steps": 1, "codec": "fp32", "tensors": [t.model_dump() for t in tensors],
-            "payload_sha256": hashlib.sha256(payload).hexdigest(),
-            "payload_b64": base64.b64encode(payload).decode()}
+    body = {
+        "v": 1,
+        "update_id": update_id,
+        "model": "digits",
+        "base_version": version,
+        "samples": 10,
+        "local_steps": 1,
+        "codec": "fp32",
+        "tensors": [t.model_dump() for t in tensors],
+        "payload_sha256": hashlib.sha256(payload).hexdigest(),
+        "payload_b64": base64.b64encode(payload).decode(),
+    }
     return encode_record(Record(kind="update", device="trainer", received_ts=time.time(), body=body))
 
 
@@ -159,11 +189,24 @@ async def test_ten_gateways_reach_centralised_accuracy(tmp_path: Path) -> None:
     cloudd = start_cloudd(tmp_path / "cloud", gateways=GATEWAYS)
     gateways = [SimGateway(name, tmp_path / name, cloudd) for name in GATEWAYS]
     try:
-        job = FederatedJob(model="digits", arch=ARCH, aggregator="fedbuff", buffer_k=5, max_staleness=20,
-                           round=RoundConfig(lr=0.05, momentum=0.9, local_epochs=2, batch_size=16),
-                           max_update_bytes=MAX_UPDATE_BYTES, onnx_every=25, poll_interval_s=0.2)
-        status, body = http(cloudd, "PUT", "/v1/federated/job", job.model_dump_json().encode(),
-                             headers={"Content-Type": "application/json"})
+        job = FederatedJob(
+            model="digits",
+            arch=ARCH,
+            aggregator="fedbuff",
+            buffer_k=5,
+            max_staleness=20,
+            round=RoundConfig(lr=0.05, momentum=0.9, local_epochs=2, batch_size=16),
+            max_update_bytes=MAX_UPDATE_BYTES,
+            onnx_every=25,
+            poll_interval_s=0.2,
+        )
+        status, body = http(
+            cloudd,
+            "PUT",
+            "/v1/federated/job",
+            job.model_dump_json().encode(),
+            headers={"Content-Type": "application/json"},
+        )
         assert status == 201, body
         assert http(cloudd, "PUT", "/v1/federated/job", job.model_dump_json().encode())[0] == 200
 
@@ -218,26 +261,45 @@ async def test_ten_gateways_reach_centralised_accuracy(tmp_path: Path) -> None:
         assert ack["duplicates"] == 1 and ack["stored"] == 0
         ack = await post_batch(cloudd, "gw1", "feedface" * 4, [(1, data)])
         assert ack["stored"] == 1
-        after = await wait_for(lambda s: s["updates"]["duplicates"] > before["updates"]["duplicates"], 20,
-                               "the re-logged update counted as duplicate", cloudd)
+        after = await wait_for(
+            lambda s: s["updates"]["duplicates"] > before["updates"]["duplicates"],
+            20,
+            "the re-logged update counted as duplicate",
+            cloudd,
+        )
         assert after["updates"]["applied"] == before["updates"]["applied"]
 
         # A malformed update (bad digest) and an oversized one are refused and counted.
         model = build_model(ARCH)
-        tensors = [TensorEntry(name=k, shape=list(v.shape), encoding="fp32", nbytes=4 * v.numel())
-                   for k, v in model.state_dict().items()]
+        tensors = [
+            TensorEntry(name=k, shape=list(v.shape), encoding="fp32", nbytes=4 * v.numel())
+            for k, v in model.state_dict().items()
+        ]
         good_payload = b"".join(v.numpy().tobytes() for v in model.state_dict().values())
         malformed = json.loads(update_record("bad-digest", good_payload, after["version"], tensors))
         malformed["body"]["payload_sha256"] = "0" * 64
         big = b"\0" * (MAX_UPDATE_BYTES + 4096)
-        oversized = update_record("too-big", big, after["version"],
-                                  [TensorEntry(name="0.weight", shape=[len(big) // 4], encoding="fp32",
-                                               nbytes=len(big))])
-        await post_batch(cloudd, "gw2", "c0ffee00" * 4,
-                         [(1, json.dumps(malformed, separators=(",", ":")).encode()), (2, oversized)])
-        final = await wait_for(lambda s: s["updates"]["refused"].get("too_large", 0) >= 1
-                               and s["updates"]["refused"].get("digest_mismatch", 0) >= 1, 20,
-                               "both refusals counted", cloudd)
+        oversized = update_record(
+            "too-big",
+            big,
+            after["version"],
+            [TensorEntry(name="0.weight", shape=[len(big) // 4], encoding="fp32", nbytes=len(big))],
+        )
+        await post_batch(
+            cloudd,
+            "gw2",
+            "c0ffee00" * 4,
+            [(1, json.dumps(malformed, separators=(",", ":")).encode()), (2, oversized)],
+        )
+        final = await wait_for(
+            lambda s: (
+                s["updates"]["refused"].get("too_large", 0) >= 1
+                and s["updates"]["refused"].get("digest_mismatch", 0) >= 1
+            ),
+            20,
+            "both refusals counted",
+            cloudd,
+        )
         assert final["updates"]["applied"] == before["updates"]["applied"]
         assert final["bytes"]["payload"] > 0 and final["rounds"] == final["version"] >= 12
         assert final["onnx"]["exported"] >= 1

@@ -50,9 +50,12 @@ def gatewayctl(broker_url: str, *args: str) -> dict:
 
 
 def operator(cloudd, method: str, path: str, body: bytes | None = None) -> dict:
-    request = urllib.request.Request(cloudd.url + path, data=body, method=method,
-                                     headers={"Authorization": f"Bearer {cloudd.operator_token}",
-                                              "Content-Type": "application/json"})
+    request = urllib.request.Request(
+        cloudd.url + path,
+        data=body,
+        method=method,
+        headers={"Authorization": f"Bearer {cloudd.operator_token}", "Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=20) as response:
         return json.loads(response.read())
 
@@ -77,12 +80,18 @@ def test_privacy_flag_over_the_control_plane_decides_raw_or_local(mosquitto, tmp
     cloudd = start_cloudd(tmp_path / "cloud", gateways=("gw1",))
     gw = None
     try:
-        job = FederatedJob(model="digits", arch=ModelArch(kind="digits_mlp", width=16), buffer_k=1,
-                           onnx_every=0, poll_interval_s=0.2,
-                           round=RoundConfig(local_epochs=1, batch_size=16))
+        job = FederatedJob(
+            model="digits",
+            arch=ModelArch(kind="digits_mlp", width=16),
+            buffer_k=1,
+            onnx_every=0,
+            poll_interval_s=0.2,
+            round=RoundConfig(local_epochs=1, batch_size=16),
+        )
         operator(cloudd, "PUT", "/v1/federated/job", job.model_dump_json().encode())
-        config, http_port = write_config(tmp_path, mosquitto.url, cloud_url=cloudd.url,
-                                         token=cloudd_token("gw1"), extra=EXTRA)
+        config, http_port = write_config(
+            tmp_path, mosquitto.url, cloud_url=cloudd.url, token=cloudd_token("gw1"), extra=EXTRA
+        )
         asyncio.run(write_samples(tmp_path / "data-gw1"))
         gw = Gatewayd(config, http_port).wait_ready()
         wait_until(lambda: gw.status()["control"]["births"] >= 1, 20, "control plane subscribed")
@@ -93,21 +102,30 @@ def test_privacy_flag_over_the_control_plane_decides_raw_or_local(mosquitto, tmp
         answer = gatewayctl(mosquitto.url, "config", "set", "training", '{"enabled": true, "private": false}')
         view = answer["data"]["services"]["training"]
         assert view["applied"] is True and view["detail"].startswith("upload_raw"), view
-        wait_until(lambda: gw.status()["training"]["forwarder"]["forwarded"] == N_SAMPLES, 30,
-                   "raw samples copied to the uplink log")
+        wait_until(
+            lambda: gw.status()["training"]["forwarder"]["forwarded"] == N_SAMPLES,
+            30,
+            "raw samples copied to the uplink log",
+        )
         training = gw.status()["training"]
         assert training["mode"] == "upload_raw" and "fits the link" in training["reason"], training
         assert training["state"] == "forwarding_raw" and training["torch_loaded"] is False
-        wait_until(lambda: sum(r.record["kind"] == "event" for r in cloudd.records("gw1")) == N_SAMPLES, 30,
-                   "raw samples stored by cloudd")
+        wait_until(
+            lambda: sum(r.record["kind"] == "event" for r in cloudd.records("gw1")) == N_SAMPLES,
+            30,
+            "raw samples stored by cloudd",
+        )
 
         answer = gatewayctl(mosquitto.url, "config", "patch", "training", '{"private": true}')
         view = answer["data"]["services"]["training"]
         assert view["detail"].startswith("train_locally: private"), view
         assert view["state"] == "pending" and "loading torch" in view["detail"], view  # torch was not loaded
         # once torch has loaded, the retained state says so (no new request: the runtime reported it)
-        wait_until(lambda: retained_training_state(mosquitto.port)["state"] == "running", 60,
-                   "retained training state running after torch loaded")
+        wait_until(
+            lambda: retained_training_state(mosquitto.port)["state"] == "running",
+            60,
+            "retained training state running after torch loaded",
+        )
         state = retained_training_state(mosquitto.port)
         assert state["applied"] is True and state["detail"].startswith("train_locally: private"), state
         assert state["revision"] == view["revision"], (state, view)
@@ -117,8 +135,11 @@ def test_privacy_flag_over_the_control_plane_decides_raw_or_local(mosquitto, tmp
         assert training["mode"] == "train_locally" and training["reason"].startswith("private"), training
         assert training["state"] == "training" and training["torch_loaded"] is True
         assert [d["mode"] for d in training["decisions"]] == ["upload_raw", "train_locally"]
-        wait_until(lambda: operator(cloudd, "GET", "/v1/federated/status")["updates"]["applied"] >= 1, 30,
-                   "cloudd applied an update from gatewayd")
+        wait_until(
+            lambda: operator(cloudd, "GET", "/v1/federated/status")["updates"]["applied"] >= 1,
+            30,
+            "cloudd applied an update from gatewayd",
+        )
         metrics = gw.get("/metrics").decode()
         assert "edgefed_gateway_training_mode_local 1.0" in metrics
         assert "edgefed_gateway_training_updates_sent_total" in metrics

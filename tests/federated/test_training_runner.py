@@ -42,8 +42,10 @@ async def write_samples(data_dir: Path, config: TrainingConfig) -> list[bytes]:
     log = open_sample_log(data_dir, config)
     await log.open()
     generator = torch.Generator().manual_seed(0)
-    records = [sample_record("camera", float(i), torch.rand(1, 8, 8, generator=generator), i % 10)
-               for i in range(N_SAMPLES)]
+    records = [
+        sample_record("camera", float(i), torch.rand(1, 8, 8, generator=generator), i % 10)
+        for i in range(N_SAMPLES)
+    ]
     for record in records:
         await log.append(record)
     await log.flush(wait=True)
@@ -58,9 +60,16 @@ async def test_choice_is_made_shown_and_acted_on(tmp_path: Path) -> None:
     await uplink_log.open()
     link = [GOOD]
     wakes = []
-    runtime = TrainingRunner(config, gateway_id="gw1", data_dir=tmp_path,
-                              cloud_url=f"http://127.0.0.1:{free_port()}", token="t", uplink_log=uplink_log,
-                              link_view=lambda: link[0], wake_uplink=lambda: wakes.append(1))
+    runtime = TrainingRunner(
+        config,
+        gateway_id="gw1",
+        data_dir=tmp_path,
+        cloud_url=f"http://127.0.0.1:{free_port()}",
+        token="t",
+        uplink_log=uplink_log,
+        link_view=lambda: link[0],
+        wake_uplink=lambda: wakes.append(1),
+    )
     try:
         applied = await runtime.apply(TrainingSettings(enabled=True, private=False))
         assert applied.state == "running" and applied.detail.startswith("upload_raw")

@@ -69,8 +69,17 @@ def test_fedavg_rounds_and_fedprox_mu() -> None:
 def envelope_for(delta: dict, spec: CodecSpec, encoder: UpdateEncoder | None = None) -> UpdateEnvelope:
     entries, sections = (encoder or UpdateEncoder(spec)).encode(delta)
     b64, sha = pack_payload(sections)
-    return UpdateEnvelope(update_id="u1", model="m", base_version=0, samples=5, local_steps=1,
-                          codec=spec.describe(), tensors=entries, payload_sha256=sha, payload_b64=b64)
+    return UpdateEnvelope(
+        update_id="u1",
+        model="m",
+        base_version=0,
+        samples=5,
+        local_steps=1,
+        codec=spec.describe(),
+        tensors=entries,
+        payload_sha256=sha,
+        payload_b64=b64,
+    )
 
 
 @pytest.mark.parametrize("kind", ["fp32", "bfp", "topk_bfp"])
@@ -104,8 +113,10 @@ def test_refusals_are_values() -> None:
     assert decode_update(good, "m", layout, 100).reason == "too_large"
     bad_digest = good.model_copy(update={"payload_sha256": "0" * 64})
     assert decode_update(bad_digest, "m", layout, 1 << 20).reason == "digest_mismatch"
-    assert decode_update(good.model_copy(update={"payload_b64": "!!"}), "m", layout, 1 << 20).reason \
-        in ("bad_payload", "digest_mismatch")
+    assert decode_update(good.model_copy(update={"payload_b64": "!!"}), "m", layout, 1 << 20).reason in (
+        "bad_payload",
+        "digest_mismatch",
+    )
     nan = {k: torch.full_like(v, float("nan")) for k, v in delta.items()}
     refused = decode_update(envelope_for(nan, CodecSpec("fp32")), "m", layout, 1 << 20)
     assert isinstance(refused, Refused) and refused.reason == "not_finite"
@@ -118,8 +129,13 @@ def test_train_local_fedprox_stays_closer_and_duty_cycle() -> None:
     for mu in (0.0, 10.0):
         torch.manual_seed(1)  # the same starting weights for both
         model = build_model(ARCH)
-        result = train_local(model, x, y, RoundConfig(lr=0.1, local_epochs=3, mu=mu),
-                             generator=torch.Generator().manual_seed(0))
+        result = train_local(
+            model,
+            x,
+            y,
+            RoundConfig(lr=0.1, local_epochs=3, mu=mu),
+            generator=torch.Generator().manual_seed(0),
+        )
         norms.append(float(torch.cat([d.reshape(-1) for d in result.delta.values()]).norm()))
         assert result.steps == 12 and result.samples == 64
     assert norms[1] < norms[0]
@@ -140,12 +156,19 @@ def test_choice() -> None:
 def test_feed_reads_each_stored_update_once(tmp_path) -> None:
     store = DatasetStore.open(tmp_path)
     try:
+
         def batch(first: int) -> UploadBatch:
-            records = [{"lsn": first + i, "data": {"kind": kind, "device": "d", "received_ts": 0.0,
-                                                   "body": {"i": first + i}}}
-                       for i, kind in enumerate(("telemetry", "update", "update"))]
-            return UploadBatch.model_validate_json(json.dumps({"v": 1, "gateway": "gw1", "log_id": "abcdef12",
-                                                               "records": records}))
+            records = [
+                {
+                    "lsn": first + i,
+                    "data": {"kind": kind, "device": "d", "received_ts": 0.0, "body": {"i": first + i}},
+                }
+                for i, kind in enumerate(("telemetry", "update", "update"))
+            ]
+            return UploadBatch.model_validate_json(
+                json.dumps({"v": 1, "gateway": "gw1", "log_id": "abcdef12", "records": records})
+            )
+
         store.store_batch(batch(1))
         feed = UpdateFeed(tmp_path)
         assert [i.lsn for i in feed.poll()] == [2, 3]

@@ -28,26 +28,34 @@ def topic(device: str, leaf: str = "telemetry", gw: str = "gw1") -> str:
 
 
 def test_ingest_accepts_valid_and_counts_each_rejection(mosquitto, tmp_path):
-    config, http_port = write_config(tmp_path, mosquitto.url,
-                                     extra='[devices]\nallow = ["sensor-*"]\n')
+    config, http_port = write_config(tmp_path, mosquitto.url, extra='[devices]\nallow = ["sensor-*"]\n')
     gw = Gatewayd(config, http_port).wait_ready()
     try:
-        publish(mosquitto.port, [
-            (topic("sensor-1"), telemetry("sensor-1", 0)),
-            (topic("sensor-1", leaf="weird"), telemetry("sensor-1", 1)),            # unknown_topic
-            (topic("camera-9"), telemetry("camera-9", 0)),                          # unknown_device
-            (topic("sensor-1"), b"x" * (MAX_TELEMETRY_BYTES + 1)),                  # too_large
-            (topic("sensor-1"), b"{not json"),                                      # not_json
-            (topic("sensor-1"), telemetry("sensor-1", 2, status="broken")),         # invalid
-            (topic("sensor-1"), telemetry("sensor-2", 3)),                          # device_mismatch
-            (topic("sensor-1"), telemetry("sensor-1", 4)),
-        ])
+        publish(
+            mosquitto.port,
+            [
+                (topic("sensor-1"), telemetry("sensor-1", 0)),
+                (topic("sensor-1", leaf="weird"), telemetry("sensor-1", 1)),  # unknown_topic
+                (topic("camera-9"), telemetry("camera-9", 0)),  # unknown_device
+                (topic("sensor-1"), b"x" * (MAX_TELEMETRY_BYTES + 1)),  # too_large
+                (topic("sensor-1"), b"{not json"),  # not_json
+                (topic("sensor-1"), telemetry("sensor-1", 2, status="broken")),  # invalid
+                (topic("sensor-1"), telemetry("sensor-2", 3)),  # device_mismatch
+                (topic("sensor-1"), telemetry("sensor-1", 4)),
+            ],
+        )
         wait_until(lambda: gw.status()["ingest"]["acked"] == 8, 20, "all 8 messages acked")
         status = gw.status()
         assert status["ingest"]["accepted"] == 2
         assert status["ingest"]["rejected_by_reason"] == {
-            "unknown_topic": 1, "unknown_device": 1, "too_large": 1, "not_json": 1, "invalid": 1,
-            "device_mismatch": 1, "log_full": 0}
+            "unknown_topic": 1,
+            "unknown_device": 1,
+            "too_large": 1,
+            "not_json": 1,
+            "invalid": 1,
+            "device_mismatch": 1,
+            "log_full": 0,
+        }
         assert status["log"]["durable_lsn"] == 2
         assert status["mqtt"]["messages_in"] == 8
         metrics = gw.get("/metrics").decode()
@@ -104,9 +112,22 @@ def test_sigterm_flushes_acks_and_publishes_offline(mosquitto, tmp_path):
     config, http_port = write_config(tmp_path, mosquitto.url)
     gw = Gatewayd(config, http_port).wait_ready()
     try:
-        status = subprocess.run([sys.executable, "-m", "gateway.ctl", "--broker", mosquitto.url,
-                                 "--gateway", "gw1", "status", "--json"], cwd=REPO, capture_output=True,
-                                timeout=20)
+        status = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gateway.ctl",
+                "--broker",
+                mosquitto.url,
+                "--gateway",
+                "gw1",
+                "status",
+                "--json",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            timeout=20,
+        )
         assert status.returncode == 0, status.stderr
         assert json.loads(status.stdout)["state"] == "online"
         publish(mosquitto.port, [(topic("s1"), telemetry("s1", 99))])
@@ -116,9 +137,22 @@ def test_sigterm_flushes_acks_and_publishes_offline(mosquitto, tmp_path):
         assert rc == 0, err
     finally:
         gw.kill()
-    offline = subprocess.run([sys.executable, "-m", "gateway.ctl", "--broker", mosquitto.url,
-                              "--gateway", "gw1", "status", "--json"], cwd=REPO, capture_output=True,
-                             timeout=20)
+    offline = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway.ctl",
+            "--broker",
+            mosquitto.url,
+            "--gateway",
+            "gw1",
+            "status",
+            "--json",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        timeout=20,
+    )
     assert json.loads(offline.stdout)["state"] == "offline"
 
 
@@ -128,8 +162,12 @@ def test_second_daemon_on_the_same_data_dir_is_refused(mosquitto, tmp_path):
     try:
         second_config = tmp_path / "second.toml"
         second_config.write_text(config.read_text().replace(f":{http_port}", ":1"))
-        second = subprocess.run([sys.executable, "-m", "gateway.daemon", "--config", str(second_config)],
-                                cwd=REPO, capture_output=True, timeout=20)
+        second = subprocess.run(
+            [sys.executable, "-m", "gateway.daemon", "--config", str(second_config)],
+            cwd=REPO,
+            capture_output=True,
+            timeout=20,
+        )
         assert second.returncode == 2
         assert b"in use by another gatewayd" in second.stderr
         assert gw.proc.poll() is None
@@ -140,8 +178,12 @@ def test_second_daemon_on_the_same_data_dir_is_refused(mosquitto, tmp_path):
 def test_invalid_config_names_the_field(tmp_path):
     config = tmp_path / "bad.toml"
     config.write_text('gateway_id = "gw1"\ndata_dir = "d"\n[log]\nflush_interval_ms = -5\n')
-    result = subprocess.run([sys.executable, "-m", "gateway.daemon", "--config", str(config)],
-                            cwd=REPO, capture_output=True, timeout=20)
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway.daemon", "--config", str(config)],
+        cwd=REPO,
+        capture_output=True,
+        timeout=20,
+    )
     assert result.returncode == 2
     lines = result.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and "log.flush_interval_ms" in lines[0]

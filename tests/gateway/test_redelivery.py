@@ -20,8 +20,13 @@ def test_window_forgets_oldest_first():
 
 def test_seed_reads_telemetry_records():
     async def records():
-        yield 1, (b'{"v":1,"kind":"telemetry","device":"s","received_ts":1.0,'
-                  b'"body":{"device":"s","seq":7,"ts":2.5}}')
+        yield (
+            1,
+            (
+                b'{"v":1,"kind":"telemetry","device":"s","received_ts":1.0,'
+                b'"body":{"device":"s","seq":7,"ts":2.5}}'
+            ),
+        )
         yield 2, b'{"v":1,"kind":"event","device":"s","received_ts":1.0,"body":{}}'
 
     recent = RecentSamples()

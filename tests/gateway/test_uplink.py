@@ -24,9 +24,23 @@ class Cloudd:
         self.url = f"http://127.0.0.1:{port}"
         self.port = port
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cloud.server", "--data-dir", str(data_dir), "--host", "127.0.0.1",
-             "--port", str(port), "--token", f"gw1={TOKEN}"],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            [
+                sys.executable,
+                "-m",
+                "cloud.server",
+                "--data-dir",
+                str(data_dir),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--token",
+                f"gw1={TOKEN}",
+            ],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
 
     def wait(self) -> Cloudd:
         wait_for_port(self.port, timeout=30, proc=self.proc)

@@ -12,9 +12,15 @@ from jobtest_util import call, heartbeat, start_jobs_cloudd, telemetry_batch, up
 
 OP = "operator-secret"
 
-OPERATOR_ROUTES = [("GET", "/v1/fleet"), ("GET", "/v1/datasets"), ("GET", "/v1/jobs"), ("POST", "/v1/jobs"),
-                   ("GET", "/v1/jobs/job-00001"), ("POST", "/v1/jobs/job-00001/cancel"),
-                   ("GET", "/v1/jobs/job-00001/events")]
+OPERATOR_ROUTES = [
+    ("GET", "/v1/fleet"),
+    ("GET", "/v1/datasets"),
+    ("GET", "/v1/jobs"),
+    ("POST", "/v1/jobs"),
+    ("GET", "/v1/jobs/job-00001"),
+    ("POST", "/v1/jobs/job-00001/cancel"),
+    ("GET", "/v1/jobs/job-00001/events"),
+]
 
 
 @pytest.fixture
@@ -57,8 +63,15 @@ def test_heartbeat_refusals_and_fleet(server):
     beat = heartbeat("gw1", interval_s=0.5, backlog=42, cloud_tasks=("detect",))
     status, doc = call(url, token, "POST", beat)
     assert status == 200 and doc == {"ok": True, "offline_after_s": 1.5}
-    assert call(f"{server.url}/v1/gateways/gw2/heartbeat", server.token_for("gw2"), "POST",
-                heartbeat("gw2", interval_s=60))[0] == 200
+    assert (
+        call(
+            f"{server.url}/v1/gateways/gw2/heartbeat",
+            server.token_for("gw2"),
+            "POST",
+            heartbeat("gw2", interval_s=60),
+        )[0]
+        == 200
+    )
     status, fleet = call(f"{server.url}/v1/fleet", OP)
     assert status == 200 and fleet["totals"] == {"gateways": 3, "online": 2, "offline": 1}
     rows = {g["id"]: g for g in fleet["gateways"]}
@@ -73,9 +86,12 @@ def test_heartbeat_refusals_and_fleet(server):
 
 def test_ingest_with_another_gateways_token_is_refused(server):
     body, key = telemetry_batch("gw1", "abcdef12", "soil-1", 1, 3)
-    request = urllib.request.Request(f"{server.url}/v1/gateways/gw1/batches", data=body, method="POST",
-                                     headers={"Idempotency-Key": key,
-                                              "Authorization": f"Bearer {server.token_for('gw2')}"})
+    request = urllib.request.Request(
+        f"{server.url}/v1/gateways/gw1/batches",
+        data=body,
+        method="POST",
+        headers={"Idempotency-Key": key, "Authorization": f"Bearer {server.token_for('gw2')}"},
+    )
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=10)
     assert refused.value.code == 403
@@ -94,15 +110,20 @@ def test_datasets_counts_uploads(server):
 
 def test_jobs_submit_list_get_cancel_and_refusals(server):
     jobs = f"{server.url}/v1/jobs"
-    for body, field in [({"epochs": 0}, "epochs"), ({"model": "resnet"}, "model"), ({"nproc": 4}, "nproc"),
-                        ({"batch_size": 10, "microbatches": 4}, "batch_size"), ({"color": 1}, "color"),
-                        ({"model": "digits_cnn", "dataset": "sensor_windows"}, "dataset")]:
+    for body, field in [
+        ({"epochs": 0}, "epochs"),
+        ({"model": "resnet"}, "model"),
+        ({"nproc": 4}, "nproc"),
+        ({"batch_size": 10, "microbatches": 4}, "batch_size"),
+        ({"color": 1}, "color"),
+        ({"model": "digits_cnn", "dataset": "sensor_windows"}, "dataset"),
+    ]:
         status, doc = call(jobs, OP, "POST", body)
         assert (status, doc["error"]) == (400, "invalid_spec") and field in doc["detail"], (body, doc)
     status, doc = call(jobs, OP, "POST", b"[1, 2")
     assert (status, doc["error"]) == (400, "invalid_spec") and "neither JSON nor TOML" in doc["detail"]
 
-    status, first = call(jobs, OP, "POST", b'epochs = 2\nnproc = 3\n', content_type="application/toml")
+    status, first = call(jobs, OP, "POST", b"epochs = 2\nnproc = 3\n", content_type="application/toml")
     assert status == 201 and first["state"] == "queued" and first["spec"]["epochs"] == 2
     status, second = call(jobs, OP, "POST", {"model": "anomaly_autoencoder", "gateways": ["gw1"]})
     assert status == 201 and second["spec"]["gateways"] == ["gw1"]
@@ -128,8 +149,9 @@ def test_jobs_submit_list_get_cancel_and_refusals(server):
 def test_events_of_a_finished_job_end(server):
     status, job = call(f"{server.url}/v1/jobs", OP, "POST", {})
     call(f"{server.url}/v1/jobs/{job['id']}/cancel", OP, "POST", b"")
-    request = urllib.request.Request(f"{server.url}/v1/jobs/{job['id']}/events",
-                                     headers={"Authorization": f"Bearer {OP}"})
+    request = urllib.request.Request(
+        f"{server.url}/v1/jobs/{job['id']}/events", headers={"Authorization": f"Bearer {OP}"}
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.headers["Content-Type"].startswith("text/event-stream")
         text = response.read().decode()
@@ -144,8 +166,11 @@ def test_openapi_documents_every_v1_route(server):
     from cloud.server import build_app
 
     app = build_app(CloudConfig(data_dir=server.data_dir.parent / "unused"))
-    served = {(r.method.lower(), r.resource.canonical) for r in app.router.routes()
-              if r.resource is not None and r.resource.canonical.startswith("/v1/")}
+    served = {
+        (r.method.lower(), r.resource.canonical)
+        for r in app.router.routes()
+        if r.resource is not None and r.resource.canonical.startswith("/v1/")
+    }
     documented = {(m, p) for p, ops in doc["paths"].items() for m in ops}
     documented |= {("head", p) for p, ops in doc["paths"].items() if "get" in ops}
     assert served <= documented, served - documented
@@ -167,7 +192,7 @@ def test_models_listing_and_upload_refusals(server):
 def test_dashboard_is_served_without_cdn(server):
     with urllib.request.urlopen(f"{server.url}/", timeout=10) as response:
         html = response.read().decode()
-    assert "<script src=\"/web/app.js\"></script>" in html and "http" not in html.replace("http-equiv", "")
+    assert '<script src="/web/app.js"></script>' in html and "http" not in html.replace("http-equiv", "")
     for asset in ("app.js", "api.js", "charts.js", "pages.js", "job.js", "style.css"):
         with urllib.request.urlopen(f"{server.url}/web/{asset}", timeout=10) as response:
             text = response.read().decode()

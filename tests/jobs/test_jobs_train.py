@@ -56,8 +56,23 @@ def test_job_on_gateway_uploads_trains_the_anomaly_model(server):
             assert upload_telemetry(server, "gw1", "0123abcd", device, start, 40)[0] == 200
     assert upload_telemetry(server, "gw2", "0123abcd", "soil-7", 1, 40)[0] == 200
 
-    result = cloudctl(server, "train", "--model", "anomaly_autoencoder", "--gateway", "gw1", "--nproc", "2",
-                      "--epochs", "2", "--batch-size", "16", "--microbatches", "4", "--wait")
+    result = cloudctl(
+        server,
+        "train",
+        "--model",
+        "anomaly_autoencoder",
+        "--gateway",
+        "gw1",
+        "--nproc",
+        "2",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "16",
+        "--microbatches",
+        "4",
+        "--wait",
+    )
     assert result.returncode == 0, result.stdout + result.stderr + server.log_text()[-3000:]
     assert result.stdout.splitlines()[-1] == "job-00001 succeeded: registered anomaly@job-00001"
 

@@ -17,8 +17,10 @@ def test_tail_lines_keeps_a_partial_line_and_skips_torn_ones():
 
 def test_events_are_numbered_and_bounded():
     events = JobEvents(max_events=3)
-    events.extend([{"event": "start", "total_steps": 9}] + [{"event": "step", "step": i, "loss": 1.0 / i}
-                                                           for i in range(1, 5)])
+    events.extend(
+        [{"event": "start", "total_steps": 9}]
+        + [{"event": "step", "step": i, "loss": 1.0 / i} for i in range(1, 5)]
+    )
     events.extend([{"event": "done"}])
     assert [e["seq"] for e in events.events] == [0, 1, 2, 3] and events.dropped == 2
     assert events.events[-1]["event"] == "done" and events.summary["step"] == 4
@@ -39,8 +41,14 @@ def test_job_table_moves_only_forward(tmp_path):
 
 
 def _reading(gateway: str, lsn: int, device: str = "d1", status: str = "ok", humidity: float | None = 50.0):
-    body = {"v": 1, "device": device, "seq": lsn, "ts": float(lsn), "status": status,
-            "readings": {"temperature_c": 20.0, "humidity_pct": humidity, "soil_moisture_pct": 30.0}}
+    body = {
+        "v": 1,
+        "device": device,
+        "seq": lsn,
+        "ts": float(lsn),
+        "status": status,
+        "readings": {"temperature_c": 20.0, "humidity_pct": humidity, "soil_moisture_pct": 30.0},
+    }
     return StoredRecord(gateway, "log1", lsn, {"kind": "telemetry", "device": device, "body": body})
 
 

@@ -37,9 +37,16 @@ def test_onnx_matches_torch_at_several_batch_sizes(make_model, shape) -> None:
 
 def test_artifact_round_trip_and_tamper(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    artifact = export_artifact(anomaly_autoencoder(), torch.rand(1, 48), name="anomaly", version="7",
-                               input_spec=ANOMALY_SPEC, postprocess="reconstruction_error",
-                               labels=["normal", "anomaly"], threshold=0.01)
+    artifact = export_artifact(
+        anomaly_autoencoder(),
+        torch.rand(1, 48),
+        name="anomaly",
+        version="7",
+        input_spec=ANOMALY_SPEC,
+        postprocess="reconstruction_error",
+        labels=["normal", "anomaly"],
+        threshold=0.01,
+    )
     folder = save_artifact(tmp_path / "a", artifact)
     loaded = load_artifact(folder)
     assert loaded == artifact and loaded.metadata.notes["export_max_abs_diff"] <= TOLERANCE

@@ -14,14 +14,14 @@ from conftest import free_port
 from paho.mqtt.enums import CallbackAPIVersion
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "camera"))
-from camtest_util import relabel, scene_artifact  # noqa: E402
+from camtest_util import relabel, scene_artifact
 
-from cloud.api.registry import setup_model_routes  # noqa: E402
-from gateway.camera.inference import InferenceEngine  # noqa: E402
-from gateway.camera.ota import ModelUpdater  # noqa: E402
-from models.artifact import ModelArtifact, sha256_hex  # noqa: E402
-from protocol.events import ModelNotice  # noqa: E402
-from protocol.topics import model_notice_topic  # noqa: E402
+from cloud.api.registry import setup_model_routes
+from gateway.camera.inference import InferenceEngine
+from gateway.camera.ota import ModelUpdater
+from models.artifact import ModelArtifact, sha256_hex
+from protocol.events import ModelNotice
+from protocol.topics import model_notice_topic
 
 OPERATOR_TOKEN = "op-secret"
 
@@ -42,14 +42,17 @@ async def serve_registry(data_dir: Path) -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{port}"
 
 
-async def upload(http: aiohttp.ClientSession, url: str, artifact: ModelArtifact,
-                 token: str = OPERATOR_TOKEN) -> tuple[int, dict]:
+async def upload(
+    http: aiohttp.ClientSession, url: str, artifact: ModelArtifact, token: str = OPERATOR_TOKEN
+) -> tuple[int, dict]:
     form = aiohttp.FormData()
     form.add_field("metadata", artifact.metadata.model_dump_json(), content_type="application/json")
-    form.add_field("onnx", artifact.onnx_bytes, content_type="application/octet-stream",
-                   filename="model.onnx")
-    async with http.post(f"{url}/v1/models/{artifact.name}", data=form,
-                         headers={"Authorization": f"Bearer {token}"}) as response:
+    form.add_field(
+        "onnx", artifact.onnx_bytes, content_type="application/octet-stream", filename="model.onnx"
+    )
+    async with http.post(
+        f"{url}/v1/models/{artifact.name}", data=form, headers={"Authorization": f"Bearer {token}"}
+    ) as response:
         return response.status, (await response.json() if response.content_type == "application/json" else {})
 
 
@@ -67,8 +70,11 @@ async def test_registry_routes_round_trip(tmp_path: Path) -> None:
             tampered_form = aiohttp.FormData()
             tampered_form.add_field("metadata", scene_artifact("3").metadata.model_dump_json())
             tampered_form.add_field("onnx", v1.onnx_bytes[:-1] + b"\0", filename="m.onnx")
-            async with http.post(f"{url}/v1/models/scene", data=tampered_form,
-                                 headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}) as response:
+            async with http.post(
+                f"{url}/v1/models/scene",
+                data=tampered_form,
+                headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"},
+            ) as response:
                 assert response.status == 400 and (await response.json())["error"] == "hash_mismatch"
             async with http.get(f"{url}/v1/models") as response:
                 listed = (await response.json())["models"]
@@ -87,8 +93,9 @@ async def test_registry_routes_round_trip(tmp_path: Path) -> None:
 async def test_ota_notice_pin_unpin_and_tampered_model(tmp_path: Path, mosquitto) -> None:
     runner, url = await serve_registry(tmp_path / "cloud")
     engine = InferenceEngine()
-    updater = ModelUpdater(engine, name="scene", cloud_url=url, store_dir=tmp_path / "gw-models",
-                           poll_interval_s=3600)  # only notices and explicit checks in this test
+    updater = ModelUpdater(
+        engine, name="scene", cloud_url=url, store_dir=tmp_path / "gw-models", poll_interval_s=3600
+    )  # only notices and explicit checks in this test
     loop = asyncio.get_running_loop()
     subscriber = paho.Client(CallbackAPIVersion.VERSION2)
     subscriber.on_message = lambda _c, _u, msg: loop.call_soon_threadsafe(updater.on_notice, msg.payload)
@@ -107,8 +114,9 @@ async def test_ota_notice_pin_unpin_and_tampered_model(tmp_path: Path, mosquitto
             publisher = paho.Client(CallbackAPIVersion.VERSION2)
             publisher.connect(mosquitto.host, mosquitto.port)
             publisher.loop_start()
-            publisher.publish(model_notice_topic("gw1", "scene"), notice.model_dump_json(), qos=1,
-                              retain=True).wait_for_publish(10)
+            publisher.publish(
+                model_notice_topic("gw1", "scene"), notice.model_dump_json(), qos=1, retain=True
+            ).wait_for_publish(10)
             for _ in range(200):
                 if engine.active_version == "2":
                     break

@@ -45,8 +45,11 @@ def check_round_trip(x: torch.Tensor, fmt: BfpFormat) -> torch.Tensor:
     packed = codec.encode(x)
     y = codec.decode(packed)
     assert y.shape == x.shape and y.dtype == x.dtype
-    assert packed.nbytes == packed.formula_nbytes == packed_nbytes(
-        x.numel(), fmt, packed.n_side, x.element_size())
+    assert (
+        packed.nbytes
+        == packed.formula_nbytes
+        == packed_nbytes(x.numel(), fmt, packed.n_side, x.element_size())
+    )
     finite = torch.isfinite(x)
     # Non-finite values are exact (side storage); NaN stays NaN.
     assert torch.equal(torch.isnan(y), torch.isnan(x))
@@ -67,7 +70,7 @@ def test_round_trip_adversarial_values_within_bound(fmt: BfpFormat, data: list[f
 @settings(max_examples=25, deadline=None)
 @given(fmt=formats, scale=st.floats(-60, 60), n=st.integers(1, 2000), seed=st.integers(0, 2**16))
 def test_round_trip_random_tensors(fmt: BfpFormat, scale: float, n: int, seed: int) -> None:
-    x = torch.randn(n, generator=torch.Generator().manual_seed(seed)) * 2.0 ** scale
+    x = torch.randn(n, generator=torch.Generator().manual_seed(seed)) * 2.0**scale
     check_round_trip(x, fmt)
 
 
@@ -116,16 +119,23 @@ def test_stochastic_rounding_is_unbiased_on_average() -> None:
 
 def test_error_shrinks_with_mantissa_bits() -> None:
     x = torch.randn(4096, generator=torch.Generator().manual_seed(2))
-    errors = [error_stats(x, decode(encode(x, BfpFormat(mantissa_bits=m)))).relative_error
-              for m in (3, 4, 6, 8)]
+    errors = [
+        error_stats(x, decode(encode(x, BfpFormat(mantissa_bits=m)))).relative_error for m in (3, 4, 6, 8)
+    ]
     assert errors == sorted(errors, reverse=True) and errors[-1] < 0.01
 
 
 def test_format_text_round_trip_and_validation() -> None:
     fmt = BfpFormat(16, 3, 6, "stochastic", "log", 0.01)
     assert BfpFormat.parse(str(fmt)) == fmt
-    for bad in (dict(mantissa_bits=1), dict(exponent_bits=9), dict(rounding="up"), dict(block_size=0),
-                dict(outlier_fraction=1.0), dict(levels="cubic")):
+    for bad in (
+        dict(mantissa_bits=1),
+        dict(exponent_bits=9),
+        dict(rounding="up"),
+        dict(block_size=0),
+        dict(outlier_fraction=1.0),
+        dict(levels="cubic"),
+    ):
         with pytest.raises(ValueError):
             BfpFormat(**bad)
     with pytest.raises(ValueError):

@@ -36,12 +36,18 @@ def test_every_width_and_ragged_length_matches(mantissa_bits: int, numel: int) -
     assert_same_as_torch_ops(x, fmt)
 
 
-@pytest.mark.parametrize("x", [
-    torch.zeros(64), -torch.zeros(64), torch.full((64,), 3.0), torch.full((64,), 2.0 ** 127),
-    torch.full((64,), 1e-45),
-    torch.relu(torch.randn(4, 16, 8, 8, generator=torch.Generator().manual_seed(1))),
-    torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, 1e-40, -1e-40, 0.0] * 8),  # ties round half to even
-])
+@pytest.mark.parametrize(
+    "x",
+    [
+        torch.zeros(64),
+        -torch.zeros(64),
+        torch.full((64,), 3.0),
+        torch.full((64,), 2.0**127),
+        torch.full((64,), 1e-45),
+        torch.relu(torch.randn(4, 16, 8, 8, generator=torch.Generator().manual_seed(1))),
+        torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, 1e-40, -1e-40, 0.0] * 8),  # ties round half to even
+    ],
+)
 @pytest.mark.parametrize("mantissa_bits", [2, 4, 8])
 def test_adversarial_values_match(x: torch.Tensor, mantissa_bits: int) -> None:
     assert_same_as_torch_ops(x, BfpFormat(mantissa_bits=mantissa_bits))
@@ -66,8 +72,10 @@ def test_formats_the_kernels_do_not_cover_are_named() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.floats(allow_nan=False, allow_infinity=False, width=32), min_size=1, max_size=200),
-       st.integers(2, 8))
+@given(
+    st.lists(st.floats(allow_nan=False, allow_infinity=False, width=32), min_size=1, max_size=200),
+    st.integers(2, 8),
+)
 def test_any_finite_values_match(values: list[float], mantissa_bits: int) -> None:
     x = torch.tensor(values, dtype=torch.float32)
     assert_same_as_torch_ops(x, BfpFormat(mantissa_bits=mantissa_bits))

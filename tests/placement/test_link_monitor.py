@@ -116,8 +116,9 @@ async def test_prober_skips_its_payload_when_real_uploads_measured_the_link():
 
     clock = Clock()
     mon = LinkMonitor(clock=clock, large_upload_bytes=32 * 1024)
-    prober = LinkProber(mon, "http://127.0.0.1:9/healthz", goodput_url="http://127.0.0.1:9/v1/probe",
-                        payload_bytes=32 * 1024)
+    prober = LinkProber(
+        mon, "http://127.0.0.1:9/healthz", goodput_url="http://127.0.0.1:9/v1/probe", payload_bytes=32 * 1024
+    )
     assert prober.payload_probe_needed()  # nothing measured yet
     mon.observe_probe(0.01)
     mon.observe_upload(100_000, 0.5, ok=True)  # a real, large upload
@@ -152,8 +153,7 @@ def test_goodput_rise_is_believed_after_two_samples():
 
 def test_flapping_ends_once_the_link_outlasts_its_flaps():
     clock = Clock()
-    mon = LinkMonitor(clock=clock, window_s=100, down_after_failures=1, flap_transitions=4,
-                      settle_factor=1.5)
+    mon = LinkMonitor(clock=clock, window_s=100, down_after_failures=1, flap_transitions=4, settle_factor=1.5)
     for _ in range(3):  # 10 s up, 10 s down, three times
         clock.t += 10
         mon.observe_probe(None)
@@ -188,8 +188,9 @@ async def test_prober_confirms_a_suspect_failure_before_its_interval():
     from gateway.placement.probe import LinkProber
 
     mon = LinkMonitor(down_after_failures=2)
-    prober = LinkProber(mon, "http://127.0.0.1:9/healthz", interval_s=60.0, timeout_s=0.5,
-                        confirm_after_s=0.05)
+    prober = LinkProber(
+        mon, "http://127.0.0.1:9/healthz", interval_s=60.0, timeout_s=0.5, confirm_after_s=0.05
+    )
     await prober.start()
     try:
         async with asyncio.timeout(30):  # a broken confirm would wait for the 60 s interval
@@ -204,8 +205,7 @@ def test_a_short_down_stretch_does_not_end_flapping():
     """Settling is measured against every stretch of the flapping: down stretches seen at 4 s (a
     probe's granularity) do not make a 7 s one look like a lasting outage while ups last 10 s."""
     clock = Clock()
-    mon = LinkMonitor(clock=clock, window_s=100, down_after_failures=1, flap_transitions=4,
-                      settle_factor=1.5)
+    mon = LinkMonitor(clock=clock, window_s=100, down_after_failures=1, flap_transitions=4, settle_factor=1.5)
     mon.observe_probe(0.05)
     for _ in range(2):
         clock.t += 10

@@ -124,9 +124,7 @@ def test_descent_within_bound_of_exhaustive_joint_search():
     budgets = Budgets(uplink_Bps=60_000, edge_cores=1.0)
     for _ in range(15):
         services = [_chain(rng, 4, f"s{i}", priority=i % 3) for i in range(3)]
-        link = effective_link(
-            LinkView("up", rng.uniform(0.01, 0.2), rng.uniform(50_000, 2_000_000)), budgets
-        )
+        link = effective_link(LinkView("up", rng.uniform(0.01, 0.2), rng.uniform(50_000, 2_000_000)), budgets)
         lists = [enumerate_options(s, s.required_pins()) for s in services]
         _, exact = search_exact(lists, link, budgets)
         _, descent = search_descent(lists, link, budgets)
@@ -174,9 +172,7 @@ def test_operator_pins_are_honoured_and_validated():
 
 
 def test_uplink_budget_binds():
-    plan = plan_placement(
-        [camera_graph(changed_fraction=1.0)], UP, Budgets(uplink_Bps=50_000, byte_weight=0)
-    )
+    plan = plan_placement([camera_graph(changed_fraction=1.0)], UP, Budgets(uplink_Bps=50_000, byte_weight=0))
     assert plan.uplink_Bps <= 50_000
     assert plan.side("camera", "infer") == "edge"
     assert any("uplink binds" in r for r in plan.reasons)

@@ -23,10 +23,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from storagetest_workload import payload  # noqa: E402
+from storagetest_workload import payload
 
-from gateway.storage.epoch_log import EpochLog  # noqa: E402
-from gateway.storage.log_format import RECORD_HEADER_BYTES  # noqa: E402
+from gateway.storage.epoch_log import EpochLog
+from gateway.storage.log_format import RECORD_HEADER_BYTES
 
 _out_fd = 1
 BUFFER_BYTES = 2 << 20
@@ -38,8 +38,14 @@ def emit(line: str) -> None:
 
 async def main(directory: str, seed: int) -> None:
     rng = random.Random(seed)
-    log = EpochLog(directory, segment_bytes=256 * 1024, max_bytes=64 << 20, buffer_bytes=BUFFER_BYTES,
-                   writer_threads=2, rng=random.Random(seed + 1))
+    log = EpochLog(
+        directory,
+        segment_bytes=256 * 1024,
+        max_bytes=64 << 20,
+        buffer_bytes=BUFFER_BYTES,
+        writer_threads=2,
+        rng=random.Random(seed + 1),
+    )
     await log.open()
     emit(f"READY {log.durable_lsn}")
     kept = 2000  # keep the directory small: trim all but about this many records (at an epoch end)

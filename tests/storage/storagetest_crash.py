@@ -25,14 +25,14 @@ class _File:
 
 def _apply(content: bytearray, op: Op, keep: int | None = None) -> None:
     if op.kind == "truncate":
-        del content[op.offset:]
+        del content[op.offset :]
         content.extend(bytes(max(0, op.offset - len(content))))
         return
     data = op.data if keep is None else op.data[:keep]
     end = op.offset + len(data)
     if len(content) < end:
         content.extend(bytes(end - len(content)))
-    content[op.offset:end] = data
+    content[op.offset : end] = data
 
 
 def _torn_length(rng: random.Random, size: int) -> int:
@@ -43,8 +43,9 @@ def _torn_length(rng: random.Random, size: int) -> int:
     return rng.randrange(0, size)
 
 
-def build_crash_state(trace: list[Op], cut: int, rng: random.Random, source: Path, target: Path,
-                      reorder: bool = True) -> dict[str, int]:
+def build_crash_state(
+    trace: list[Op], cut: int, rng: random.Random, source: Path, target: Path, reorder: bool = True
+) -> dict[str, int]:
     """Write the files a power cut after ``trace[:cut]`` could leave into ``target``.
     Returns the largest value of each mark tag seen before the cut."""
     files: dict[str, _File] = {}

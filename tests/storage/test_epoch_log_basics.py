@@ -141,8 +141,9 @@ async def test_enospc_injected_policy_holds_and_log_recovers(tmp_path: Path) -> 
 
 def _mount_tmpfs(path: Path, size: str) -> bool:
     path.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                            capture_output=True)
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+    )
     return result.returncode == 0
 
 
@@ -153,8 +154,14 @@ async def test_real_full_tmpfs(tmp_path: Path, policy: str) -> None:
         pytest.skip("cannot mount a tmpfs here; ENOSPC is covered by the injected test")
     try:
         # the budget is larger than the disk on purpose: the disk fills first, for real
-        log = EpochLog(mount / "log", segment_bytes=128 * 1024, max_bytes=64 << 20,  # type: ignore[arg-type]
-                       full_policy=policy, append_timeout_s=2.0, close_timeout_s=5.0)
+        log = EpochLog(
+            mount / "log",
+            segment_bytes=128 * 1024,
+            max_bytes=64 << 20,  # type: ignore[arg-type]
+            full_policy=policy,
+            append_timeout_s=2.0,
+            close_timeout_s=5.0,
+        )
         await log.open()
         rejected = 0
         for _ in range(400):

@@ -41,8 +41,12 @@ def _check(directory: Path, out: str) -> str | None:
 def _spawned_trial(directory: Path, seed: int) -> str | None:
     """A fresh interpreter writing to stdout, killed with SIGKILL at a random moment."""
     rng = random.Random(seed)
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), str(directory), str(seed)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), str(directory), str(seed)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         ready = proc.stdout.readline()  # type: ignore[union-attr]
         if not ready.startswith("READY"):
@@ -63,8 +67,13 @@ class _Zygote:
     """Forks writers on request (see crash_writer.py), so a trial costs a fork, not an interpreter."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(SCRIPT), "--zygote"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(SCRIPT), "--zygote"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
 
     def ask(self, line: str) -> str:
         self.proc.stdin.write(line + "\n")  # type: ignore[union-attr]
@@ -132,8 +141,9 @@ def test_kill9_random_moments_leave_a_prefix_of_epochs(tmp_path: Path) -> None:
     seeds = list(range(1, TRIALS + 1))
     groups = [seeds[i::PARALLEL] for i in range(PARALLEL)]
     with ThreadPoolExecutor(PARALLEL) as pool:
-        results = list(pool.map(_worker, [tmp_path / f"log{i}" for i in range(PARALLEL)], groups,
-                                [SPAWNED] * PARALLEL))
+        results = list(
+            pool.map(_worker, [tmp_path / f"log{i}" for i in range(PARALLEL)], groups, [SPAWNED] * PARALLEL)
+        )
     problems = [p for result in results for p in result]
     assert not problems, "\n".join(problems[:10])
     for i in range(PARALLEL):

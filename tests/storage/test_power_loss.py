@@ -28,8 +28,14 @@ MAX_LEN = 300
 
 async def _workload(directory: Path, layer: RecordingFileLayer, seed: int) -> None:
     rng = random.Random(seed)
-    log = EpochLog(directory, segment_bytes=8 * 1024, max_bytes=1 << 20, file_layer=layer,
-                   rng=random.Random(seed), writer_threads=3)
+    log = EpochLog(
+        directory,
+        segment_bytes=8 * 1024,
+        max_bytes=1 << 20,
+        file_layer=layer,
+        rng=random.Random(seed),
+        writer_threads=3,
+    )
     await log.open()
     ends: list[int] = []
     for _ in range(rng.randrange(40, 70)):
@@ -38,7 +44,8 @@ async def _workload(directory: Path, layer: RecordingFileLayer, seed: int) -> No
             await log.append(payload(log.stats()["next_lsn"], tag, size, index, MAX_LEN))
         epoch = await log.flush(wait=rng.random() < 0.1)
         epoch.durable.add_done_callback(
-            lambda f, last=epoch.last_lsn: f.exception() or layer.mark("durable", last))
+            lambda f, last=epoch.last_lsn: f.exception() or layer.mark("durable", last)
+        )
         ends.append(epoch.last_lsn)
         if rng.random() < 0.08:
             done = [end for end in ends if end <= log.durable_lsn]
@@ -64,8 +71,9 @@ async def _check_state(directory: Path, marks: dict[str, int]) -> str | None:
             return f"trim to {marks['trimmed']} returned; recovered trim point {log.trimmed_lsn}"
         records = [r async for r in log.read(0)]
         if records and (records[0][0] != log.trimmed_lsn + 1 or records[-1][0] != log.durable_lsn):
-            return (f"read gave {records[0][0]}..{records[-1][0]}, "
-                    f"log says {log.trimmed_lsn}..{log.durable_lsn}")
+            return (
+                f"read gave {records[0][0]}..{records[-1][0]}, log says {log.trimmed_lsn}..{log.durable_lsn}"
+            )
         problem = check_prefix(records, MAX_LEN)
         if problem:
             return problem
@@ -98,4 +106,5 @@ async def test_power_loss_crash_states(tmp_path: Path, monkeypatch: pytest.Monke
                 problems.append(f"trace {trace_no} cut {cut}/{len(trace)}: {problem}")
     assert checked == STATES
     assert not problems, f"{len(problems)} of {checked} crash states broke the invariant:\n" + "\n".join(
-        problems[:10])
+        problems[:10]
+    )

@@ -39,7 +39,7 @@ class StallingFileLayer(OsFileLayer):
         super().fsync(fd)
 
 
-async def _until(condition, timeout: float = 10.0) -> bool:  # noqa: ANN001 - a zero-argument predicate
+async def _until(condition, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -61,8 +61,15 @@ async def _epoch(log: EpochLog, nbytes: int) -> int:
 
 async def test_stalled_fsync_does_not_hold_up_appends(tmp_path: Path) -> None:
     layer = StallingFileLayer()
-    log = EpochLog(tmp_path, segment_bytes=1 << 20, max_bytes=16 << 20, buffer_bytes=BUFFER,
-                   file_layer=layer, append_timeout_s=20.0, close_timeout_s=20.0)
+    log = EpochLog(
+        tmp_path,
+        segment_bytes=1 << 20,
+        max_bytes=16 << 20,
+        buffer_bytes=BUFFER,
+        file_layer=layer,
+        append_timeout_s=20.0,
+        close_timeout_s=20.0,
+    )
     await log.open()
     try:
         await log.append(_record(1))  # warm-up: the segment exists and is durable

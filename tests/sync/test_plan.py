@@ -16,16 +16,31 @@ SLOW = LinkModel(wire=Cost(0.003, 1 / 400e6), reduce=Cost(0.001, 0.5e-9))  # 400
 FAST = LinkModel(wire=Cost(0.0, 0.0), reduce=Cost(0.0001, 0.1e-9))  # 10 GB/s, 0.1 ms
 
 
-def layers(blocked_s: float = 0.0, queue_s: float = 0.0, link: LinkModel = SLOW,
-           policy: SyncPolicy = SyncPolicy.per_layer(NAMES)) -> tuple[LayerWindow, ...]:
+def layers(
+    blocked_s: float = 0.0,
+    queue_s: float = 0.0,
+    link: LinkModel = SLOW,
+    policy: SyncPolicy = SyncPolicy.per_layer(NAMES),
+) -> tuple[LayerWindow, ...]:
     """The benchmark's model (1.2 ms of forward and 2.5 ms of backward per layer) as a window
     measured under ``policy`` would show it: each layer carries its message's times."""
     sizes = dict(zip(NAMES, [LAYER_BYTES] * 6 + [OUTPUT_BYTES], strict=True))
     message = {name: sum(sizes[n] for n in policy.bucket_of(name)) for name in NAMES}
-    return tuple(LayerWindow(name, i, sizes[name], blocked_s if name == "0" else 0.0, 0.01, queue_s,
-                             wire_s=link.wire(message[name]), reduce_s=link.reduce(message[name]),
-                             forward_s=0.0012, ready_s=(len(NAMES) - 1 - i) * 0.0025)
-                 for i, name in enumerate(NAMES))
+    return tuple(
+        LayerWindow(
+            name,
+            i,
+            sizes[name],
+            blocked_s if name == "0" else 0.0,
+            0.01,
+            queue_s,
+            wire_s=link.wire(message[name]),
+            reduce_s=link.reduce(message[name]),
+            forward_s=0.0012,
+            ready_s=(len(NAMES) - 1 - i) * 0.0025,
+        )
+        for i, name in enumerate(NAMES)
+    )
 
 
 def test_cost_fit_recovers_a_link_and_refuses_one_size() -> None:
@@ -82,17 +97,21 @@ def test_a_window_of_one_message_size_plans_with_the_link_known_from_before() ->
     """Equal layers sent one per message cannot separate a link's fixed and per-byte cost; the
     engine passes the model it fitted in an earlier window."""
     wire, reduce = SLOW.wire(LAYER_BYTES), SLOW.reduce(LAYER_BYTES)
-    equal = tuple(replace(layer, nbytes=LAYER_BYTES, wire_s=wire, reduce_s=reduce)
-                  for layer in layers(blocked_s=0.02, queue_s=0.01))
+    equal = tuple(
+        replace(layer, nbytes=LAYER_BYTES, wire_s=wire, reduce_s=reduce)
+        for layer in layers(blocked_s=0.02, queue_s=0.01)
+    )
     window = WindowTable(0, 4, 0.07, "", equal)
     assert not propose(window, SyncPolicy.per_layer(NAMES)).reason.startswith("planner")
     assert propose(window, SyncPolicy.per_layer(NAMES), link=SLOW).reason.startswith("planner")
 
 
 def test_link_model_median_is_taken_term_by_term() -> None:
-    fits = [LinkModel(Cost(0.003, 2.5e-9), Cost(0.004, 0.0)),
-            LinkModel(Cost(0.0031, 2.4e-9), Cost(0.0, 1e-9)),
-            LinkModel(Cost(0.0029, 2.6e-9), Cost(0.001, 0.2e-9))]
+    fits = [
+        LinkModel(Cost(0.003, 2.5e-9), Cost(0.004, 0.0)),
+        LinkModel(Cost(0.0031, 2.4e-9), Cost(0.0, 1e-9)),
+        LinkModel(Cost(0.0029, 2.6e-9), Cost(0.001, 0.2e-9)),
+    ]
     median = LinkModel.median(fits)
     assert median == LinkModel(Cost(0.003, 2.5e-9), Cost(0.001, 0.2e-9))
 

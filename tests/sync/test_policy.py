@@ -11,8 +11,10 @@ NO_WARMUP = EngineConfig(warmup_windows=0)  # these tables are steady-state wind
 
 
 def table(window: int, blocked: dict[str, float], sync: dict[str, float], policy: str = "") -> WindowTable:
-    layers = tuple(LayerWindow(name, i, 64 * KB, blocked.get(name, 0.0), sync.get(name, 0.001))
-                   for i, name in enumerate(ORDER))
+    layers = tuple(
+        LayerWindow(name, i, 64 * KB, blocked.get(name, 0.0), sync.get(name, 0.001))
+        for i, name in enumerate(ORDER)
+    )
     return WindowTable(window, 4, 0.05, policy, layers)
 
 
@@ -50,8 +52,9 @@ def test_tabu_falls_back_to_hold_then_merge() -> None:
     first_try = propose(blocked, default).policy
     hold = propose(blocked, default, tabu=frozenset({first_try.text()})).policy
     assert hold.held == {"6"} and not hold.first
-    merged = propose(blocked, default, EngineConfig(merge_bytes=1 << 20),
-                     tabu=frozenset({first_try.text(), hold.text()})).policy
+    merged = propose(
+        blocked, default, EngineConfig(merge_bytes=1 << 20), tabu=frozenset({first_try.text(), hold.text()})
+    ).policy
     assert len(merged.buckets) == len(ORDER) - 1
 
 
@@ -89,10 +92,13 @@ def test_engine_reverts_a_trial_that_made_things_worse() -> None:
     assert engine.policy == SyncPolicy.per_layer(ORDER)
 
 
-def queued_table(window: int, blocked: dict[str, float], queue: dict[str, float],
-                 sync: float = 0.008) -> WindowTable:
-    layers = tuple(LayerWindow(name, i, 64 * KB, blocked.get(name, 0.0), sync, queue.get(name, 0.0))
-                   for i, name in enumerate(ORDER))
+def queued_table(
+    window: int, blocked: dict[str, float], queue: dict[str, float], sync: float = 0.008
+) -> WindowTable:
+    layers = tuple(
+        LayerWindow(name, i, 64 * KB, blocked.get(name, 0.0), sync, queue.get(name, 0.0))
+        for i, name in enumerate(ORDER)
+    )
     return WindowTable(window, 4, 0.05, "", layers)
 
 
@@ -115,8 +121,9 @@ def test_backlog_sends_first_needed_layers_first_in_forward_order_then_releases(
 
 def test_blocked_without_queueing_is_not_a_backlog() -> None:
     """Rank skew blocks layer 0 but its message did not wait behind others: not the backlog rule."""
-    proposal = propose(queued_table(0, {"0": 0.03}, {"0": 0.001}), SyncPolicy.per_layer(ORDER),
-                       EngineConfig(merge_bytes=0))
+    proposal = propose(
+        queued_table(0, {"0": 0.03}, {"0": 0.001}), SyncPolicy.per_layer(ORDER), EngineConfig(merge_bytes=0)
+    )
     assert proposal.policy == SyncPolicy.per_layer(ORDER)
 
 
@@ -133,12 +140,16 @@ def test_merge_cap_comes_from_the_measured_link() -> None:
     small one (sizes and times from the benchmark's link), never two big ones."""
     sizes = {"0": 2300 * KB, "2": 2300 * KB, "4": 2300 * KB, "6": 30 * KB}
     sync = {name: 0.016 + size * 6e-9 for name, size in sizes.items()}
-    layers = tuple(LayerWindow(name, i, sizes[name], 0.03 if name == "0" else 0.0, sync[name])
-                   for i, name in enumerate(ORDER))
+    layers = tuple(
+        LayerWindow(name, i, sizes[name], 0.03 if name == "0" else 0.0, sync[name])
+        for i, name in enumerate(ORDER)
+    )
     window = WindowTable(0, 4, 0.2, "", layers)
     proposal = propose(window, SyncPolicy.per_layer(ORDER))
     assert proposal.policy.buckets == (("6", "4"), ("2",), ("0",)), proposal.reason
     again = propose(window, proposal.policy)  # the merged bucket and the next are both big
     assert again.policy == proposal.policy
-    assert propose(window, SyncPolicy.per_layer(ORDER), EngineConfig(merge_bytes=0)).policy.buckets == \
-        SyncPolicy.per_layer(ORDER).buckets
+    assert (
+        propose(window, SyncPolicy.per_layer(ORDER), EngineConfig(merge_bytes=0)).policy.buckets
+        == SyncPolicy.per_layer(ORDER).buckets
+    )

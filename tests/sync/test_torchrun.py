@@ -18,9 +18,19 @@ ROOT = HERE.parents[1]
 def torchrun(worker: str, out: Path, timeout_s: float = 150.0) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{HERE}"}
-    command = [str(Path(sys.executable).with_name("torchrun")), "--nnodes", "1", "--nproc-per-node", "2",
-               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-               str(HERE / worker), str(out)]
+    command = [
+        str(Path(sys.executable).with_name("torchrun")),
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{free_port()}",
+        str(HERE / worker),
+        str(out),
+    ]
     done = subprocess.run(command, env=env, cwd=ROOT, timeout=timeout_s, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
@@ -53,8 +63,9 @@ def _check_policy_run(rank0: dict, rank1: dict) -> None:
     removed = [i for i, phase in enumerate(phases) if phase == "removed"]
     print(json.dumps(rank0["decisions"], indent=1))
     # while the delay is on, a changed policy is tried and kept, with measured before/after
-    kept = [d for d in rank0["decisions"]
-            if d["action"] == "keep" and delayed[0] <= d["window"] <= delayed[-1]]
+    kept = [
+        d for d in rank0["decisions"] if d["action"] == "keep" and delayed[0] <= d["window"] <= delayed[-1]
+    ]
     assert kept and all("before_blocked_ms" in d and "after_blocked_ms" in d for d in kept)
     assert any(policies[i] != policies[0] for i in delayed[1:] + [removed[0]])
     # after the delay is gone the policy goes back to the default and stays there
@@ -70,9 +81,11 @@ def test_balanced_half_speed_rank_finishes_together(tmp_path: Path) -> None:
         fast, slow = rank0["median_compute_s_tail"], rank1["median_compute_s_tail"]
         if abs(fast - slow) / max(fast, slow) <= 0.10:
             break
-    print(f"compute per iteration (median of last 24): rank0 {fast * 1e3:.1f} ms, rank1 {slow * 1e3:.1f} ms, "
-          f"sizes {rank0['sizes'][-1]}/{rank1['sizes'][-1]}; wall {rank0['median_wall_s_tail'] * 1e3:.1f} / "
-          f"{rank1['median_wall_s_tail'] * 1e3:.1f} ms")
+    print(
+        f"compute per iteration (median of last 24): rank0 {fast * 1e3:.1f} ms, rank1 {slow * 1e3:.1f} ms, "
+        f"sizes {rank0['sizes'][-1]}/{rank1['sizes'][-1]}; wall {rank0['median_wall_s_tail'] * 1e3:.1f} / "
+        f"{rank1['median_wall_s_tail'] * 1e3:.1f} ms"
+    )
     assert rank0["sizes"] == [64 * 2 - s for s in rank1["sizes"]]  # same split on both ranks, sums to 128
     assert rank0["sizes"][-1] > rank1["sizes"][-1]  # the slow rank got the smaller share
     assert abs(fast - slow) / max(fast, slow) <= 0.10

@@ -23,8 +23,10 @@ def make_model() -> nn.Sequential:
 
 def batches(rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     generator = torch.Generator().manual_seed(100 + rank)
-    return [(torch.randn(BATCH, 8, generator=generator), torch.randint(0, 4, (BATCH,), generator=generator))
-            for _ in range(STEPS)]
+    return [
+        (torch.randn(BATCH, 8, generator=generator), torch.randint(0, 4, (BATCH,), generator=generator))
+        for _ in range(STEPS)
+    ]
 
 
 def main() -> None:
@@ -45,14 +47,17 @@ def main() -> None:
     configs = {
         "default": {},
         "merged_held": {"policy": "4+2|0 held=0", "adaptive": False},
-        "adaptive_switching": {"engine": EngineConfig(block_threshold_s=0.0, merge_bytes=1 << 30, plan=False,
-                                                      keep_rel_tol=10.0), "window": 2},
+        "adaptive_switching": {
+            "engine": EngineConfig(block_threshold_s=0.0, merge_bytes=1 << 30, plan=False, keep_rel_tol=10.0),
+            "window": 2,
+        },
     }
     result = {}
     for label, options in configs.items():
         model = copy.deepcopy(initial)
-        sync = SyncScheduler(model, lambda params: torch.optim.SGD(params, lr=LR, momentum=0.9),
-                             group=group, **options)
+        sync = SyncScheduler(
+            model, lambda params: torch.optim.SGD(params, lr=LR, momentum=0.9), group=group, **options
+        )
         for x, y in data:
             loss_fn(model(x), y).backward()
         sync.close()

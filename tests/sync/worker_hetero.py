@@ -30,8 +30,13 @@ def make_model() -> nn.Sequential:
 def main() -> None:
     rank, _ = init()
     generator = torch.Generator().manual_seed(7)  # same global batches on every rank
-    data = [(torch.randn(GLOBAL_BATCH, 64, generator=generator, dtype=torch.float64),
-             torch.randint(0, 10, (GLOBAL_BATCH,), generator=generator)) for _ in range(STEPS)]
+    data = [
+        (
+            torch.randn(GLOBAL_BATCH, 64, generator=generator, dtype=torch.float64),
+            torch.randint(0, 10, (GLOBAL_BATCH,), generator=generator),
+        )
+        for _ in range(STEPS)
+    ]
     initial = make_model()
     model = copy.deepcopy(initial)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
@@ -63,13 +68,22 @@ def main() -> None:
         ref_optimizer.zero_grad()
         loss_fn(reference(x), y).backward()
         ref_optimizer.step()
-    diff = max(float((a - b).detach().abs().max()) for a, b in zip(model.parameters(), reference.parameters(),
-                                                                    strict=True))
+    diff = max(
+        float((a - b).detach().abs().max())
+        for a, b in zip(model.parameters(), reference.parameters(), strict=True)
+    )
     tail = compute_times[-24:]
-    write_result({"rank": rank, "sizes": sizes, "median_compute_s_tail": statistics.median(tail),
-                  "mean_compute_s_tail": statistics.mean(tail),
-                  "median_wall_s_tail": statistics.median(wall_times[-24:]), "max_abs_diff_vs_single": diff,
-                  "decisions": balancer.decisions})
+    write_result(
+        {
+            "rank": rank,
+            "sizes": sizes,
+            "median_compute_s_tail": statistics.median(tail),
+            "mean_compute_s_tail": statistics.mean(tail),
+            "median_wall_s_tail": statistics.median(wall_times[-24:]),
+            "max_abs_diff_vs_single": diff,
+            "decisions": balancer.decisions,
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -32,8 +32,9 @@ def main() -> None:
     # merges and the planner off: on a shared 2-core box rank skew alone blocks layer 0 for ~10-50
     # ms, and this test is about the remedy for one slow sync, not about fusion
     engine = EngineConfig(merge_bytes=0, plan=False, heavy_min_s=DELAY_S / 3)
-    sync = SyncScheduler(model, lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9), window=WINDOW,
-                         engine=engine)
+    sync = SyncScheduler(
+        model, lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9), window=WINDOW, engine=engine
+    )
     generator = torch.Generator().manual_seed(rank)
     x = torch.randn(BATCH, WIDTH, generator=generator)
     y = torch.randint(0, 10, (BATCH,), generator=generator)
@@ -46,9 +47,15 @@ def main() -> None:
             loss_fn(model(x), y).backward()
         phase_of_window += [phase] * windows
     sync.close()
-    write_result({"delayed_layer": delayed_layer, "phases": phase_of_window,
-                  "tables": [t.as_dict() for t in sync.tables], "decisions": sync.engine.decisions,
-                  "final_policy": sync.policy.text()})
+    write_result(
+        {
+            "delayed_layer": delayed_layer,
+            "phases": phase_of_window,
+            "tables": [t.as_dict() for t in sync.tables],
+            "decisions": sync.engine.decisions,
+            "final_policy": sync.policy.text(),
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -17,10 +17,20 @@ from cloud.training.schedules import build_schedule
 from models.digits import digits_cnn
 
 
-def write_job(tmp: Path, *, schedule: str, microbatches: int, batch_size: int, steps: int = 0,
-              epochs: int = 1,
-              stages: list[tuple[int, int]] | None = None, replicas: list[int] | None = None,
-              checkpoint_every: int = 0, lr: float = 0.05, extra_train: str = "") -> Path:
+def write_job(
+    tmp: Path,
+    *,
+    schedule: str,
+    microbatches: int,
+    batch_size: int,
+    steps: int = 0,
+    epochs: int = 1,
+    stages: list[tuple[int, int]] | None = None,
+    replicas: list[int] | None = None,
+    checkpoint_every: int = 0,
+    lr: float = 0.05,
+    extra_train: str = "",
+) -> Path:
     partition = 'mode = "even"'
     if stages:
         replicas = replicas or [1] * len(stages)
@@ -54,6 +64,7 @@ def run_job(job: Path, nproc: int, timeout: float = 120.0) -> list[dict]:
         code = proc.wait(timeout)
     except subprocess.TimeoutExpired:
         from cloud.jobs.torchrun import cancel_job
+
         cancel_job(proc)
         raise
     log = (job.parent / "torchrun.log").read_text()
@@ -79,8 +90,9 @@ def merged_checkpoint(ckpt: Path, n_stages: int, step: int) -> dict[str, torch.T
     return merged
 
 
-def reference_grad_accumulation(steps: int, batch_size: int, microbatches: int, lr: float = 0.05,
-                                seed: int = 0) -> nn.Sequential:
+def reference_grad_accumulation(
+    steps: int, batch_size: int, microbatches: int, lr: float = 0.05, seed: int = 0
+) -> nn.Sequential:
     """Single process: same init, same data order, gradient accumulation over the microbatches."""
     torch.manual_seed(seed)
     model = digits_cnn()
@@ -96,20 +108,32 @@ def reference_grad_accumulation(steps: int, batch_size: int, microbatches: int, 
     return model
 
 
-def reference_pipedream(steps: int, batch_size: int, microbatches: int, stages: list[tuple[int, int]],
-                        *, vertical_sync: bool = False, lr: float = 0.05, seed: int = 0) -> nn.Sequential:
+def reference_pipedream(
+    steps: int,
+    batch_size: int,
+    microbatches: int,
+    stages: list[tuple[int, int]],
+    *,
+    vertical_sync: bool = False,
+    lr: float = 0.05,
+    seed: int = 0,
+) -> nn.Sequential:
     """Single process: PipeDream's update rule as the 1F1B-stash schedule orders it. Microbatch b
     runs forward and backward on stage s's weights after the updates s applied before its F (with
     vertical sync: the updates stage 0 had applied); every backward updates its stage once."""
     torch.manual_seed(seed)
     model = digits_cnn()
     stream = DigitsStream(seed, batch_size)
-    modules = [model[first:last + 1] for first, last in stages]
-    optimizers = [torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9) if list(m.parameters()) else None
-                  for m in modules]
+    modules = [model[first : last + 1] for first, last in stages]
+    optimizers = [
+        torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9) if list(m.parameters()) else None
+        for m in modules
+    ]
     schedule = build_schedule("1f1b-stash", [1] * len(stages), microbatches, vertical_sync=vertical_sync)
-    uses = [schedule.stash_versions() if vertical_sync else schedule.updates_before_forward(s)
-            for s in range(len(stages))]
+    uses = [
+        schedule.stash_versions() if vertical_sync else schedule.updates_before_forward(s)
+        for s in range(len(stages))
+    ]
     loss_fn = nn.CrossEntropyLoss()
     for step in range(steps):
         x, y = stream.minibatch(step)

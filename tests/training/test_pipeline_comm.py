@@ -23,8 +23,9 @@ def _tensor(round_: int) -> torch.Tensor:
 
 
 def _exchange(rank: int, port: int, failures) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
+    )
     try:
         sizes, tag = comm.SlotSizes(), comm.message_tag(comm.KIND_ACTIVATION, 3)
         for round_ in range(len(SHAPES)):

@@ -10,9 +10,15 @@ from cloud.training.partition import LayerCost, Plan, brute_force, even_plan, pa
 
 
 def random_profile(rng: random.Random, n: int) -> list[LayerCost]:
-    return [LayerCost(rng.uniform(1e-4, 1e-2), rng.uniform(1e-4, 2e-2),
-                      rng.choice([1, 10, 1000]) * rng.randint(1, 4096),
-                      rng.choice([0, 1, 100]) * rng.randint(1, 100_000)) for _ in range(n)]
+    return [
+        LayerCost(
+            rng.uniform(1e-4, 1e-2),
+            rng.uniform(1e-4, 2e-2),
+            rng.choice([1, 10, 1000]) * rng.randint(1, 4096),
+            rng.choice([0, 1, 100]) * rng.randint(1, 100_000),
+        )
+        for _ in range(n)
+    ]
 
 
 @pytest.mark.parametrize("seed", range(60))

@@ -13,9 +13,15 @@ from cloud.training.profiler import cached_profile, model_signature
 from models.digits import digits_cnn
 
 
-@pytest.mark.parametrize("tensor", [
-    torch.randn(3, 4, 5), torch.arange(6, dtype=torch.int64).view(2, 3), torch.randn(7).to(torch.bfloat16),
-    torch.randint(0, 255, (4, 4), dtype=torch.uint8)])
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        torch.randn(3, 4, 5),
+        torch.arange(6, dtype=torch.int64).view(2, 3),
+        torch.randn(7).to(torch.bfloat16),
+        torch.randint(0, 255, (4, 4), dtype=torch.uint8),
+    ],
+)
 def test_header_and_fp32_codec_round_trip(tensor):
     codec = comm.Fp32Codec()
     payload = codec.encode(tensor)
@@ -30,6 +36,7 @@ def test_header_and_fp32_codec_round_trip(tensor):
 def test_codec_registry_rejects_a_clashing_id():
     class Other:
         codec_id, name = 0, "not-fp32"
+
     with pytest.raises(ValueError):
         comm.register_codec(Other())
     with pytest.raises(ValueError):
@@ -38,13 +45,13 @@ def test_codec_registry_rejects_a_clashing_id():
 
 def test_job_file_errors_name_the_field(tmp_path):
     job = tmp_path / "job.toml"
-    job.write_text('[train]\nbatch_size = 10\nmicrobatches = 4\n')
+    job.write_text("[train]\nbatch_size = 10\nmicrobatches = 4\n")
     with pytest.raises(JobError, match="train"):
         load_job(job)
     job.write_text('[train]\nschedule = "zigzag"\n')
     with pytest.raises(JobError, match="schedule"):
         load_job(job)
-    job.write_text('[trian]\n')
+    job.write_text("[trian]\n")
     with pytest.raises(JobError, match="trian"):
         load_job(job)
     job.write_text('[checkpoint]\ndir = "ck"\n[progress]\nfile = "/abs/p.jsonl"\n')

@@ -26,15 +26,26 @@ from models.digits import accuracy, digits_cnn, load_digits_split, train_single_
 pytestmark = pytest.mark.timeout(400)  # torch imports crawl on 2 shared, loaded cores
 
 
-@pytest.mark.parametrize(("schedule", "stages", "replicas"), [
-    ("gpipe", [(0, 3), (4, 8)], [1, 1]),
-    ("1f1b-flush", [(0, 2), (3, 5), (6, 8)], [1, 1, 1]),
-    ("1f1b-flush", [(0, 4), (5, 8)], [1, 2]),
-], ids=["gpipe-2proc", "1f1b-flush-3proc", "1f1b-flush-replicated-3proc"])
+@pytest.mark.parametrize(
+    ("schedule", "stages", "replicas"),
+    [
+        ("gpipe", [(0, 3), (4, 8)], [1, 1]),
+        ("1f1b-flush", [(0, 2), (3, 5), (6, 8)], [1, 1, 1]),
+        ("1f1b-flush", [(0, 4), (5, 8)], [1, 2]),
+    ],
+    ids=["gpipe-2proc", "1f1b-flush-3proc", "1f1b-flush-replicated-3proc"],
+)
 def test_flush_schedules_equal_gradient_accumulation(tmp_path, schedule, stages, replicas):
     steps, batch, micro = 6, 48, 4
-    job = write_job(tmp_path, schedule=schedule, microbatches=micro, batch_size=batch, steps=steps,
-                    stages=stages, replicas=replicas)
+    job = write_job(
+        tmp_path,
+        schedule=schedule,
+        microbatches=micro,
+        batch_size=batch,
+        steps=steps,
+        stages=stages,
+        replicas=replicas,
+    )
     events = run_job(job, sum(replicas))
     assert events[-1]["event"] == "done"
     got = merged_checkpoint(tmp_path / "ckpt", len(stages), steps)
@@ -45,8 +56,15 @@ def test_flush_schedules_equal_gradient_accumulation(tmp_path, schedule, stages,
 @pytest.mark.parametrize("vertical_sync", [False, True], ids=["stash-3proc", "stash-vertical-sync-3proc"])
 def test_stash_schedule_follows_pipedreams_update_rule(tmp_path, vertical_sync):
     stages, steps, batch, micro = [(0, 2), (3, 5), (6, 8)], 3, 32, 4
-    job = write_job(tmp_path, schedule="1f1b-stash", microbatches=micro, batch_size=batch, steps=steps,
-                    stages=stages, extra_train=f"vertical_sync = {str(vertical_sync).lower()}")
+    job = write_job(
+        tmp_path,
+        schedule="1f1b-stash",
+        microbatches=micro,
+        batch_size=batch,
+        steps=steps,
+        stages=stages,
+        extra_train=f"vertical_sync = {str(vertical_sync).lower()}",
+    )
     events = run_job(job, len(stages))
     assert events[-1]["event"] == "done"
     got = merged_checkpoint(tmp_path / "ckpt", len(stages), steps)
@@ -67,8 +85,14 @@ def test_one_f_one_b_stash_trains_digits_like_single_process(tmp_path):
         torch.set_num_threads(threads)
     reference_accuracy = accuracy(reference, split.test_x, split.test_y)
     # Each microbatch is one minibatch with its own update (PipeDream); a step is a window of them.
-    job = write_job(tmp_path, schedule="1f1b-stash", microbatches=window, batch_size=minibatch * window,
-                    epochs=epochs, stages=[(0, 3), (4, 8)])
+    job = write_job(
+        tmp_path,
+        schedule="1f1b-stash",
+        microbatches=window,
+        batch_size=minibatch * window,
+        epochs=epochs,
+        stages=[(0, 3), (4, 8)],
+    )
     events = run_job(job, 2, timeout=200)
     final = [e for e in events if e["event"] == "eval"][-1]
     # Weight stashing trains on weights up to a window stale (PipeDream's rule, checked exactly by
@@ -78,8 +102,16 @@ def test_one_f_one_b_stash_trains_digits_like_single_process(tmp_path):
 
 def test_killed_job_resumes_from_last_complete_checkpoint(tmp_path):
     batch, micro, steps = 16, 2, 60
-    job = write_job(tmp_path, schedule="1f1b-flush", microbatches=micro, batch_size=batch, steps=steps,
-                    epochs=4, stages=[(0, 4), (5, 8)], checkpoint_every=10)
+    job = write_job(
+        tmp_path,
+        schedule="1f1b-flush",
+        microbatches=micro,
+        batch_size=batch,
+        steps=steps,
+        epochs=4,
+        stages=[(0, 4), (5, 8)],
+        checkpoint_every=10,
+    )
     proc = launch_job(job, 2, tmp_path)
     try:
         first = wait_for_event(tmp_path / "progress.jsonl", "checkpoint", timeout=120, proc=proc)

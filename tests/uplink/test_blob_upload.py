@@ -68,15 +68,21 @@ async def test_http_contract(cloudd):
             assert r.headers["Upload-Offset"] == "4000" and r.headers["Blob-Committed"] == "0"
         async with s.put(f"{url}?offset=4000&final=1", data=data[4000:], headers=auth) as r:
             assert r.status == 400  # final needs X-Sha256
-        async with s.put(f"{url}?offset=4000&final=1", data=data[4000:],
-                         headers={**auth, "X-Sha256": sha}) as r:
+        async with s.put(
+            f"{url}?offset=4000&final=1", data=data[4000:], headers={**auth, "X-Sha256": sha}
+        ) as r:
             doc = await r.json()
             assert r.status == 200 and doc["committed"] and doc["sha256"] == sha and doc["offset"] == 10_000
         async with s.put(f"{url}?offset=0&final=1", data=data, headers={**auth, "X-Sha256": sha}) as r:
             assert r.status == 200 and (await r.json())["committed"]  # idempotent replay: a no-op
         async with s.get(f"{url}/status", headers=auth) as r:
-            assert (await r.json()) == {"v": 1, "blob_id": "frame-1", "offset": 10_000, "committed": True,
-                                        "sha256": sha}
+            assert (await r.json()) == {
+                "v": 1,
+                "blob_id": "frame-1",
+                "offset": 10_000,
+                "committed": True,
+                "sha256": sha,
+            }
         bad = f"{cloudd.url}/v1/gateways/gw1/blobs/frame-2"
         async with s.put(f"{bad}?offset=0&final=1", data=b"abc", headers={**auth, "X-Sha256": sha}) as r:
             assert r.status == 422 and (await r.json())["error"] == "sha256_mismatch"
@@ -99,8 +105,14 @@ async def test_resets_mid_upload_resume_at_the_clouds_offset(cloudd, tmp_path):
     await log.append(encode_record(Record(kind="telemetry", device="s1", received_ts=1.0, body={"seq": 1})))
     await log.append(blob_record("cam-1", 2.0, ref, frame=7))
     await log.flush(wait=True)
-    config = UplinkConfig(cloud_url=f"http://127.0.0.1:{proxy.port}", token=cloudd.token_for("gw1"),
-                          backoff_initial_s=0.05, backoff_max_s=0.2, timeout_s=5.0, blob_chunk_bytes=CHUNK)
+    config = UplinkConfig(
+        cloud_url=f"http://127.0.0.1:{proxy.port}",
+        token=cloudd.token_for("gw1"),
+        backoff_initial_s=0.05,
+        backoff_max_s=0.2,
+        timeout_s=5.0,
+        blob_chunk_bytes=CHUNK,
+    )
     uplink = Uplink(log, "gw1", config, blob_spool=spool)
     await uplink.start()
     try:

@@ -67,17 +67,24 @@ def _first(decisions: list[dict], start: int, pred) -> int | None:
     return next((i for i in range(start, len(decisions)) if pred(decisions[i])), None)
 
 
-async def test_trace_loses_nothing_duplicates_nothing_and_placement_follows_it(mosquitto, cloudd,
-                                                                               tmp_path: Path):
+async def test_trace_loses_nothing_duplicates_nothing_and_placement_follows_it(
+    mosquitto, cloudd, tmp_path: Path
+):
     proxy = FaultProxy(cloudd.port)
     port = await proxy.start()
-    config, http_port = write_config(tmp_path, mosquitto.url, cloud_url=f"http://127.0.0.1:{port}",
-                                     token=cloudd.token_for("gw1"), extra=GATEWAY_EXTRA)
+    config, http_port = write_config(
+        tmp_path,
+        mosquitto.url,
+        cloud_url=f"http://127.0.0.1:{port}",
+        token=cloudd.token_for("gw1"),
+        extra=GATEWAY_EXTRA,
+    )
     gateway = await asyncio.to_thread(lambda: Gatewayd(config, http_port).wait_ready())
     stop_sensors = threading.Event()
     sent: list[SentRecord] = []
-    run = SensorRun(broker=mosquitto.url, count=3, rate_hz=20, duration_s=None, messages=None,
-                    dropout_probability=0.0)
+    run = SensorRun(
+        broker=mosquitto.url, count=3, rate_hz=20, duration_s=None, messages=None, dropout_probability=0.0
+    )
     sensors = threading.Thread(target=lambda: sent.append(run_sensors(run, stop_sensors)), name="sensors")
     sensors.start()
     try:

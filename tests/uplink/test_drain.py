@@ -11,8 +11,9 @@ from protocol.records import Record, encode_record
 
 
 def _event(severity: str) -> bytes:
-    return encode_record(Record(kind="event", device="cam-1", received_ts=1.0,
-                                body={"severity": severity, "what": "x"}))
+    return encode_record(
+        Record(kind="event", device="cam-1", received_ts=1.0, body={"severity": severity, "what": "x"})
+    )
 
 
 def test_classify_alert_summary_raw():
@@ -21,8 +22,7 @@ def test_classify_alert_summary_raw():
     assert classify(_event("info")) == "summary"
     assert classify(raw) == "raw"
     # a telemetry body that merely mentions an alert is still raw data
-    sneaky = encode_record(Record(kind="telemetry", device="s1", received_ts=1.0,
-                                  body={"severity": "alert"}))
+    sneaky = encode_record(Record(kind="telemetry", device="s1", received_ts=1.0, body={"severity": "alert"}))
     assert classify(sneaky) == "raw"
 
 
@@ -58,8 +58,12 @@ def test_trim_point_stops_at_the_first_gap():
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.sampled_from(["alert", "summary", "raw"]), min_size=1, max_size=80),
-       st.sampled_from(["oldest", "newest"]), st.integers(1, 7), st.integers(1, 30))
+@given(
+    st.lists(st.sampled_from(["alert", "summary", "raw"]), min_size=1, max_size=80),
+    st.sampled_from(["oldest", "newest"]),
+    st.integers(1, 7),
+    st.integers(1, 30),
+)
 def test_backlog_index_picks_from_one_end_and_forgets_what_was_acked(classes, order, n, span):
     index = BacklogIndex()
     model = {"alert": [], "summary": [], "raw": []}
@@ -74,7 +78,7 @@ def test_backlog_index_picks_from_one_end_and_forgets_what_was_acked(classes, or
         picked = index.pick(cls, order, n, span)
         assert picked and picked == sorted(picked) and len(picked) <= n
         assert picked[-1] - picked[0] < span
-        expected = model[cls][: len(picked)] if order == "oldest" else model[cls][-len(picked):]
+        expected = model[cls][: len(picked)] if order == "oldest" else model[cls][-len(picked) :]
         assert picked == expected
         index.remove(cls, picked)
         model[cls] = [x for x in model[cls] if x not in picked]

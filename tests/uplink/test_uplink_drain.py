@@ -24,13 +24,26 @@ pytestmark = pytest.mark.timeout(120)
 def record(lsn: int, n: int = 0) -> bytes:
     """LSN-determined mix: every 10th an alert, every 3rd a summary, the rest raw telemetry."""
     if lsn % 10 == 0:
-        return encode_record(Record(kind="event", device="cam-1", received_ts=float(lsn),
-                                    body={"severity": "alert", "i": lsn, "n": n}))
+        return encode_record(
+            Record(
+                kind="event",
+                device="cam-1",
+                received_ts=float(lsn),
+                body={"severity": "alert", "i": lsn, "n": n},
+            )
+        )
     if lsn % 3 == 0:
-        return encode_record(Record(kind="event", device="sensor-1", received_ts=float(lsn),
-                                    body={"severity": "info", "mean": 1.0, "i": lsn, "n": n}))
-    return encode_record(Record(kind="telemetry", device="sensor-1", received_ts=float(lsn),
-                                body={"seq": lsn, "n": n}))
+        return encode_record(
+            Record(
+                kind="event",
+                device="sensor-1",
+                received_ts=float(lsn),
+                body={"severity": "info", "mean": 1.0, "i": lsn, "n": n},
+            )
+        )
+    return encode_record(
+        Record(kind="telemetry", device="sensor-1", received_ts=float(lsn), body={"seq": lsn, "n": n})
+    )
 
 
 async def filled_log(directory: Path, n: int) -> EpochLog:
@@ -43,8 +56,12 @@ async def filled_log(directory: Path, n: int) -> EpochLog:
 
 
 def config(url: str, token: str, **kw) -> UplinkConfig:
-    base = {"backoff_initial_s": 0.05, "backoff_max_s": 0.2, "batch_max_records": 4,
-            "backlog_threshold_records": 5}
+    base = {
+        "backoff_initial_s": 0.05,
+        "backoff_max_s": 0.2,
+        "batch_max_records": 4,
+        "backlog_threshold_records": 5,
+    }
     return UplinkConfig(cloud_url=url, token=token, **{**base, **kw})
 
 
@@ -58,8 +75,17 @@ async def until(predicate, timeout_s: float) -> None:
 
 async def test_backlog_drains_by_class_and_trims_only_the_acknowledged_prefix(cloudd, tmp_path):
     log = await filled_log(tmp_path / "log", 30)  # alerts 10,20,30; summaries 3,6,9,12,...
-    uplink = Uplink(log, "gw1", config(cloudd.url, cloudd.token_for("gw1"), drain_alerts="newest",
-                                       drain_summaries="oldest", drain_raw="oldest"))
+    uplink = Uplink(
+        log,
+        "gw1",
+        config(
+            cloudd.url,
+            cloudd.token_for("gw1"),
+            drain_alerts="newest",
+            drain_summaries="oldest",
+            drain_raw="oldest",
+        ),
+    )
     await uplink.start(run=False)
     try:
         assert (await uplink.send_one_batch()).kind == "ok"  # alerts: 10, 20, 30
@@ -82,16 +108,18 @@ async def test_backlog_drains_by_class_and_trims_only_the_acknowledged_prefix(cl
         await log.close()
     stored = cloudd.records("gw1")
     assert sorted(r.lsn for r in stored) == list(range(1, 32))  # each once
-    order = [classify(encode_record(Record.model_validate(r.record))) for r in stored
-             if r.lsn <= 30]
+    order = [classify(encode_record(Record.model_validate(r.record))) for r in stored if r.lsn <= 30]
     # storage order is arrival order: every alert before any summary, every summary before raw
     assert order == sorted(order, key=["alert", "summary", "raw"].index)
 
 
 async def test_a_backlog_does_not_hold_up_live_records(cloudd, tmp_path):
     log = await filled_log(tmp_path / "log", 3000)
-    uplink = Uplink(log, "gw1", config(cloudd.url, cloudd.token_for("gw1"), batch_max_records=100,
-                                       backlog_threshold_records=200))
+    uplink = Uplink(
+        log,
+        "gw1",
+        config(cloudd.url, cloudd.token_for("gw1"), batch_max_records=100, backlog_threshold_records=200),
+    )
     await uplink.start()
     try:
         await until(lambda: uplink.counters["backlog_batches"] >= 1, 60)
@@ -117,8 +145,12 @@ async def test_retry_as_soon_as_the_link_returns_and_the_monitor_hears_uploads(t
     port = free_port()
     log = await filled_log(tmp_path / "log", 3)
     monitor = LinkMonitor(down_after_failures=1, min_goodput_bytes=1)
-    uplink = Uplink(log, "gw1", config(f"http://127.0.0.1:{port}", "token-gw1", backoff_initial_s=60.0,
-                                       backoff_max_s=60.0), monitor=monitor)
+    uplink = Uplink(
+        log,
+        "gw1",
+        config(f"http://127.0.0.1:{port}", "token-gw1", backoff_initial_s=60.0, backoff_max_s=60.0),
+        monitor=monitor,
+    )
     monitor.add_listener(lambda up: uplink.link_up() if up else None)
     await uplink.start()
     cloud = None
@@ -142,9 +174,18 @@ async def test_retry_as_soon_as_the_link_returns_and_the_monitor_hears_uploads(t
 
 async def test_bandwidth_cap_throttles(cloudd, tmp_path):
     log = await filled_log(tmp_path / "log", 40)
-    uplink = Uplink(log, "gw1", config(cloudd.url, cloudd.token_for("gw1"), batch_max_records=10,
-                                       backlog_threshold_records=1000, bandwidth_cap_Bps=4000,
-                                       bandwidth_burst_bytes=1024))
+    uplink = Uplink(
+        log,
+        "gw1",
+        config(
+            cloudd.url,
+            cloudd.token_for("gw1"),
+            batch_max_records=10,
+            backlog_threshold_records=1000,
+            bandwidth_cap_Bps=4000,
+            bandwidth_burst_bytes=1024,
+        ),
+    )
     await uplink.start()
     try:
         await until(lambda: log.trimmed_lsn == 40, 60)

@@ -18,7 +18,19 @@ from cloud.training.compression.layer_formats import LayerPolicy
 from cloud.training.compression.trainer import TrainResult, count_saved_bytes, train_compressed
 
 __all__ = [
-    "DEFAULT_LADDER", "OUTSIDE_LAYERS", "ActivationCompressor", "AdaptiveController", "ControllerSettings",
-    "Decision", "GistPair", "GistPlan", "LayerBytes", "LayerPolicy", "ReluMaxPoolBinarized", "TrainResult",
-    "count_saved_bytes", "gist_transform", "train_compressed",
+    "DEFAULT_LADDER",
+    "OUTSIDE_LAYERS",
+    "ActivationCompressor",
+    "AdaptiveController",
+    "ControllerSettings",
+    "Decision",
+    "GistPair",
+    "GistPlan",
+    "LayerBytes",
+    "LayerPolicy",
+    "ReluMaxPoolBinarized",
+    "TrainResult",
+    "count_saved_bytes",
+    "gist_transform",
+    "train_compressed",
 ]

@@ -85,11 +85,17 @@ class Decision:
 
 
 class AdaptiveController:
-    def __init__(self, layers: Sequence[str], settings: ControllerSettings = ControllerSettings(),
-                 ladder: Sequence[BfpFormat] = DEFAULT_LADDER) -> None:
+    def __init__(
+        self,
+        layers: Sequence[str],
+        settings: ControllerSettings = ControllerSettings(),
+        ladder: Sequence[BfpFormat] = DEFAULT_LADDER,
+    ) -> None:
         if not 0 <= settings.start_rung <= settings.tightest_rung < len(ladder):
-            raise ValueError(f"need 0 <= start_rung ({settings.start_rung}) <= tightest_rung "
-                             f"({settings.tightest_rung}) < ladder length ({len(ladder)})")
+            raise ValueError(
+                f"need 0 <= start_rung ({settings.start_rung}) <= tightest_rung "
+                f"({settings.tightest_rung}) < ladder length ({len(ladder)})"
+            )
         if settings.tighten_rungs < 1:
             raise ValueError(f"tighten_rungs must be at least 1, got {settings.tighten_rungs}")
         self.settings = settings
@@ -112,8 +118,13 @@ class AdaptiveController:
     def record_loss(self, loss: float) -> None:
         self._window_losses.append(loss)
 
-    def decide(self, step: int, grad_rel_error: float | None, layer_errors: Mapping[str, float],
-               layer_grad_errors: Mapping[str, float] | None = None) -> list[Decision]:
+    def decide(
+        self,
+        step: int,
+        grad_rel_error: float | None,
+        layer_errors: Mapping[str, float],
+        layer_grad_errors: Mapping[str, float] | None = None,
+    ) -> list[Decision]:
         """``grad_rel_error`` None: no full-precision probe was run (a pipeline stage cannot run
         one alone); the step is then judged by the loss trend only. ``layer_grad_errors``: each
         parameter-owning layer's own gradient error against the probe (None: not measured)."""
@@ -125,27 +136,38 @@ class AdaptiveController:
         own_grad = dict(layer_grad_errors or {})
         worst_own = max(own_grad.values(), default=0.0)
         grad_bad = (grad_rel_error is not None and grad_rel_error > s.grad_loosen_above) or (
-            worst_own > s.grad_loosen_above)
+            worst_own > s.grad_loosen_above
+        )
         grad_good = grad_rel_error is None or grad_rel_error < s.grad_tighten_below
         bad = grad_bad or trend > s.loss_rise_tolerance
         good = grad_good and not bad
         measured = {layer: error for layer, error in layer_errors.items() if layer in self.rungs}
         worst = max(measured, key=measured.__getitem__) if measured else None
-        self.last_metrics = {"step": step, "loss_trend": trend, "grad_rel_error": grad_rel_error,
-                             "layer_errors": dict(measured), "layer_grad_errors": own_grad}
+        self.last_metrics = {
+            "step": step,
+            "loss_trend": trend,
+            "grad_rel_error": grad_rel_error,
+            "layer_errors": dict(measured),
+            "layer_grad_errors": own_grad,
+        }
         made = []
         for layer, error in sorted(measured.items()):
             rung = self.rungs[layer]
             own = own_grad.get(layer)
-            metrics = (f"act_err={error:.3f} grad_err={_text(grad_rel_error)} "
-                       f"layer_grad_err={_text(own)} loss_trend={trend:+.3f}")
+            metrics = (
+                f"act_err={error:.3f} grad_err={_text(grad_rel_error)} "
+                f"layer_grad_err={_text(own)} loss_trend={trend:+.3f}"
+            )
             own_bad = own is not None and own > s.grad_loosen_above
             own_good = own is None or own < s.grad_tighten_below
             if (error > s.act_loosen_above or own_bad or (bad and layer == worst)) and rung > 0:
                 made.append(self._move(step, layer, rung - 1, f"loosen: {metrics}"))
             elif good and own_good and error < s.act_tighten_below and rung < s.tightest_rung:
-                made.append(self._move(step, layer, min(rung + s.tighten_rungs, s.tightest_rung),
-                                       f"tighten: {metrics}"))
+                made.append(
+                    self._move(
+                        step, layer, min(rung + s.tighten_rungs, s.tightest_rung), f"tighten: {metrics}"
+                    )
+                )
         return made
 
     def _move(self, step: int, layer: str, rung: int, reason: str) -> Decision:
@@ -159,10 +181,12 @@ class AdaptiveController:
 
     def status(self) -> dict[str, object]:
         """JSON-ready view for the job status."""
-        return {"formats": {layer: str(self.ladder[rung]) for layer, rung in self.rungs.items()},
-                "last_metrics": self.last_metrics,
-                "decisions": [asdict(d) for d in self.decisions],
-                "dropped_decisions": self.dropped_decisions}
+        return {
+            "formats": {layer: str(self.ladder[rung]) for layer, rung in self.rungs.items()},
+            "last_metrics": self.last_metrics,
+            "decisions": [asdict(d) for d in self.decisions],
+            "dropped_decisions": self.dropped_decisions,
+        }
 
 
 def _text(value: float | None) -> str:

@@ -64,28 +64,34 @@ def binarizable(pool: nn.MaxPool2d) -> bool:
     most 128 elements."""
     kernel = _pair(pool.kernel_size)
     stride = _pair(pool.stride if pool.stride is not None else pool.kernel_size)
-    return (kernel == stride and _pair(pool.padding) == (0, 0) and _pair(pool.dilation) == (1, 1)
-            and not pool.ceil_mode and not pool.return_indices
-            and kernel[0] * kernel[1] <= 128)  # position + blocked bit fit one byte
+    return (
+        kernel == stride
+        and _pair(pool.padding) == (0, 0)
+        and _pair(pool.dilation) == (1, 1)
+        and not pool.ceil_mode
+        and not pool.return_indices
+        and kernel[0] * kernel[1] <= 128
+    )  # position + blocked bit fit one byte
 
 
 @functools.lru_cache(maxsize=64)
-def _window_tables(h: int, w: int,
-                   kernel: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _window_tables(
+    h: int, w: int, kernel: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For disjoint kh x kw windows over an h x w plane: the flat index of each window's corner
     (out_h, out_w), the in-window position of each offset from the corner (uint8, indexed by
     ``index - corner``), and the inverse: the offset from the corner of each window code (int64,
     indexed by code; a blocked code maps to the offset of its position, never used)."""
     kh, kw = kernel
     out_h, out_w = h // kh, w // kw
-    corner = (torch.arange(out_h).view(-1, 1) * kh * w + torch.arange(out_w).view(1, -1) * kw)
+    corner = torch.arange(out_h).view(-1, 1) * kh * w + torch.arange(out_w).view(1, -1) * kw
     offsets = torch.tensor([r * w + c for r in range(kh) for c in range(kw)], dtype=torch.int64)
     position = torch.zeros((kh - 1) * w + kw, dtype=torch.uint8)
     position[offsets] = torch.arange(kh * kw, dtype=torch.uint8)
     blocked = 1 << _position_bits(kernel)
     by_code = torch.zeros(2 * blocked, dtype=torch.int64)
-    by_code[:kh * kw] = offsets
-    by_code[blocked:blocked + kh * kw] = offsets
+    by_code[: kh * kw] = offsets
+    by_code[blocked : blocked + kh * kw] = offsets
     return corner, position, by_code
 
 
@@ -130,14 +136,16 @@ class _ReluMaxPoolBinarized(torch.autograd.Function):
         # rest into zeros (0 + g), so this is the very arithmetic of the unfused pair: bit-identical.
         # Multiplying by 1.0 / 0.0 gives g / +-0.0, and +0.0 + -0.0 is +0.0: the same bits as a
         # masked_fill (measured ~4x slower with its bool mask), unless g holds inf or NaN.
-        open_windows = torch.lt(code.view(pooled_shape), 1 << _position_bits(kernel),
-                                out=torch.empty_like(grad_pooled))
+        open_windows = torch.lt(
+            code.view(pooled_shape), 1 << _position_bits(kernel), out=torch.empty_like(grad_pooled)
+        )
         if math.isfinite(float(grad_pooled.sum())):
             kept = grad_pooled * open_windows
         else:
             kept = grad_pooled.masked_fill(open_windows == 0, 0.0)
         grad_y = torch.ops.aten.max_pool2d_with_indices_backward(
-            kept, grad_pooled.new_empty(shape), list(kernel), list(kernel), [0, 0], [1, 1], False, indices)
+            kept, grad_pooled.new_empty(shape), list(kernel), list(kernel), [0, 0], [1, 1], False, indices
+        )
         return grad_y, None
 
 
@@ -155,7 +163,7 @@ def _max_and_position(x: torch.Tensor, kernel: tuple[int, int]) -> tuple[torch.T
     kh, kw = kernel
     n, c, h, w = x.shape
     out_h, out_w = h // kh, w // kw
-    windows = x[:, :, :out_h * kh, :out_w * kw].unflatten(3, (out_w, kw)).unflatten(2, (out_h, kh))
+    windows = x[:, :, : out_h * kh, : out_w * kw].unflatten(3, (out_w, kw)).unflatten(2, (out_h, kh))
     planes = windows.permute(3, 5, 0, 1, 2, 4).reshape(kh * kw, n, c, out_h, out_w)  # one copy
     best = planes[0].clone()
     code = torch.zeros_like(best)  # position as float32, an exact small integer
@@ -208,8 +216,9 @@ def _consumer_module(node: torch.fx.Node, modules: dict[str, nn.Module]) -> nn.M
     return modules[node.target] if node.op == "call_module" else None
 
 
-def gist_transform(model: nn.Module, *, binarize: bool = True, ssdc: bool = True
-                   ) -> tuple[torch.fx.GraphModule, GistPlan]:
+def gist_transform(
+    model: nn.Module, *, binarize: bool = True, ssdc: bool = True
+) -> tuple[torch.fx.GraphModule, GistPlan]:
     """Trace ``model`` and return (transformed module sharing its parameters, plan).
 
     Layer names in the plan and the result are the original module names, so a ``LayerPolicy``
@@ -224,8 +233,13 @@ def gist_transform(model: nn.Module, *, binarize: bool = True, ssdc: bool = True
         producer = str(node.target) if node.op == "call_module" else node.name
         users = list(node.users)
         consumer_modules = [_consumer_module(user, modules) for user in users]
-        if (binarize and node.op == "call_module" and len(users) == 1
-                and isinstance(consumer_modules[0], nn.MaxPool2d) and binarizable(consumer_modules[0])):
+        if (
+            binarize
+            and node.op == "call_module"
+            and len(users) == 1
+            and isinstance(consumer_modules[0], nn.MaxPool2d)
+            and binarizable(consumer_modules[0])
+        ):
             pool_node = users[0]
             fused_name = f"gist_{producer}_{pool_node.target}".replace(".", "_")
             traced.add_submodule(fused_name, ReluMaxPoolBinarized(consumer_modules[0]))
@@ -235,8 +249,12 @@ def gist_transform(model: nn.Module, *, binarize: bool = True, ssdc: bool = True
             traced.graph.erase_node(pool_node)
             traced.graph.erase_node(node)
             pairs.append(GistPair(producer, str(pool_node.target), BINARIZE))
-        elif (ssdc and node.op == "call_module" and users
-              and all(isinstance(m, _DENSE_CONSUMERS) for m in consumer_modules)):
+        elif (
+            ssdc
+            and node.op == "call_module"
+            and users
+            and all(isinstance(m, _DENSE_CONSUMERS) for m in consumer_modules)
+        ):
             pairs.append(GistPair(producer, ",".join(str(u.target) for u in users), SSDC))
         else:
             pairs.append(GistPair(producer, ",".join(u.name for u in users), DPR))

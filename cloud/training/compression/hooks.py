@@ -93,8 +93,15 @@ def _tensor_nbytes(tensor: torch.Tensor) -> int:
 class ActivationCompressor:
     """Owns the hooks for one model. Not thread-safe: one forward/backward at a time per instance."""
 
-    def __init__(self, model: nn.Module, policy: LayerPolicy, *, ssdc_layers: Collection[str] = (),
-                 generator: torch.Generator | None = None, min_numel: int = 32768) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        policy: LayerPolicy,
+        *,
+        ssdc_layers: Collection[str] = (),
+        generator: torch.Generator | None = None,
+        min_numel: int = 32768,
+    ) -> None:
         self.model = model
         self.policy = policy
         self.ssdc_layers = frozenset(ssdc_layers)
@@ -162,13 +169,15 @@ class ActivationCompressor:
 
     def _note_inputs(self, module: nn.Module, args: tuple) -> None:
         if self._recording:
-            self._input_storages.update(a.untyped_storage().data_ptr() for a in args
-                                        if isinstance(a, torch.Tensor))
+            self._input_storages.update(
+                a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)
+            )
 
     def _enter_layer(self, name: str):
         def hook(module: nn.Module, args: tuple) -> None:
             if self._recording:
                 self._stack.append(name)
+
         return hook
 
     def _leave_layer(self, module: nn.Module, args: tuple, output: object) -> None:
@@ -239,8 +248,11 @@ class ActivationCompressor:
         if layer in self.ssdc_layers:
             n, itemsize = tensor.numel(), tensor.element_size()
             sparse_bytes = math.ceil(n / 8) + count_nonzero_bits(tensor) * itemsize
-            dense_bytes = _tensor_nbytes(tensor) if fmt is None else packed_nbytes(
-                n, fmt, int(fmt.outlier_fraction * n), itemsize)
+            dense_bytes = (
+                _tensor_nbytes(tensor)
+                if fmt is None
+                else packed_nbytes(n, fmt, int(fmt.outlier_fraction * n), itemsize)
+            )
             if sparse_bytes < dense_bytes:  # Gist: sparse only when sparsity is high enough to pay
                 packed = encode_sparse(tensor)
                 return _Stored("sparse", packed, packed.nbytes)

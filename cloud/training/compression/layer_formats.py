@@ -25,8 +25,9 @@ class LayerPolicy:
         return cls(default=fmt)
 
     @classmethod
-    def from_mapping(cls, layers: Mapping[str, BfpFormat | None],
-                     default: BfpFormat | None = None) -> LayerPolicy:
+    def from_mapping(
+        cls, layers: Mapping[str, BfpFormat | None], default: BfpFormat | None = None
+    ) -> LayerPolicy:
         return cls(default=default, per_layer=tuple(sorted(layers.items())))
 
     def format_for(self, layer: str) -> BfpFormat | None:

@@ -27,7 +27,7 @@ _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64
 class SparsePacked:
     shape: tuple[int, ...]
     dtype: torch.dtype
-    mask: torch.Tensor    # uint8, ceil(n/8) bytes
+    mask: torch.Tensor  # uint8, ceil(n/8) bytes
     values: torch.Tensor  # dtype, nnz
 
     @property

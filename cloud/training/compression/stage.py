@@ -28,8 +28,9 @@ from models.numerics import BfpFormat
 
 
 class StageCompression:
-    def __init__(self, module: nn.Module, *, activations: str, fmt: str, gist: bool, window: int,
-                 min_numel: int) -> None:
+    def __init__(
+        self, module: nn.Module, *, activations: str, fmt: str, gist: bool, window: int, min_numel: int
+    ) -> None:
         self.module, self.compressor, self.controller, self.gist_plan = module, None, None, None
         if activations == "none":
             return
@@ -57,13 +58,26 @@ class StageCompression:
 
     def report(self) -> dict:
         if self.compressor is None:
-            return {"saved_bytes_fp32": 0, "saved_bytes_stored": 0, "formats": {}, "encode_s": 0.0,
-                    "decode_s": 0.0}
+            return {
+                "saved_bytes_fp32": 0,
+                "saved_bytes_stored": 0,
+                "formats": {},
+                "encode_s": 0.0,
+                "decode_s": 0.0,
+            }
         total, c = self.compressor.total(), self.compressor
-        formats = {layer: str(c.policy.format_for(layer) or "fp32") for layer in c.counters
-                   if layer != OUTSIDE_LAYERS}
-        report = {"saved_bytes_fp32": total.original, "saved_bytes_stored": total.stored, "formats": formats,
-                  "encode_s": round(c.encode_s, 4), "decode_s": round(c.decode_s, 4)}
+        formats = {
+            layer: str(c.policy.format_for(layer) or "fp32")
+            for layer in c.counters
+            if layer != OUTSIDE_LAYERS
+        }
+        report = {
+            "saved_bytes_fp32": total.original,
+            "saved_bytes_stored": total.stored,
+            "formats": formats,
+            "encode_s": round(c.encode_s, 4),
+            "decode_s": round(c.decode_s, 4),
+        }
         errors = dict(c.layer_errors)
         c.reset_counters()
         c.layer_errors.update(errors)  # read by the decision at the end of the window

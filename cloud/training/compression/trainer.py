@@ -29,17 +29,18 @@ class TrainResult:
     steps: int = 0
     seconds: float = 0.0
     probe_grad_errors: list[float] = field(default_factory=list)
-    step_cpu_s: list[float] = field(default_factory=list)   # per step, probe included (process CPU time)
+    step_cpu_s: list[float] = field(default_factory=list)  # per step, probe included (process CPU time)
     step_wall_s: list[float] = field(default_factory=list)  # per step, probe included
-    probe_steps: list[int] = field(default_factory=list)    # steps that ran a full-precision probe
+    probe_steps: list[int] = field(default_factory=list)  # steps that ran a full-precision probe
 
     @property
     def step_seconds(self) -> float:
         return self.seconds / max(1, self.steps)
 
 
-def grad_errors(reference: list[torch.Tensor], params: list[nn.Parameter],
-                owners: list[str]) -> tuple[float, dict[str, float]]:
+def grad_errors(
+    reference: list[torch.Tensor], params: list[nn.Parameter], owners: list[str]
+) -> tuple[float, dict[str, float]]:
     """Relative gradient error against the probe, of the whole model and per layer (``owners[i]``
     owns ``params[i]``), from one pass over the gradients. A layer's weight gradient reads its saved
     input, so a format that damages one small layer's gradient shows in its own error even when
@@ -48,7 +49,7 @@ def grad_errors(reference: list[torch.Tensor], params: list[nn.Parameter],
     for p, r, owner in zip(params, reference, owners, strict=True):
         entry = sums.setdefault(owner, [0.0, 0.0])
         entry[0] += float(((p.grad - r) ** 2).sum())
-        entry[1] += float((r ** 2).sum())
+        entry[1] += float((r**2).sum())
     num, den = sum(n for n, _ in sums.values()), sum(d for _, d in sums.values())
     whole = (num / den) ** 0.5 if den > 0 else 0.0
     return whole, {owner: (n / d) ** 0.5 for owner, (n, d) in sums.items() if d > 0}
@@ -58,20 +59,31 @@ def relative_grad_error(reference: list[torch.Tensor], params: list[nn.Parameter
     return grad_errors(reference, params, [""] * len(params))[0]
 
 
-def layer_grad_errors(reference: list[torch.Tensor], params: list[nn.Parameter],
-                      owners: list[str]) -> dict[str, float]:
+def layer_grad_errors(
+    reference: list[torch.Tensor], params: list[nn.Parameter], owners: list[str]
+) -> dict[str, float]:
     return grad_errors(reference, params, owners)[1]
 
 
 def _parameter_owners(model: nn.Module, params: list[nn.Parameter]) -> list[str]:
-    owner_of = {id(p): name for name in leaf_names(model)
-                for p in model.get_submodule(name).parameters(recurse=False)}
+    owner_of = {
+        id(p): name for name in leaf_names(model) for p in model.get_submodule(name).parameters(recurse=False)
+    }
     return [owner_of.get(id(p), "") for p in params]
 
 
-def train_compressed(model: nn.Module, split: DigitsSplit, *, compressor: ActivationCompressor | None = None,
-                     controller: AdaptiveController | None = None, epochs: int = 10, batch_size: int = 32,
-                     lr: float = 0.05, seed: int = 0, optimizer_name: str = "sgd") -> TrainResult:
+def train_compressed(
+    model: nn.Module,
+    split: DigitsSplit,
+    *,
+    compressor: ActivationCompressor | None = None,
+    controller: AdaptiveController | None = None,
+    epochs: int = 10,
+    batch_size: int = 32,
+    lr: float = 0.05,
+    seed: int = 0,
+    optimizer_name: str = "sgd",
+) -> TrainResult:
     """``optimizer_name``: "sgd" (momentum 0.9, as the digits reference) or "adam" (the scene one)."""
     if controller is not None and compressor is None:
         raise ValueError("an adaptive controller needs a compressor to apply its policy")
@@ -94,7 +106,7 @@ def train_compressed(model: nn.Module, split: DigitsSplit, *, compressor: Activa
         total, batches = 0.0, 0
         for start in range(0, len(order), batch_size):
             wall_started, cpu_started = time.perf_counter(), time.process_time()
-            index = order[start:start + batch_size]
+            index = order[start : start + batch_size]
             x, y = split.train_x[index], split.train_y[index]
             probing = controller is not None and controller.probe_due(step)
             reference = None
@@ -132,8 +144,9 @@ def train_compressed(model: nn.Module, split: DigitsSplit, *, compressor: Activa
     return result
 
 
-def count_saved_bytes(model: nn.Module, compressor: ActivationCompressor, x: torch.Tensor,
-                      y: torch.Tensor) -> ActivationCompressor:
+def count_saved_bytes(
+    model: nn.Module, compressor: ActivationCompressor, x: torch.Tensor, y: torch.Tensor
+) -> ActivationCompressor:
     """One forward+backward under the compressor with fresh counters; returns it for reading."""
     compressor.reset_counters()
     with compressor.active():

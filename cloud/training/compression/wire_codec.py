@@ -33,8 +33,9 @@ class BfpWireCodec:
     def decode(self, payload: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         packed = unpack_from_wire(payload)
         if packed.shape != tuple(shape) or packed.dtype != dtype:
-            raise ValueError(f"BFP payload holds {packed.dtype}{list(packed.shape)}, header says "
-                             f"{dtype}{list(shape)}")
+            raise ValueError(
+                f"BFP payload holds {packed.dtype}{list(packed.shape)}, header says {dtype}{list(shape)}"
+            )
         tensor = self._codec.decode(packed)  # decodes by packed.fmt, whatever the sender's format
         # The receiver marks it requires_grad: give it storage of its own, not a slice of a block buffer.
         return tensor if tensor._base is None else tensor.clone()

@@ -50,8 +50,9 @@ def _generator(seed: int, epoch: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + epoch)
 
 
-def select_items(state: ToggleState, budget: int, floor: float, seed: int, epoch: int,
-                 settle_after: int = 2) -> torch.Tensor:
+def select_items(
+    state: ToggleState, budget: int, floor: float, seed: int, epoch: int, settle_after: int = 2
+) -> torch.Tensor:
     n = state.presentations.numel()
     if not 0 < budget <= n:
         raise ValueError(f"budget {budget} must be in 1..{n}")
@@ -61,8 +62,9 @@ def select_items(state: ToggleState, budget: int, floor: float, seed: int, epoch
     return torch.multinomial(weights, budget, replacement=False, generator=_generator(seed, epoch))
 
 
-def select_unsettled(state: ToggleState, floor: float, seed: int, epoch: int,
-                     settle_after: int = 2) -> torch.Tensor:
+def select_unsettled(
+    state: ToggleState, floor: float, seed: int, epoch: int, settle_after: int = 2
+) -> torch.Tensor:
     if not 0 < floor <= 1:
         raise ValueError(f"floor {floor} must be in (0, 1]")
     generator = _generator(seed, epoch)
@@ -75,8 +77,18 @@ def select_unsettled(state: ToggleState, floor: float, seed: int, epoch: int,
 class ToggleSampler(Sampler[int]):
     """This rank's share of the epoch's selection; call ``set_epoch(epoch, state)`` each epoch."""
 
-    def __init__(self, n_items: int, *, fraction: float | None, floor: float = 0.1, seed: int = 0,
-                 rank: int = 0, world_size: int = 1, warmup_epochs: int = 0, settle_after: int = 2) -> None:
+    def __init__(
+        self,
+        n_items: int,
+        *,
+        fraction: float | None,
+        floor: float = 0.1,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        warmup_epochs: int = 0,
+        settle_after: int = 2,
+    ) -> None:
         self.n_items = n_items
         self.warmup_epochs = warmup_epochs  # epochs over every item before selection starts
         self.budget = None if fraction is None else max(world_size, int(round(fraction * n_items)))
@@ -86,11 +98,13 @@ class ToggleSampler(Sampler[int]):
         self.rank = rank
         self.world_size = world_size
         self.epoch = 0
-        self._state = ToggleState(torch.zeros(n_items, dtype=torch.int64),
-                                  torch.zeros(n_items, dtype=torch.int64),
-                                  torch.full((n_items,), UNSEEN, dtype=torch.int8),
-                                  torch.zeros(n_items, dtype=torch.int64),
-                                  torch.zeros(n_items, dtype=torch.int64))
+        self._state = ToggleState(
+            torch.zeros(n_items, dtype=torch.int64),
+            torch.zeros(n_items, dtype=torch.int64),
+            torch.full((n_items,), UNSEEN, dtype=torch.int8),
+            torch.zeros(n_items, dtype=torch.int64),
+            torch.zeros(n_items, dtype=torch.int64),
+        )
         self._selection: torch.Tensor | None = None  # cached for the current (epoch, state)
 
     def set_epoch(self, epoch: int, state: ToggleState | None = None) -> None:
@@ -106,15 +120,16 @@ class ToggleSampler(Sampler[int]):
             elif self.budget is None:
                 chosen = select_unsettled(self._state, self.floor, self.seed, self.epoch, self.settle_after)
             else:
-                chosen = select_items(self._state, self.budget, self.floor, self.seed, self.epoch,
-                                      self.settle_after)
+                chosen = select_items(
+                    self._state, self.budget, self.floor, self.seed, self.epoch, self.settle_after
+                )
             if len(chosen) < self.world_size:  # everything settled and none drawn: re-check them all
                 chosen = torch.randperm(self.n_items, generator=_generator(self.seed, self.epoch))
-            self._selection = chosen[:len(chosen) - len(chosen) % self.world_size]
+            self._selection = chosen[: len(chosen) - len(chosen) % self.world_size]
         return self._selection
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self.selection()[self.rank::self.world_size].tolist())
+        return iter(self.selection()[self.rank :: self.world_size].tolist())
 
     def __len__(self) -> int:
         return len(self.selection()) // self.world_size

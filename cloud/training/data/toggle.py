@@ -66,9 +66,17 @@ class ToggleTracker:
 
     def merge(self, group: dist.ProcessGroup | None = None) -> ToggleState:
         """Fold this epoch's records of every rank into the state (all ranks end identical)."""
-        local = torch.stack([self._epoch_presentations, self._epoch_toggles,
-                             self._epoch_last.long(), self._epoch_first.long(), self._epoch_forgets,
-                             self._epoch_streak, self._epoch_wrong])
+        local = torch.stack(
+            [
+                self._epoch_presentations,
+                self._epoch_toggles,
+                self._epoch_last.long(),
+                self._epoch_first.long(),
+                self._epoch_forgets,
+                self._epoch_streak,
+                self._epoch_wrong,
+            ]
+        )
         if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
             gathered = [torch.zeros_like(local) for _ in range(dist.get_world_size(group))]
             dist.all_gather(gathered, local, group=group)
@@ -94,5 +102,10 @@ class ToggleTracker:
         return self.state()
 
     def state(self) -> ToggleState:
-        return ToggleState(self.presentations.clone(), self.toggles.clone(), self.last.clone(),
-                           self.forgets.clone(), self.streak.clone())
+        return ToggleState(
+            self.presentations.clone(),
+            self.toggles.clone(),
+            self.last.clone(),
+            self.forgets.clone(),
+            self.streak.clone(),
+        )

@@ -38,10 +38,21 @@ from cloud.training.sync.split import (
 
 
 class Balancer:
-    def __init__(self, global_batch: int, *, group: dist.ProcessGroup | None = None,
-                 declared_speeds: Sequence[float] | None = None, alpha: float = 0.5, hysteresis: float = 0.08,
-                 every: int = 2, gain: float = 0.5, min_per_rank: int = 1, history: int = 8,
-                 settle_within: float = 0.02, progress_path: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        global_batch: int,
+        *,
+        group: dist.ProcessGroup | None = None,
+        declared_speeds: Sequence[float] | None = None,
+        alpha: float = 0.5,
+        hysteresis: float = 0.08,
+        every: int = 2,
+        gain: float = 0.5,
+        min_per_rank: int = 1,
+        history: int = 8,
+        settle_within: float = 0.02,
+        progress_path: str | Path | None = None,
+    ) -> None:
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -74,7 +85,7 @@ class Balancer:
         return self.local_size / self.global_batch
 
     def my_slice(self) -> slice:
-        start = sum(self.sizes[:self.rank])
+        start = sum(self.sizes[: self.rank])
         return slice(start, start + self.local_size)
 
     def record(self, samples: int, compute_s: float) -> None:
@@ -87,8 +98,9 @@ class Balancer:
         self.iteration += 1
         if self.iteration % self.every:
             return False
-        local = torch.tensor([float(self._samples), self._seconds, float(self._iterations)],
-                             dtype=torch.float64)
+        local = torch.tensor(
+            [float(self._samples), self._seconds, float(self._iterations)], dtype=torch.float64
+        )
         gathered = [torch.zeros_like(local) for _ in range(self.world)]
         dist.all_gather(gathered, local, group=self.group)
         self._samples, self._seconds, self._iterations = 0, 0.0, 0
@@ -103,8 +115,9 @@ class Balancer:
         costs = [(smoothed[2 * r], smoothed[2 * r + 1]) for r in range(self.world)]
         predicted = [fixed + per * n for (fixed, per), n in zip(costs, self.sizes, strict=True)]
         self.predicted_imbalance = max(predicted) / min(predicted)
-        self._settling = should_resplit(self.predicted_imbalance, self._settling, self.tracker.hysteresis,
-                                        self.settle_within)
+        self._settling = should_resplit(
+            self.predicted_imbalance, self._settling, self.tracker.hysteresis, self.settle_within
+        )
         if not self._settling:
             return False
         before = self.sizes
@@ -113,20 +126,34 @@ class Balancer:
         if self.sizes == before:
             self._settling = False  # as close as whole samples get
             return False
-        self._log({"iteration": self.iteration, "action": "rebalance", "sizes_before": list(before),
-                   "sizes": list(self.sizes), "target": list(target),
-                   "cost_ms": [[round(f * 1e3, 3), round(p * 1e3, 4)] for f, p in costs],
-                   "predicted_imbalance_before": round(self.predicted_imbalance, 3)})
+        self._log(
+            {
+                "iteration": self.iteration,
+                "action": "rebalance",
+                "sizes_before": list(before),
+                "sizes": list(self.sizes),
+                "target": list(target),
+                "cost_ms": [[round(f * 1e3, 3), round(p * 1e3, 4)] for f, p in costs],
+                "predicted_imbalance_before": round(self.predicted_imbalance, 3),
+            }
+        )
         return True
 
     def status(self) -> dict:
         smoothed = self.tracker.speeds
         costs = None
         if smoothed:
-            costs = [[round(smoothed[2 * r] * 1e3, 3), round(smoothed[2 * r + 1] * 1e3, 4)]
-                     for r in range(self.world)]
-        return {"sizes": list(self.sizes), "iteration": self.iteration, "cost_ms_fixed_per_sample": costs,
-                "predicted_imbalance": round(self.predicted_imbalance, 3), "decisions": list(self.decisions)}
+            costs = [
+                [round(smoothed[2 * r] * 1e3, 3), round(smoothed[2 * r + 1] * 1e3, 4)]
+                for r in range(self.world)
+            ]
+        return {
+            "sizes": list(self.sizes),
+            "iteration": self.iteration,
+            "cost_ms_fixed_per_sample": costs,
+            "predicted_imbalance": round(self.predicted_imbalance, 3),
+            "decisions": list(self.decisions),
+        }
 
     def _log(self, entry: dict) -> None:
         self.decisions.append(entry)
@@ -135,8 +162,9 @@ class Balancer:
                 out.write(json.dumps({"kind": "balance", **entry}) + "\n")
 
 
-def weighted_allreduce(params: Iterable[torch.nn.Parameter], weight: float,
-                       group: dist.ProcessGroup | None = None) -> None:
+def weighted_allreduce(
+    params: Iterable[torch.nn.Parameter], weight: float, group: dist.ProcessGroup | None = None
+) -> None:
     """grad <- sum over ranks of weight_r * grad_r, in one flat message."""
     params = [p for p in params if p.grad is not None]
     flat = torch.cat([p.grad.reshape(-1) for p in params]).mul_(weight)
@@ -144,5 +172,5 @@ def weighted_allreduce(params: Iterable[torch.nn.Parameter], weight: float,
     offset = 0
     for param in params:
         count = param.numel()
-        param.grad.copy_(flat[offset:offset + count].view_as(param))
+        param.grad.copy_(flat[offset : offset + count].view_as(param))
         offset += count

@@ -46,8 +46,9 @@ class SyncPolicy:
         """Buckets of the ordinary lane in launch order: ready-order ones, then held in forward order."""
         lane = [b for b in self.buckets if not self.bucket_first(b)]
         now = [b for b in lane if not self.bucket_held(b)]
-        later = sorted((b for b in lane if self.bucket_held(b)),
-                       key=lambda b: min(forward_index[n] for n in b))
+        later = sorted(
+            (b for b in lane if self.bucket_held(b)), key=lambda b: min(forward_index[n] for n in b)
+        )
         return now + later
 
     def bucket_of(self, layer: str) -> tuple[str, ...]:
@@ -112,9 +113,18 @@ class WindowTable:
     def as_dict(self) -> dict:
         times = ("blocked", "sync", "queue", "wire", "reduce", "forward", "ready")
         return {
-            "window": self.window, "iterations": self.iterations, "policy": self.policy,
-            "iteration_ms": round(self.iteration_s * 1e3, 3), "blocked_ms": round(self.blocked_s * 1e3, 3),
-            "layers": [{"layer": layer.name, "forward_index": layer.forward_index, "bytes": layer.nbytes,
-                        **{f"{time}_ms": round(getattr(layer, f"{time}_s") * 1e3, 3) for time in times}}
-                       for layer in self.layers],
+            "window": self.window,
+            "iterations": self.iterations,
+            "policy": self.policy,
+            "iteration_ms": round(self.iteration_s * 1e3, 3),
+            "blocked_ms": round(self.blocked_s * 1e3, 3),
+            "layers": [
+                {
+                    "layer": layer.name,
+                    "forward_index": layer.forward_index,
+                    "bytes": layer.nbytes,
+                    **{f"{time}_ms": round(getattr(layer, f"{time}_s") * 1e3, 3) for time in times},
+                }
+                for layer in self.layers
+            ],
         }

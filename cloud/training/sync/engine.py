@@ -67,8 +67,13 @@ def _heavy_cut(table: WindowTable, cfg: EngineConfig) -> float:
     return max(cfg.heavy_min_s, cfg.heavy_factor * median)
 
 
-def propose(table: WindowTable, current: SyncPolicy, cfg: EngineConfig = EngineConfig(),
-            tabu: frozenset[str] = frozenset(), link: LinkModel | None = None) -> Proposal:
+def propose(
+    table: WindowTable,
+    current: SyncPolicy,
+    cfg: EngineConfig = EngineConfig(),
+    tabu: frozenset[str] = frozenset(),
+    link: LinkModel | None = None,
+) -> Proposal:
     """The policy to try for the next window, from this window's table. Pure.
 
     Rules, first match wins: (1) release held layers whose sync is no longer heavy; (2) release the
@@ -106,14 +111,22 @@ def propose(table: WindowTable, current: SyncPolicy, cfg: EngineConfig = EngineC
     if first_only and not any(by_name[name].sync_s >= heavy for name in main_lane):
         candidate = replace(current, first=ordered)
         if candidate.text() not in tabu:
-            return Proposal(candidate, f"release first={','.join(sorted(first_only))}: no heavy sync left "
-                                       f"on the main lane (all below {heavy * 1e3:.1f} ms)", kind="release")
+            return Proposal(
+                candidate,
+                f"release first={','.join(sorted(first_only))}: no heavy sync left "
+                f"on the main lane (all below {heavy * 1e3:.1f} ms)",
+                kind="release",
+            )
     total_sync = sum(layer.sync_s for layer in table.layers)
     if ordered and total_sync < cfg.backlog_min_s:
         candidate = replace(current, first=current.first - ordered, held=current.held - ordered)
         if candidate.text() not in tabu:
-            return Proposal(candidate, f"release {','.join(sorted(ordered))} from forward order: syncs total "
-                                       f"{total_sync * 1e3:.1f} ms, no backlog", kind="release")
+            return Proposal(
+                candidate,
+                f"release {','.join(sorted(ordered))} from forward order: syncs total "
+                f"{total_sync * 1e3:.1f} ms, no backlog",
+                kind="release",
+            )
 
     worst = max(table.layers, key=lambda layer: layer.blocked_s)
     if worst.blocked_s < cfg.block_threshold_s:
@@ -121,26 +134,38 @@ def propose(table: WindowTable, current: SyncPolicy, cfg: EngineConfig = EngineC
 
     worst_bucket = current.bucket_of(worst.name)
     if not current.bucket_first(worst_bucket):
-        ahead = main_lane[:main_lane.index(worst_bucket[0])]
-        culprits = sorted(name for name in ahead if by_name[name].forward_index > worst.forward_index
-                          and by_name[name].sync_s >= heavy)
+        ahead = main_lane[: main_lane.index(worst_bucket[0])]
+        culprits = sorted(
+            name
+            for name in ahead
+            if by_name[name].forward_index > worst.forward_index and by_name[name].sync_s >= heavy
+        )
         if culprits:
             # every ordinary-lane layer queued behind a culprit that the next forward needs before it
             cut = min(main_lane.index(name) for name in culprits)
             latest = max(by_name[name].forward_index for name in culprits)
-            urgent = frozenset(name for name in main_lane[cut + 1:]
-                               if by_name[name].forward_index < latest and name not in culprits)
+            urgent = frozenset(
+                name
+                for name in main_lane[cut + 1 :]
+                if by_name[name].forward_index < latest and name not in culprits
+            )
             candidate = replace(current, first=current.first | urgent | {worst.name})
             if candidate.text() not in tabu:
                 sent = ",".join(sorted(candidate.first - current.first))
-                return Proposal(candidate, f"send {sent} first ({worst.name} blocked "
-                                           f"{worst.blocked_s * 1e3:.1f} ms behind heavy sync of "
-                                           f"{','.join(culprits)})")
+                return Proposal(
+                    candidate,
+                    f"send {sent} first ({worst.name} blocked "
+                    f"{worst.blocked_s * 1e3:.1f} ms behind heavy sync of "
+                    f"{','.join(culprits)})",
+                )
             candidate = replace(current, held=current.held | frozenset(culprits))
             if candidate.text() not in tabu:
-                return Proposal(candidate, f"hold {','.join(culprits)} (heavy sync) behind the barrier so "
-                                           f"{worst.name} (blocked {worst.blocked_s * 1e3:.1f} ms) "
-                                           "goes before them")
+                return Proposal(
+                    candidate,
+                    f"hold {','.join(culprits)} (heavy sync) behind the barrier so "
+                    f"{worst.name} (blocked {worst.blocked_s * 1e3:.1f} ms) "
+                    "goes before them",
+                )
 
     if cfg.plan:
         planned = _plan(table, current, cfg, tabu, link or LinkModel.fit(table.layers, current))
@@ -156,8 +181,9 @@ def propose(table: WindowTable, current: SyncPolicy, cfg: EngineConfig = EngineC
     return Proposal(current, f"{worst.name} blocked {worst.blocked_s * 1e3:.1f} ms; no untried remedy")
 
 
-def _plan(table: WindowTable, current: SyncPolicy, cfg: EngineConfig, tabu: frozenset[str],
-          link: LinkModel | None) -> Proposal | None:
+def _plan(
+    table: WindowTable, current: SyncPolicy, cfg: EngineConfig, tabu: frozenset[str], link: LinkModel | None
+) -> Proposal | None:
     """Rule (4): when the window measured what the planner models an iteration from (per-layer
     forward and gradient-ready times) and a link model is known, the candidate with the shortest
     predicted iteration, if it beats the current policy's prediction by ``plan_min_gain``; else
@@ -166,23 +192,36 @@ def _plan(table: WindowTable, current: SyncPolicy, cfg: EngineConfig, tabu: froz
         return None
     plan = best_plan(table.layers, current, link, tabu)
     if plan.policy == current or plan.predicted_s > plan.current_s * (1 - cfg.plan_min_gain):
-        return Proposal(current, f"planner: no candidate predicted {cfg.plan_min_gain:.0%} faster than "
-                                 f"{plan.current_s * 1e3:.1f} ms/iter")
-    return Proposal(plan.policy, f"planner: predicted {plan.current_s * 1e3:.1f} -> "
-                                 f"{plan.predicted_s * 1e3:.1f} ms/iter (link: {link})", kind="plan")
+        return Proposal(
+            current,
+            f"planner: no candidate predicted {cfg.plan_min_gain:.0%} faster than "
+            f"{plan.current_s * 1e3:.1f} ms/iter",
+        )
+    return Proposal(
+        plan.policy,
+        f"planner: predicted {plan.current_s * 1e3:.1f} -> "
+        f"{plan.predicted_s * 1e3:.1f} ms/iter (link: {link})",
+        kind="plan",
+    )
 
 
-def _send_first_in_forward_order(table: WindowTable, current: SyncPolicy, main_lane: list[str],
-                                 cfg: EngineConfig, tabu: frozenset[str]) -> Proposal | None:
+def _send_first_in_forward_order(
+    table: WindowTable, current: SyncPolicy, main_lane: list[str], cfg: EngineConfig, tabu: frozenset[str]
+) -> Proposal | None:
     """Rule (5): the most blocked main-lane layer queued behind syncs of layers needed later; hold
     and prioritise the first-needed layers up to it (at least)."""
-    queued = [layer for layer in table.layers if layer.name in main_lane
-              and layer.blocked_s >= cfg.block_threshold_s and layer.queue_s >= cfg.backlog_min_s]
+    queued = [
+        layer
+        for layer in table.layers
+        if layer.name in main_lane
+        and layer.blocked_s >= cfg.block_threshold_s
+        and layer.queue_s >= cfg.backlog_min_s
+    ]
     if not queued:
         return None
     worst = max(queued, key=lambda layer: layer.blocked_s)
     by_name = {layer.name: layer for layer in table.layers}
-    ahead = main_lane[:main_lane.index(worst.name)]
+    ahead = main_lane[: main_lane.index(worst.name)]
     if not any(by_name[name].forward_index > worst.forward_index for name in ahead):
         return None
     ordered = current.held & current.first
@@ -194,9 +233,12 @@ def _send_first_in_forward_order(table: WindowTable, current: SyncPolicy, main_l
     if candidate == current or candidate.text() in tabu:
         return None
     added = ",".join(sorted(chosen - ordered, key=lambda name: by_name[name].forward_index))
-    return Proposal(candidate, f"send {added} first, in forward order ({worst.name} blocked "
-                               f"{worst.blocked_s * 1e3:.1f} ms, queued {worst.queue_s * 1e3:.1f} ms "
-                               "behind syncs needed later)")
+    return Proposal(
+        candidate,
+        f"send {added} first, in forward order ({worst.name} blocked "
+        f"{worst.blocked_s * 1e3:.1f} ms, queued {worst.queue_s * 1e3:.1f} ms "
+        "behind syncs needed later)",
+    )
 
 
 def _merge_cap(table: WindowTable, current: SyncPolicy, cfg: EngineConfig) -> int:
@@ -205,16 +247,19 @@ def _merge_cap(table: WindowTable, current: SyncPolicy, cfg: EngineConfig) -> in
     if cfg.merge_bytes is not None:
         return cfg.merge_bytes
     by_name = {layer.name: layer for layer in table.layers}
-    points = [(sum(by_name[n].nbytes for n in bucket), statistics.mean(by_name[n].sync_s for n in bucket))
-              for bucket in current.buckets]
+    points = [
+        (sum(by_name[n].nbytes for n in bucket), statistics.mean(by_name[n].sync_s for n in bucket))
+        for bucket in current.buckets
+    ]
     fit = Cost.fit(points)
     if fit is None or fit.fixed_s <= 0 or fit.per_byte_s <= 0:
         return 0  # one message size (fixed cost and cost per byte cannot be told apart), or noise
     return int(fit.fixed_s / fit.per_byte_s)
 
 
-def _merge_smallest(current: SyncPolicy, by_name: dict[str, LayerWindow], cap: int,
-                    tabu: frozenset[str]) -> Proposal | None:
+def _merge_smallest(
+    current: SyncPolicy, by_name: dict[str, LayerWindow], cap: int, tabu: frozenset[str]
+) -> Proposal | None:
     def size(bucket: tuple[str, ...]) -> int:
         return sum(by_name[name].nbytes for name in bucket)
 
@@ -227,11 +272,14 @@ def _merge_smallest(current: SyncPolicy, by_name: dict[str, LayerWindow], cap: i
             pairs.append((size(first) + size(second), i))
     for _, i in sorted(pairs):
         pair = current.buckets[i] + current.buckets[i + 1]
-        buckets = current.buckets[:i] + (pair,) + current.buckets[i + 2:]
+        buckets = current.buckets[:i] + (pair,) + current.buckets[i + 2 :]
         candidate = replace(current, buckets=buckets)
         if candidate.text() not in tabu:
-            return Proposal(candidate, f"merge {'+'.join(buckets[i])} into one message "
-                                       f"({size(pair) / 2**20:.2f} MiB; cap {cap / 2**20:.2f} MiB)")
+            return Proposal(
+                candidate,
+                f"merge {'+'.join(buckets[i])} into one message "
+                f"({size(pair) / 2**20:.2f} MiB; cap {cap / 2**20:.2f} MiB)",
+            )
     return None
 
 
@@ -244,8 +292,9 @@ class Decision:
     reason: str
 
 
-def judge(before: WindowTable, after: WindowTable, cfg: EngineConfig = EngineConfig(),
-          kind: str = "remedy") -> Decision:
+def judge(
+    before: WindowTable, after: WindowTable, cfg: EngineConfig = EngineConfig(), kind: str = "remedy"
+) -> Decision:
     """Keep the trial unless it measured clearly worse than the policy before it: a remedy or a
     release by the time compute was held up, a plan by the iteration time the planner predicted
     (a plan trades wire time against launch and forward delays, which blocked time sees only in
@@ -256,8 +305,13 @@ def judge(before: WindowTable, after: WindowTable, cfg: EngineConfig = EngineCon
     limit = was * (1 + rel_tol) + cfg.keep_abs_tol_s
     keep = now <= limit
     verdict = "keep" if keep else "revert"
-    return Decision(keep, measure, was, now, f"{verdict}: {measure} {was * 1e3:.2f} -> {now * 1e3:.2f} "
-                                             f"ms/iter (limit {limit * 1e3:.2f})")
+    return Decision(
+        keep,
+        measure,
+        was,
+        now,
+        f"{verdict}: {measure} {was * 1e3:.2f} -> {now * 1e3:.2f} ms/iter (limit {limit * 1e3:.2f})",
+    )
 
 
 @dataclass

@@ -57,8 +57,9 @@ class SharedWire:
             if priority:
                 self._priority_waiting += 1
             try:
-                ok = self._free.wait_for(lambda: not self._busy and (priority or not self._priority_waiting),
-                                         timeout_s)
+                ok = self._free.wait_for(
+                    lambda: not self._busy and (priority or not self._priority_waiting), timeout_s
+                )
             finally:
                 if priority:
                     self._priority_waiting -= 1
@@ -150,9 +151,15 @@ _STOP = object()
 
 
 class CommThread:
-    def __init__(self, group: dist.ProcessGroup | None = None, link: LinkDelay | None = None,
-                 wire: SharedWire | None = None, max_pending: int = 1024,
-                 submit_timeout_s: float = 60.0, priority: bool = False) -> None:
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None = None,
+        link: LinkDelay | None = None,
+        wire: SharedWire | None = None,
+        max_pending: int = 1024,
+        submit_timeout_s: float = 60.0,
+        priority: bool = False,
+    ) -> None:
         self.group = group
         self.priority = priority  # this lane's messages take the shared wire before ordinary ones
         self.link = link or LinkDelay()

@@ -79,8 +79,10 @@ class LinkModel:
     def median(cls, fits: Sequence[LinkModel]) -> LinkModel:
         """Each of the four terms' median over ``fits`` (one window's collective times include
         waits for a late peer and swing from window to window; the wire's hardly do)."""
+
         def term(stage: str, part: str) -> float:
             return statistics.median(getattr(getattr(fit, stage), part) for fit in fits)
+
         return cls(*(Cost(term(stage, "fixed_s"), term(stage, "per_byte_s")) for stage in ("wire", "reduce")))
 
     @classmethod
@@ -106,18 +108,25 @@ def predict_iteration_s(policy: SyncPolicy, layers: Sequence[LayerWindow], link:
     def first_needed(bucket: tuple[str, ...]) -> int:
         return min(by_name[name].forward_index for name in bucket)
 
-    handed = {bucket: backward_end if policy.bucket_held(bucket) else max(by_name[n].ready_s for n in bucket)
-              for bucket in policy.buckets}
-    lanes = {lane: sorted((b for b in policy.buckets if policy.bucket_first(b) == lane),
-                          key=lambda b: (handed[b], first_needed(b)))
-             for lane in (True, False)}
+    handed = {
+        bucket: backward_end if policy.bucket_held(bucket) else max(by_name[n].ready_s for n in bucket)
+        for bucket in policy.buckets
+    }
+    lanes = {
+        lane: sorted(
+            (b for b in policy.buckets if policy.bucket_first(b) == lane),
+            key=lambda b: (handed[b], first_needed(b)),
+        )
+        for lane in (True, False)
+    }
     wire_free = 0.0
     lane_free = {True: 0.0, False: 0.0}
     done: dict[str, float] = {}
     while lanes[True] or lanes[False]:
         # the head that gets the wire earliest; at a tie the priority lane's
-        start, _, lane = min((max(handed[lanes[lane][0]], wire_free), not lane, lane)
-                             for lane in (True, False) if lanes[lane])
+        start, _, lane = min(
+            (max(handed[lanes[lane][0]], wire_free), not lane, lane) for lane in (True, False) if lanes[lane]
+        )
         bucket = lanes[lane].pop(0)
         nbytes = sum(by_name[name].nbytes for name in bucket)
         wire_free = start + link.wire(nbytes)
@@ -180,8 +189,9 @@ class Plan:
     current_s: float
 
 
-def best_plan(layers: Sequence[LayerWindow], current: SyncPolicy, link: LinkModel,
-              tabu: frozenset[str] = frozenset()) -> Plan:
+def best_plan(
+    layers: Sequence[LayerWindow], current: SyncPolicy, link: LinkModel, tabu: frozenset[str] = frozenset()
+) -> Plan:
     """The candidate with the shortest predicted iteration (ties: fewest changes, i.e. the current
     policy if it is among the best), not in ``tabu``."""
     current_s = predict_iteration_s(current, layers, link)

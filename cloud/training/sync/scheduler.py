@@ -43,11 +43,21 @@ OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
 
 class SyncScheduler:
-    def __init__(self, model: nn.Module, make_optimizer: OptimizerFactory, *,
-                 group: dist.ProcessGroup | None = None, window: int = 8, adaptive: bool = True,
-                 policy: SyncPolicy | str | None = None, engine: EngineConfig = EngineConfig(),
-                 link: LinkDelay | None = None, progress_path: str | Path | None = None,
-                 priority_group: dist.ProcessGroup | None = None, timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        make_optimizer: OptimizerFactory,
+        *,
+        group: dist.ProcessGroup | None = None,
+        window: int = 8,
+        adaptive: bool = True,
+        policy: SyncPolicy | str | None = None,
+        engine: EngineConfig = EngineConfig(),
+        link: LinkDelay | None = None,
+        progress_path: str | Path | None = None,
+        priority_group: dist.ProcessGroup | None = None,
+        timeout_s: float = 120.0,
+    ) -> None:
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -61,7 +71,8 @@ class SyncScheduler:
         self.layers: dict[str, list[nn.Parameter]] = {
             name: list(module.parameters(recurse=False))
             for name, module in model.named_modules()
-            if next(module.parameters(recurse=False), None) is not None}
+            if next(module.parameters(recurse=False), None) is not None
+        }
         self.forward_order = tuple(self.layers)
         self._forward_index = {name: i for i, name in enumerate(self.forward_order)}
         self._layer_of = {id(p): name for name, params in self.layers.items() for p in params}
@@ -97,10 +108,14 @@ class SyncScheduler:
         self.window_index = 0
         self.tables: list[WindowTable] = []
         self._reset_window()
-        self._handles = [module.register_forward_pre_hook(self._make_pre_hook(name))
-                         for name, module in model.named_modules() if name in self.layers]
-        self._handles += [p.register_post_accumulate_grad_hook(self._on_grad_ready)
-                          for p in model.parameters()]
+        self._handles = [
+            module.register_forward_pre_hook(self._make_pre_hook(name))
+            for name, module in model.named_modules()
+            if name in self.layers
+        ]
+        self._handles += [
+            p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in model.parameters()
+        ]
 
     # ------------------------------------------------------------------ public
 
@@ -137,10 +152,14 @@ class SyncScheduler:
 
     def status(self) -> dict:
         """JSON-able view for the job status: current policy, last table, decisions so far."""
-        return {"policy": self.policy.text(), "iteration": self.iteration, "window": self.window_index,
-                "last_window": self.tables[-1].as_dict() if self.tables else None,
-                "decisions": list(self.engine.decisions),
-                "comm_full_waits": self.comm.full_waits + self.priority_comm.full_waits}
+        return {
+            "policy": self.policy.text(),
+            "iteration": self.iteration,
+            "window": self.window_index,
+            "last_window": self.tables[-1].as_dict() if self.tables else None,
+            "decisions": list(self.engine.decisions),
+            "comm_full_waits": self.comm.full_waits + self.priority_comm.full_waits,
+        }
 
     # ------------------------------------------------------------------ backward side
 
@@ -189,7 +208,7 @@ class SyncScheduler:
         flat = self._buffer(bucket, numel, grads[0].dtype, 0 if tables is None else tables.numel())
         offset = 0
         for grad in grads:  # scaled straight into the message: one pass, not a copy then a scale
-            torch.mul(grad.reshape(-1), self.sample_weight, out=flat[offset:offset + grad.numel()])
+            torch.mul(grad.reshape(-1), self.sample_weight, out=flat[offset : offset + grad.numel()])
             offset += grad.numel()
         if tables is not None:
             flat[numel:] = tables
@@ -223,6 +242,7 @@ class SyncScheduler:
             self._close_forward(time.monotonic())
             self._consume(name, record=True)
             self._last_forward = (name, time.monotonic())
+
         return pre_hook
 
     def _close_forward(self, now: float) -> None:
@@ -259,7 +279,7 @@ class SyncScheduler:
             for layer in pending.layers:
                 for param in self.layers[layer]:
                     count = param.numel()
-                    param.grad = flat[offset:offset + count].view_as(param)
+                    param.grad = flat[offset : offset + count].view_as(param)
                     offset += count
                 self.optimizers[layer].step()
                 self.optimizers[layer].zero_grad(set_to_none=True)
@@ -297,10 +317,12 @@ class SyncScheduler:
         iteration_s = self._iteration_s + time.monotonic() - self._iteration_started  # this one so far
         per_iteration = [self._blocked, self._forward_sum, self._ready_sum]
         per_message = [self._sync_sum, self._queue_sum, self._wire_sum]
-        row = ([sums[name] / self.window for sums in per_iteration for name in order]
-               + [sums[name] / c for sums in per_message for name, c in zip(order, counts, strict=True)]
-               + [self._reduce_min[name] if self._sync_count[name] else 0.0 for name in order]
-               + [iteration_s / self.window])
+        row = (
+            [sums[name] / self.window for sums in per_iteration for name in order]
+            + [sums[name] / c for sums in per_message for name, c in zip(order, counts, strict=True)]
+            + [self._reduce_min[name] if self._sync_count[name] else 0.0 for name in order]
+            + [iteration_s / self.window]
+        )
         tables = torch.zeros(self.world, len(row))
         tables[self.rank] = torch.tensor(row)
         return tables.reshape(-1)
@@ -318,11 +340,27 @@ class SyncScheduler:
         # it waited for its peers); iteration: max
         blocked, forward, ready = columns[:, :3].amax(0)
         sync, queue, wire, reduce = columns[:, 3:].amin(0)
-        table = WindowTable(self.window_index, self.window, float(rows[:, -1].max()), policy_text, tuple(
-            LayerWindow(name, i, sum(p.numel() * p.element_size() for p in self.layers[name]),
-                        float(blocked[i]), float(sync[i]), float(queue[i]), wire_s=float(wire[i]),
-                        reduce_s=float(reduce[i]), forward_s=float(forward[i]), ready_s=float(ready[i]))
-            for i, name in enumerate(self.forward_order)))
+        table = WindowTable(
+            self.window_index,
+            self.window,
+            float(rows[:, -1].max()),
+            policy_text,
+            tuple(
+                LayerWindow(
+                    name,
+                    i,
+                    sum(p.numel() * p.element_size() for p in self.layers[name]),
+                    float(blocked[i]),
+                    float(sync[i]),
+                    float(queue[i]),
+                    wire_s=float(wire[i]),
+                    reduce_s=float(reduce[i]),
+                    forward_s=float(forward[i]),
+                    ready_s=float(ready[i]),
+                )
+                for i, name in enumerate(self.forward_order)
+            ),
+        )
         self.tables.append(table)
         decisions_before = len(self.engine.decisions)
         self.engine.end_window(table)
@@ -333,5 +371,14 @@ class SyncScheduler:
         if self.progress_path is None or dist.get_rank(self.group) != 0:
             return
         with self.progress_path.open("a") as out:
-            out.write(json.dumps({"kind": "sync_window", **table.as_dict(),
-                                  "decisions": list(decisions), "next_policy": self.policy.text()}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "kind": "sync_window",
+                        **table.as_dict(),
+                        "decisions": list(decisions),
+                        "next_policy": self.policy.text(),
+                    }
+                )
+                + "\n"
+            )

@@ -27,7 +27,7 @@ def split_batch(speeds: Sequence[float], global_batch: int, min_per_rank: int = 
     exact = [spare * s / total for s in speeds]
     sizes = [int(e) for e in exact]
     by_remainder = sorted(range(n), key=lambda i: (-(exact[i] - sizes[i]), i))
-    for i in by_remainder[:spare - sum(sizes)]:
+    for i in by_remainder[: spare - sum(sizes)]:
         sizes[i] += 1
     result = tuple(size + min_per_rank for size in sizes)
     assert sum(result) == global_batch
@@ -53,8 +53,9 @@ def fit_affine(observations: Sequence[tuple[float, float]]) -> tuple[float, floa
     return 0.0, mean_t / mean_n
 
 
-def affine_split(costs: Sequence[tuple[float, float]], global_batch: int,
-                 min_per_rank: int = 1) -> tuple[int, ...]:
+def affine_split(
+    costs: Sequence[tuple[float, float]], global_batch: int, min_per_rank: int = 1
+) -> tuple[int, ...]:
     """Batch shares that equalise ``fixed_r + per_sample_r * n_r`` across ranks (sum = global batch)."""
     finish = (global_batch + sum(fixed / per for fixed, per in costs)) / sum(1 / per for _, per in costs)
     shares = [max(float(min_per_rank), (finish - fixed) / per) for fixed, per in costs]
@@ -74,13 +75,14 @@ def step_towards(current: Sequence[int], target: Sequence[int], gain: float) -> 
     drift = sum(target) - sum(sizes)
     sign = 1 if drift > 0 else -1
     order = sorted(range(len(sizes)), key=lambda i: (exact[i] - sizes[i]) * sign, reverse=True)
-    for i in order[:abs(drift)]:
+    for i in order[: abs(drift)]:
         sizes[i] += 1 if drift > 0 else -1
     return tuple(sizes)
 
 
-def should_resplit(predicted_imbalance: float, settling: bool, hysteresis: float,
-                   settle_within: float) -> bool:
+def should_resplit(
+    predicted_imbalance: float, settling: bool, hysteresis: float, settle_within: float
+) -> bool:
     """Two thresholds, as a thermostat has: an imbalance past ``1 + hysteresis`` starts re-splitting,
     which goes on (``settling``) until it is within ``1 + settle_within``. With one threshold the
     split would stop anywhere inside the band, up to ``hysteresis`` slower than balanced for good."""
@@ -97,8 +99,9 @@ def imbalance(speeds: Sequence[float], sizes: Sequence[int]) -> float:
     return max(times) / min(times)
 
 
-def speeds_from_generations(generations: Sequence[str],
-                            relative_speed: Mapping[str, float]) -> tuple[float, ...]:
+def speeds_from_generations(
+    generations: Sequence[str], relative_speed: Mapping[str, float]
+) -> tuple[float, ...]:
     """Declared node generations as starting speeds, before anything is measured."""
     unknown = sorted(set(generations) - set(relative_speed))
     if unknown:
@@ -118,8 +121,9 @@ class SpeedTracker:
         if self.speeds is None:
             self.speeds = tuple(measured)
         else:
-            self.speeds = tuple(self.alpha * m + (1 - self.alpha) * s
-                                for m, s in zip(measured, self.speeds, strict=True))
+            self.speeds = tuple(
+                self.alpha * m + (1 - self.alpha) * s for m, s in zip(measured, self.speeds, strict=True)
+            )
         return self.speeds
 
     def should_rebalance(self, sizes: Sequence[int]) -> bool:
