@@ -59,7 +59,8 @@ async def get_json(session: aiohttp.ClientSession, url: str, token: str | None =
 
 
 class EmbeddedBroker:
-    """amqtt in this process: MQTT 3.1.1 only and not durable, fine for a demo (DESIGN.md)."""
+    """amqtt in this process: MQTT 3.1.1 only and not durable, fine for a demo, never the durable
+    path (docs/architecture.md)."""
 
     def __init__(self, port: int) -> None:
         self.port = port

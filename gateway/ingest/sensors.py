@@ -4,8 +4,8 @@ Owns two tasks: *intake* (takes messages from the MQTT adapter, validates them, 
 ones to the log) and *flusher* (closes a log epoch every ``flush_interval_ms``, or sooner when
 many messages wait, and acknowledges that epoch's messages once the log says it is durable).
 
-Invariant (the ack rule, DESIGN.md): a QoS 1 message is acknowledged to the broker only after
-the epoch holding its record is durable, and acks go out in arrival order. Rejected messages
+Invariant (the ack rule, docs/architecture.md): a QoS 1 message is acknowledged to the broker only
+after the epoch holding its record is durable, and acks go out in arrival order. Rejected messages
 are queued for ack in the same order as accepted ones, so they are acked with the epoch they
 arrived in. A record refused because the log is full is rejected ("log_full") and still acked:
 policy "reject" refuses new data, loudly and counted. Nothing a device sends stops the daemon.
