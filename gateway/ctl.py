@@ -16,10 +16,12 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from gateway.control.client import ControlClient, CtlError
+from protocol.config import MqttVersion
 from protocol.control import SERVICE_NAMES, ControlResponse
 from protocol.topics import check_id
 
@@ -48,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ca-file", type=Path, help="CA to verify the broker (mqtts)")
     parser.add_argument("--cert-file", type=Path, help="client certificate (mqtts, optional)")
     parser.add_argument("--key-file", type=Path, help="client key (mqtts, optional)")
-    parser.add_argument("--protocol", choices=("5", "3.1.1"), default="5")
+    parser.add_argument("--protocol", choices=get_args(MqttVersion), default="5")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("status", parents=[common], help="the gateway's presence and control summary")
@@ -87,49 +89,67 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def plan_request(args: argparse.Namespace) -> tuple[str, dict[str, Any]] | None:
+Planned = tuple[str, dict[str, Any]]  # (op, body): what a command sends (docs/mqtt-api.md)
+
+
+def _plan_config(args: argparse.Namespace) -> Planned:
+    if args.action == "get":
+        return "config.get", {"service": args.service}
+    key = "config" if args.action == "set" else "patch"
+    revision = {"revision": args.revision} if args.revision is not None else {}
+    return f"config.{args.action}", {"service": args.service, key: args.value, **revision}
+
+
+def _plan_devices(args: argparse.Namespace) -> Planned:
+    if args.action is None:
+        return "config.get", {"service": "sensor"}  # the list is the sensor's allow list
+    if not args.device:
+        raise CtlError(f"devices {args.action}: name a device", EXIT_USAGE)
+    return f"device.{args.action}", {"device": args.device}
+
+
+def _plan_camera_source(args: argparse.Namespace) -> Planned:
+    return "camera.source", {"source": args.source, **({"sample_fps": args.fps} if args.fps else {})}
+
+
+def _plan_model(args: argparse.Namespace) -> Planned:
+    if args.action == "pin" and not args.version:
+        raise CtlError("model pin: name a version", EXIT_USAGE)
+    return "model.pin", {"model": args.name, "version": args.version if args.action == "pin" else None}
+
+
+def _plan_placement(args: argparse.Namespace) -> Planned:
+    if args.action is None:
+        return "config.get", {"service": "placement"}
+    if not (args.service and args.task) or (args.action == "pin" and not args.where):
+        usage = "SERVICE TASK edge|cloud" if args.action == "pin" else "SERVICE TASK"
+        raise CtlError(f"placement {args.action}: {usage}", EXIT_USAGE)
+    where = args.where if args.action == "pin" else None  # unpin is a pin to None
+    return "placement.pin", {"service": args.service, "task": args.task, "where": where}
+
+
+# command -> the request it sends (None: ``status`` only reads the retained status message)
+_PLANS: dict[str, Callable[[argparse.Namespace], Planned | None]] = {
+    "status": lambda args: None,
+    "services": lambda args: ("services.list", {}),
+    "config": _plan_config,
+    "start": lambda args: ("service.start", {"service": args.service}),
+    "stop": lambda args: ("service.stop", {"service": args.service}),
+    "devices": _plan_devices,
+    "camera-source": _plan_camera_source,
+    "model": _plan_model,
+    "placement": _plan_placement,
+    "log-level": lambda args: ("log.level", {"level": args.level}),
+    "logs": lambda args: ("log.errors", {"limit": args.limit}),
+}
+
+
+def plan_request(args: argparse.Namespace) -> Planned | None:
     """The (op, body) a command sends; None for ``status`` (which only reads the retained status)."""
-    c = args.command
-    revision = {"revision": args.revision} if getattr(args, "revision", None) is not None else {}
-    if c == "status":
-        return None
-    if c == "services":
-        return "services.list", {}
-    if c == "config":
-        if args.action == "get":
-            return "config.get", {"service": args.service}
-        key = "config" if args.action == "set" else "patch"
-        return f"config.{args.action}", {"service": args.service, key: args.value, **revision}
-    if c in ("start", "stop"):
-        return f"service.{c}", {"service": args.service}
-    if c == "devices":
-        if args.action is None:
-            return "config.get", {"service": "sensor"}
-        if not args.device:
-            raise CtlError(f"devices {args.action}: name a device", EXIT_USAGE)
-        return f"device.{args.action}", {"device": args.device}
-    if c == "camera-source":
-        return "camera.source", {"source": args.source, **({"sample_fps": args.fps} if args.fps else {})}
-    if c == "model":
-        if args.action == "pin" and not args.version:
-            raise CtlError("model pin: name a version", EXIT_USAGE)
-        return "model.pin", {"model": args.name, "version": args.version if args.action == "pin" else None}
-    if c == "placement":
-        if args.action is None:
-            return "config.get", {"service": "placement"}
-        if not (args.service and args.task) or (args.action == "pin" and not args.where):
-            usage = "SERVICE TASK edge|cloud" if args.action == "pin" else "SERVICE TASK"
-            raise CtlError(f"placement {args.action}: {usage}", EXIT_USAGE)
-        return "placement.pin", {
-            "service": args.service,
-            "task": args.task,
-            "where": args.where if args.action == "pin" else None,
-        }
-    if c == "log-level":
-        return "log.level", {"level": args.level}
-    if c == "logs":
-        return "log.errors", {"limit": args.limit}
-    raise CtlError(f"unknown command {c}", EXIT_USAGE)
+    plan = _PLANS.get(args.command)
+    if plan is None:
+        raise CtlError(f"unknown command {args.command}", EXIT_USAGE)
+    return plan(args)
 
 
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:

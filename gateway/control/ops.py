@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -113,53 +113,94 @@ def _update(config: DesiredConfig, service: str, field: str, **changes: Any) -> 
     return _replace(config, service, _section(service, {**current, **changes}, field))
 
 
+def _config_set(config: DesiredConfig, op: ConfigSetRequest, catalog: TaskCatalog) -> DesiredConfig:
+    return _replace(config, op.service, _section(op.service, op.config, "config"))
+
+
+def _config_patch(config: DesiredConfig, op: ConfigPatchRequest, catalog: TaskCatalog) -> DesiredConfig:
+    current = getattr(config, op.service).model_dump(mode="json")
+    patched = merge_patch(current, op.patch)
+    return _replace(config, op.service, _section(op.service, patched, "patch"))
+
+
+def _service_start(config: DesiredConfig, op: ServiceStartRequest, catalog: TaskCatalog) -> DesiredConfig:
+    return _update(config, op.service, "service", enabled=True)
+
+
+def _service_stop(config: DesiredConfig, op: ServiceStopRequest, catalog: TaskCatalog) -> DesiredConfig:
+    return _update(config, op.service, "service", enabled=False)
+
+
+def _device_add(config: DesiredConfig, op: DeviceAddRequest, catalog: TaskCatalog) -> DesiredConfig:
+    allow = list(config.sensor.allow)
+    if op.device in allow:
+        return config  # already allowed: the config is unchanged
+    return _update(config, "sensor", "device", allow=[*allow, op.device])
+
+
+def _device_remove(config: DesiredConfig, op: DeviceRemoveRequest, catalog: TaskCatalog) -> DesiredConfig:
+    allow = list(config.sensor.allow)
+    if op.device not in allow:
+        raise ControlError("not_found", f"{op.device!r} is not in sensor.allow {allow}", field="device")
+    return _update(config, "sensor", "device", allow=[d for d in allow if d != op.device])
+
+
+def _camera_source(config: DesiredConfig, op: CameraSourceRequest, catalog: TaskCatalog) -> DesiredConfig:
+    changes: dict[str, Any] = {"source": op.source}
+    if op.sample_fps is not None:
+        changes["sample_fps"] = op.sample_fps
+    try:
+        return _update(config, "camera", "", **changes)
+    except ControlError as exc:  # name the request's field, not the config's
+        raise ControlError(exc.reason, exc.why, field=exc.field) from None
+
+
+def _model_pin(config: DesiredConfig, op: ModelPinRequest, catalog: TaskCatalog) -> DesiredConfig:
+    pins = _pinned(config.models.pins, op.model, op.version)
+    return _update(config, "models", "model", pins=pins)
+
+
+def _placement_pin(config: DesiredConfig, op: PlacementPinRequest, catalog: TaskCatalog) -> DesiredConfig:
+    check_placement(catalog, op.service, op.task, op.where)
+    pins = _pinned(config.placement.pins, f"{op.service}/{op.task}", op.where)
+    return _update(config, "placement", "placement", pins=pins)
+
+
+def _log_level(config: DesiredConfig, op: LogLevelRequest, catalog: TaskCatalog) -> DesiredConfig:
+    return _update(config, "gateway", "level", log_level=op.level)
+
+
+def _pinned(pins: Mapping[str, str], key: str, value: str | None) -> dict[str, str]:
+    """``pins`` with ``key`` set to ``value``; None unpins."""
+    out = dict(pins)
+    if value is None:
+        out.pop(key, None)
+    else:
+        out[key] = value
+    return out
+
+
+# request type -> its effect on the config (only placement pins consult the task catalog)
+_CHANGES: dict[type[BaseModel], Callable[[DesiredConfig, Any, TaskCatalog], DesiredConfig]] = {
+    ConfigSetRequest: _config_set,
+    ConfigPatchRequest: _config_patch,
+    ServiceStartRequest: _service_start,
+    ServiceStopRequest: _service_stop,
+    DeviceAddRequest: _device_add,
+    DeviceRemoveRequest: _device_remove,
+    CameraSourceRequest: _camera_source,
+    ModelPinRequest: _model_pin,
+    PlacementPinRequest: _placement_pin,
+    LogLevelRequest: _log_level,
+}
+
+
 def apply_change(config: DesiredConfig, request: BaseModel, catalog: TaskCatalog) -> DesiredConfig:
     """The config after ``request`` (a change operation); ControlError naming the field if refused."""
-    match request:
-        case ConfigSetRequest(service=service, config=new):
-            return _replace(config, service, _section(service, new, "config"))
-        case ConfigPatchRequest(service=service, patch=patch):
-            current = getattr(config, service).model_dump(mode="json")
-            return _replace(config, service, _section(service, merge_patch(current, patch), "patch"))
-        case ServiceStartRequest(service=service):
-            return _update(config, service, "service", enabled=True)
-        case ServiceStopRequest(service=service):
-            return _update(config, service, "service", enabled=False)
-        case DeviceAddRequest(device=device):
-            allow = list(config.sensor.allow)
-            return config if device in allow else _update(config, "sensor", "device", allow=[*allow, device])
-        case DeviceRemoveRequest(device=device):
-            allow = list(config.sensor.allow)
-            if device not in allow:
-                raise ControlError("not_found", f"{device!r} is not in sensor.allow {allow}", field="device")
-            return _update(config, "sensor", "device", allow=[d for d in allow if d != device])
-        case CameraSourceRequest(source=source, sample_fps=fps):
-            changes: dict[str, Any] = {"source": source}
-            if fps is not None:
-                changes["sample_fps"] = fps
-            try:
-                return _update(config, "camera", "", **changes)
-            except ControlError as exc:  # name the request's field, not the config's
-                raise ControlError(exc.reason, exc.why, field=exc.field) from None
-        case ModelPinRequest(model=model, version=version):
-            pins = dict(config.models.pins)
-            if version is None:
-                pins.pop(model, None)
-            else:
-                pins[model] = version
-            return _update(config, "models", "model", pins=pins)
-        case PlacementPinRequest(service=service, task=task, where=where):
-            check_placement(catalog, service, task, where)
-            pins = dict(config.placement.pins)
-            key = f"{service}/{task}"
-            if where is None:
-                pins.pop(key, None)
-            else:
-                pins[key] = where
-            return _update(config, "placement", "placement", pins=pins)
-        case LogLevelRequest(level=level):
-            return _update(config, "gateway", "level", log_level=level)
-    raise ControlError("unknown_op", f"{type(request).__name__} is not a change operation", field="op")
+    change = _CHANGES.get(type(request))
+    if change is None:
+        raise ControlError("unknown_op", f"{type(request).__name__} is not a change operation", field="op")
+    return change(config, request, catalog)
 
 
 def check_placement(catalog: TaskCatalog, service: str, task: str, where: str | None) -> None:

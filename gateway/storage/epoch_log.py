@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from gateway.storage.epoch_writer import ClosedEpoch, DurableGroup, EpochWriter
 from gateway.storage.filelayer import FileLayer, OsFileLayer
@@ -51,6 +51,9 @@ from gateway.storage.segment_reader import read_chunk
 from runtime.tasks import wait_event
 
 log = logging.getLogger(__name__)
+
+# Declared again in protocol.config, which validates the setting: the log does not import the config
+# schema (pydantic), so that a process that only writes or recovers a log starts fast.
 FullPolicy = Literal["reject", "drop_oldest"]
 
 
@@ -77,8 +80,8 @@ class EpochLog:
         append_timeout_s: float = 30.0,
         close_timeout_s: float = 30.0,
     ) -> None:
-        if full_policy not in ("reject", "drop_oldest"):
-            raise ValueError(f"full_policy must be 'reject' or 'drop_oldest', not {full_policy!r}")
+        if full_policy not in get_args(FullPolicy):
+            raise ValueError(f"full_policy must be one of {get_args(FullPolicy)}, not {full_policy!r}")
         if max_bytes < 2 * segment_bytes:
             raise ValueError("max_bytes must hold at least two segments (max_bytes >= 2 * segment_bytes)")
         self.directory = str(directory)
@@ -173,13 +176,14 @@ class EpochLog:
         self._segments = tail.segments
         if self._segments:  # a trim deletes segments before it persists the trim point
             self._trimmed_lsn = max(self._trimmed_lsn, self._segments[0].header.first_lsn - 1)
-        seqs = [s.header.seq for s in self._segments]
-        if seqs != list(range(seqs[0], seqs[0] + len(seqs))) if seqs else tail.headers_unreadable:
+        held = [s.header.seq for s in self._segments]
+        gap = (held != list(range(held[0], held[0] + len(held)))) if held else bool(tail.headers_unreadable)
+        if gap:
             self._stats["corruptions"] += 1
             log.error(
                 "epoch log %s: segments missing or unreadable: have %s, unreadable %s",
                 self.directory,
-                seqs,
+                held,
                 tail.headers_unreadable,
             )
         self._next_lsn = max(tail.last_lsn, self._trimmed_lsn) + 1
@@ -390,7 +394,7 @@ class EpochLog:
 
     # -- reading and trimming -----------------------------------------------------------------------
 
-    async def read(self, from_lsn: Lsn) -> AsyncIterator[tuple[Lsn, bytes]]:  # type: ignore[override]
+    async def read(self, from_lsn: Lsn) -> AsyncIterator[tuple[Lsn, bytes]]:
         loop = asyncio.get_running_loop()
         lsn = from_lsn
         resume: tuple[SegmentInfo, Position] | None = None  # where the last chunk stopped, in which segment

@@ -1,6 +1,7 @@
 """The epoch log's writer thread: puts closed epochs on disk and says when they are durable.
 
-Owns: the open segment files (their descriptors and next write offset) and the write pipeline.
+Owns: the open segment files (their descriptors and next write offset), the write pipeline and
+its fsync in flight.
 Round r writes the data of group r (the closed epochs queued so far, split into up to
 ``writer_threads`` regions at pre-assigned offsets, written in parallel and in any order) while the
 fsync of round r-1 runs on the sync thread; when that fsync returns, group r-2's commit is durable
@@ -99,6 +100,7 @@ class EpochWriter:
         self._cond = threading.Condition()
         self._stopping = False
         self._files: dict[int, list[int]] = {}  # segment seq -> [fd, next offset]
+        self._syncing: _Sync | None = None  # the fsync in flight (of the previous round)
         self._pool = ThreadPoolExecutor(max(1, writer_threads), thread_name_prefix="epochlog-region")
         self._syncer = ThreadPoolExecutor(1, thread_name_prefix="epochlog-fsync")
         self._regions = max(1, writer_threads)
@@ -140,71 +142,91 @@ class EpochWriter:
             return _Group(epochs, nbytes=size)
 
     def _run(self) -> None:
-        """The pipeline: write group r's data while the fsync of round r-1 runs on the sync thread;
-        then, once that fsync is done, write group r-1's commit and start the fsync of round r."""
-        syncing: _Sync | None = None
+        """Pipeline rounds until stopped with nothing queued and nothing in flight, or until a failure
+        (reported through ``on_failed``: the thread never dies silently)."""
         try:
             while True:
-                group = self._take(block=syncing is None)
-                if group is None and syncing is None:
+                group = self._take(block=self._syncing is None)
+                if group is None and self._syncing is None:
                     if self._stopping:
                         break
-                    continue
-                new_segment = group is not None and group.epochs[0].segment.seq not in self._files
-                if new_segment and syncing is not None:
-                    self._drain(syncing)  # a segment appears only once every commit before it is durable
-                    syncing = None
-                if group is not None:
-                    self._with_enospc_retry(lambda group=group: self._write_data(group))
-                    self._written(group)
-                to_commit: _Group | None = None
-                if syncing is not None:
-                    self._wait_sync(syncing)
-                    if syncing.committed is not None:
-                        self._report(syncing.committed)  # its commit record is durable now
-                    to_commit = syncing.data  # its data is durable now: its commit may be written
-                    syncing = None
-                if to_commit is not None:
-                    commit = [(to_commit.fd, [to_commit.commit], to_commit.commit_offset)]
-                    self._with_enospc_retry(lambda commit=commit: self._write_all(commit, 0))
-                if group is not None or to_commit is not None:
-                    fds = list(dict.fromkeys(g.fd for g in (to_commit, group) if g is not None))
-                    syncing = _Sync(self._syncer.submit(self._fsync_all, fds), group, to_commit)
-                    self.rounds += 1
-                    if group is not None:
-                        self._release(group.epochs[0].segment.seq)  # keeps the two files in use
+                    continue  # idle: nothing queued, nothing in flight
+                self._round(group)
         except _Fatal as fatal:
             self._on_failed(fatal.cause)
         except Exception as exc:  # a bug here must fail the log loudly, not leave appenders waiting
             self._on_failed(exc)
         finally:
-            if syncing is not None:  # never close a descriptor under a running fsync
-                syncing.future.exception()
-            for fd, _ in self._files.values():
-                try:
-                    self._layer.close(fd)
-                except OSError:
-                    pass
-            self._files.clear()
+            self._close_files()
 
-    def _drain(self, syncing: _Sync) -> None:
+    def _round(self, group: _Group | None) -> None:
+        """Round r: write group r's data while round r-1's fsync runs on the sync thread; once that fsync
+        is done, write group r-1's commit, then start round r's fsync, which covers both."""
+        if group is not None:
+            self._write_group_data(group)
+        to_commit = self._finish_sync()  # its data is durable now: its commit may be written
+        if to_commit is not None:
+            self._write_commit(to_commit)
+        if group is not None or to_commit is not None:
+            self._start_sync(data=group, committed=to_commit)
+
+    def _write_group_data(self, group: _Group) -> None:
+        """Lay out and write the group's data, then free its buffers."""
+        if self._syncing is not None and group.epochs[0].segment.seq not in self._files:
+            self._drain()  # a segment appears only once every commit before it is durable
+        self._with_enospc_retry(lambda: self._write_data(group))
+        self._written(group)
+
+    def _finish_sync(self) -> _Group | None:
+        """Wait for the fsync in flight, if any, and report the group whose commit it made durable.
+        Returns the group whose data it made durable (its commit is not written yet)."""
+        syncing = self._syncing
+        if syncing is None:
+            return None
+        self._wait_sync(syncing)
+        self._syncing = None  # after the wait: a running fsync is never forgotten (see _close_files)
+        if syncing.committed is not None:
+            self._report(syncing.committed)  # its commit record is durable now
+        return syncing.data
+
+    def _write_commit(self, group: _Group) -> None:
+        # The invariant: the fsync that covered this group's data (and every earlier commit) has returned.
+        assert self._syncing is None, "a commit record is written only with no fsync in flight"
+        commit = [(group.fd, [group.commit], group.commit_offset)]
+        self._with_enospc_retry(lambda: self._write_all(commit, 0))
+
+    def _start_sync(self, data: _Group | None, committed: _Group | None) -> None:
+        """One fsync per file written this round, on the sync thread; the next round overlaps with it."""
+        fds = list(dict.fromkeys(g.fd for g in (committed, data) if g is not None))
+        self._syncing = _Sync(self._syncer.submit(self._fsync_all, fds), data, committed)
+        self.rounds += 1
+        if data is not None:
+            self._release(data.epochs[0].segment.seq)  # keeps the two files in use
+
+    def _drain(self) -> None:
         """Finish the pipeline: the fsync in flight, then the last commit and its own fsync. Before a
         segment rotation, so that a durable segment header implies the segments before it are whole
         (recovery and lazy reads treat a gap before a newer segment as corruption)."""
-        self._wait_sync(syncing)
-        if syncing.committed is not None:
-            self._report(syncing.committed)
-        last = syncing.data
+        last = self._finish_sync()
         if last is None:
             return
-        commit = [(last.fd, [last.commit], last.commit_offset)]
-        self._with_enospc_retry(lambda: self._write_all(commit, 0))
+        self._write_commit(last)
         try:
             self._fsync_all([last.fd])
         except OSError as exc:
             raise _Fatal(exc) from exc
         self.rounds += 1
         self._report(last)
+
+    def _close_files(self) -> None:
+        if self._syncing is not None:  # never close a descriptor under a running fsync
+            self._syncing.future.exception()
+        for fd, _ in self._files.values():
+            try:
+                self._layer.close(fd)
+            except OSError:
+                pass
+        self._files.clear()
 
     def _write_data(self, group: _Group) -> None:
         if group.fd < 0:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from itertools import groupby
+from operator import itemgetter
 
 import crc32c
 
@@ -27,6 +29,7 @@ from gateway.storage.log_format import (
     RECORD_HEADER,
     RECORD_HEADER_BYTES,
     SEGMENT_HEADER_BYTES,
+    Commit,
     SegmentHeader,
     check_commit,
     decode_segment_header,
@@ -91,76 +94,98 @@ def scan_buffer(
     (the scan stops at a commit boundary once that many are held).
     """
     view = memoryview(buf)
-    n = len(buf)
-    off = start.offset - base
-    chain, next_lsn, last_epoch = start.chain, start.next_lsn, start.last_epoch
     result = ScanResult(end=start)
-    pending: list[tuple[int, int, int]] = []  # (lsn, payload offset, length)
-    epochs: list[list[int]] = []  # [epoch, count] of the open group
-    last_index = start.offset
-    problem = ""
+    stop, problem = _scan_groups(view, base, salt, result, from_lsn if collect else None, max_records)
+    if not (final and result.complete):
+        result.complete = False  # stopped at max_records, or the caller reads on from result.end
+        return result
+    tail = result.end.offset - base
+    if problem or any(view[tail:]):  # bad bytes after the last whole group (uncommitted records count)
+        corrupt = _valid_commit_after(view, max(stop, tail), salt)  # a commit vouches for all before it
+        where = base + stop if problem else result.end.offset
+        result.damage = Damage(
+            "corrupt" if corrupt else "torn", segment, where, problem or "uncommitted records"
+        )
+    return result
+
+
+# The open group: its data records, verified but not yet vouched for by a commit record.
+_Pending = list[tuple[int, int, int, int]]  # (lsn, epoch, payload offset, length)
+
+
+def _scan_groups(
+    view: memoryview, base: int, salt: int, result: ScanResult, keep_from: int | None, max_records: int | None
+) -> tuple[int, str]:
+    """Verify records from ``result.end`` on; each group whose commit holds moves ``result.end`` past it.
+    Returns where the scan stopped (an offset into ``view``) and the problem found there ("" when it
+    stopped at zeros, at the end of ``view`` or at ``max_records``).
+
+    The data record case runs once per record, so it stays inline and on local variables."""
+    n = len(view)
+    start = result.end
+    off, chain, next_lsn = start.offset - base, start.chain, start.next_lsn
+    min_epoch = start.last_epoch + 1  # the lowest epoch the next data record may carry
+    pending: _Pending = []
     while True:
         if off + RECORD_HEADER_BYTES > n:
-            problem = "short header" if off < n else ""
-            break
+            return off, "short header" if off < n else ""
         crc, kind, length, epoch, lsn = RECORD_HEADER.unpack_from(view, off)
         if kind == KIND_DATA:
             body = off + RECORD_HEADER_BYTES
             if length > MAX_RECORD_BYTES or body + length > n:
-                problem = "record runs past the end"
-                break
+                return off, "record runs past the end"
             if crc32c.crc32c(view[body : body + length], crc32c.crc32c(view[off + 4 : body], chain)) != crc:
-                problem = "checksum mismatch"
-                break
-            if lsn != next_lsn or epoch <= last_epoch or (epochs and epoch < epochs[-1][0]):
-                problem = f"out of order (lsn {lsn}, expected {next_lsn}; epoch {epoch})"
-                break
-            if epochs and epochs[-1][0] == epoch:
-                epochs[-1][1] += 1
-            else:
-                epochs.append([epoch, 1])
-            pending.append((lsn, body, length))
-            chain, next_lsn, off = crc, next_lsn + 1, body + length
+                return off, "checksum mismatch"
+            if lsn != next_lsn or epoch < min_epoch:
+                return off, f"out of order (lsn {lsn}, expected {next_lsn}; epoch {epoch})"
+            pending.append((lsn, epoch, body, length))
+            chain, next_lsn, min_epoch, off = crc, next_lsn + 1, epoch, body + length
         elif kind == KIND_COMMIT:
             commit = check_commit(view, off, salt)
-            if commit is None:
-                problem = "commit record damaged"
-                break
-            if (
-                not pending
-                or commit.chain != chain
-                or commit.last_lsn != next_lsn - 1
-                or list(commit.epochs) != [tuple(e) for e in epochs]
-            ):
-                problem = "commit does not match the records before it"
-                break
-            last_epoch = epochs[-1][0]
-            if collect:
-                result.records.extend(
-                    (lsn, bytes(view[p : p + size])) for lsn, p, size in pending if lsn >= from_lsn
-                )
-            pending.clear()
-            epochs.clear()
-            off = commit.end
-            result.end = Position(base + off, chain, next_lsn, last_epoch)
-            if base + off - last_index >= INDEX_EVERY_BYTES:
-                result.index.append(result.end)
-                last_index = base + off
+            problem = _commit_problem(commit, pending, chain, next_lsn - 1)
+            if commit is None or problem:
+                return off, problem
+            last_epoch = pending[-1][1]
+            off, min_epoch = commit.end, last_epoch + 1
+            end = Position(base + off, chain, next_lsn, last_epoch)
+            _close_group(result, view, pending, end, keep_from, start.offset)
             if max_records is not None and len(result.records) >= max_records:
                 result.complete = False
-                return result
+                return off, ""
         else:
-            problem = "no record here" if any(view[off : off + RECORD_HEADER_BYTES]) else ""
-            break
-    if not final:
-        result.complete = False  # the caller reads on from result.end
-        return result
-    bad_at = result.end.offset - base
-    if problem or pending or any(view[bad_at:]):
-        where = base + off if problem else result.end.offset
-        kind = "corrupt" if _valid_commit_after(view, max(off, bad_at), salt) else "torn"
-        result.damage = Damage(kind, segment, where, problem or "uncommitted records")
-    return result
+            return off, "no record here" if any(view[off : off + RECORD_HEADER_BYTES]) else ""
+
+
+def _commit_problem(commit: Commit | None, pending: _Pending, chain: int, last_lsn: int) -> str:
+    """Why ``commit`` (the commit record found after ``pending``) does not close that group; "" if it does."""
+    if commit is None:
+        return "commit record damaged"
+    counts = [(epoch, len(list(run))) for epoch, run in groupby(map(itemgetter(1), pending))]
+    if not pending or commit.chain != chain or commit.last_lsn != last_lsn or list(commit.epochs) != counts:
+        return "commit does not match the records before it"
+    return ""
+
+
+def _close_group(
+    result: ScanResult,
+    view: memoryview,
+    pending: _Pending,
+    end: Position,
+    keep_from: int | None,
+    scan_start: int,
+) -> None:
+    """A valid commit vouches for ``pending``: collect its records with lsn >= ``keep_from`` (none if
+    None), move ``result.end`` to ``end``, and add an index point once INDEX_EVERY_BYTES have passed
+    since the last one (or since ``scan_start``, the file offset the scan began at)."""
+    if keep_from is not None:
+        result.records.extend(
+            (lsn, bytes(view[at : at + size])) for lsn, _, at, size in pending if lsn >= keep_from
+        )
+    pending.clear()
+    result.end = end
+    last_index = result.index[-1].offset if result.index else scan_start
+    if end.offset - last_index >= INDEX_EVERY_BYTES:
+        result.index.append(end)
 
 
 def _valid_commit_after(view: memoryview, offset: int, salt: int) -> bool:

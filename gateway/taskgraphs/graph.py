@@ -27,11 +27,13 @@ result, at the edge or in the cloud. That is what keeps a gateway useful through
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import NoReturn, get_args
 
-Side = Literal["edge", "cloud"]
-SIDES: tuple[Side, ...] = ("edge", "cloud")
+from protocol.control import Side
+
+SIDES: tuple[Side, ...] = get_args(Side)
 
 
 class TaskGraphError(ValueError):
@@ -112,54 +114,118 @@ class TaskGraph:
         return pins
 
 
-def _fail(service: str, where: str, why: str) -> None:
+def _fail(service: str, where: str, why: str) -> NoReturn:
     raise TaskGraphError(f"service {service!r}: {where}: {why}")
 
 
+def _positive(x: float) -> bool:
+    return math.isfinite(x) and x > 0
+
+
+def _non_negative(x: float) -> bool:
+    return math.isfinite(x) and x >= 0
+
+
+# Checks of the service's own fields, in the order they are tried: (field, holds, why it failed).
+_SERVICE_RULES: tuple[tuple[str, Callable[[TaskGraph], bool], str], ...] = (
+    (
+        "name",
+        lambda s: bool(s.name) and s.name.replace("_", "").replace("-", "").isalnum(),
+        "must be a non-empty identifier of [A-Za-z0-9_-]",
+    ),
+    (
+        "target",
+        lambda s: _positive(s.latency_target_s),
+        "latency target must be a positive number of seconds",
+    ),
+    ("rate", lambda s: _positive(s.rate_hz), "source rate must be a positive number of inputs per second"),
+    ("tasks", lambda s: bool(s.tasks), "a service needs at least one task"),
+)
+
+
+def _name_problem(t: Task, earlier: set[str]) -> str:
+    unique_word = bool(t.name) and " " not in t.name and "=" not in t.name and t.name not in earlier
+    return "" if unique_word else "task names must be unique words"
+
+
+def _cost_problem(t: Task, earlier: set[str]) -> str:
+    for value, label in ((t.edge_cost_s, "edge"), (t.cloud_cost_s, "cloud")):
+        if not _non_negative(value):
+            return f"{label} cost must be >= 0 seconds"
+    return ""
+
+
+def _output_problem(t: Task, earlier: set[str]) -> str:
+    return "" if t.output_bytes >= 0 else "out (output bytes) must be >= 0"
+
+
+def _selectivity_problem(t: Task, earlier: set[str]) -> str:
+    return "" if _non_negative(t.selectivity) else "sel (outputs per input) must be >= 0"
+
+
+def _pin_problem(t: Task, earlier: set[str]) -> str:
+    return "" if t.pin in (None, *SIDES) else f"pin must be edge or cloud, not {t.pin!r}"
+
+
+def _after_problem(t: Task, earlier: set[str]) -> str:
+    for p in t.after:
+        if p not in earlier:
+            return f"after={p!r} must name an earlier task (tasks in topological order)"
+    return ""
+
+
+def _delivery_problem(t: Task, earlier: set[str]) -> str:
+    if t.delivery and (t.pin != "cloud" or not t.after):
+        return "a delivery task must be pinned to cloud and have a predecessor"
+    return ""
+
+
+def _source_problem(t: Task, earlier: set[str]) -> str:
+    if not t.after and t.pin == "cloud":
+        return "a source task produces raw data on the gateway: it cannot be pinned to cloud"
+    return ""
+
+
+# Checks of one task, in the order they are tried: each gets the task and the names of the tasks
+# before it, and says what is wrong ("" if nothing).
+_TASK_CHECKS: tuple[Callable[[Task, set[str]], str], ...] = (
+    _name_problem,
+    _cost_problem,
+    _output_problem,
+    _selectivity_problem,
+    _pin_problem,
+    _after_problem,
+    _delivery_problem,
+    _source_problem,
+)
+
+
 def _validate(s: TaskGraph) -> None:
-    if not s.name or not s.name.replace("_", "").replace("-", "").isalnum():
-        _fail(s.name, "name", "must be a non-empty identifier of [A-Za-z0-9_-]")
-    if not (math.isfinite(s.latency_target_s) and s.latency_target_s > 0):
-        _fail(s.name, "target", "latency target must be a positive number of seconds")
-    if not (math.isfinite(s.rate_hz) and s.rate_hz > 0):
-        _fail(s.name, "rate", "source rate must be a positive number of inputs per second")
-    if not s.tasks:
-        _fail(s.name, "tasks", "a service needs at least one task")
-    seen: set[str] = set()
+    """Raise TaskGraphError at the first rule ``s`` breaks: the service's fields, then each task in
+    order, then privacy."""
+    for where, holds, why in _SERVICE_RULES:
+        if not holds(s):
+            _fail(s.name, where, why)
+    earlier: set[str] = set()
     for t in s.tasks:
-        where = f"task {t.name!r}"
-        if not t.name or " " in t.name or "=" in t.name or t.name in seen:
-            _fail(s.name, where, "task names must be unique words")
-        for value, label in ((t.edge_cost_s, "edge"), (t.cloud_cost_s, "cloud")):
-            if not (math.isfinite(value) and value >= 0):
-                _fail(s.name, where, f"{label} cost must be >= 0 seconds")
-        if t.output_bytes < 0:
-            _fail(s.name, where, "out (output bytes) must be >= 0")
-        if not (math.isfinite(t.selectivity) and t.selectivity >= 0):
-            _fail(s.name, where, "sel (outputs per input) must be >= 0")
-        if t.pin not in (None, "edge", "cloud"):
-            _fail(s.name, where, f"pin must be edge or cloud, not {t.pin!r}")
-        for p in t.after:
-            if p not in seen:
-                _fail(s.name, where, f"after={p!r} must name an earlier task (tasks in topological order)")
-        if t.delivery and (t.pin != "cloud" or not t.after):
-            _fail(s.name, where, "a delivery task must be pinned to cloud and have a predecessor")
-        if not t.after and t.pin == "cloud":
+        for check in _TASK_CHECKS:
+            problem = check(t, earlier)
+            if problem:
+                _fail(s.name, f"task {t.name!r}", problem)
+        earlier.add(t.name)
+    _check_privacy(s)
+
+
+def _check_privacy(s: TaskGraph) -> None:
+    """In a private service no consumer of raw data may be pinned to the cloud."""
+    if not s.private:
+        return
+    declared = {t.name: t.pin for t in s.tasks}
+    for name in s.raw_consumers():
+        if declared[name] == "cloud":
             _fail(
-                s.name,
-                where,
-                "a source task produces raw data on the gateway: it cannot be pinned to cloud",
+                s.name, f"task {name!r}", "private service: a consumer of raw data cannot be pinned to cloud"
             )
-        seen.add(t.name)
-    if s.private:
-        declared = {t.name: t.pin for t in s.tasks}
-        for name in s.raw_consumers():
-            if declared[name] == "cloud":
-                _fail(
-                    s.name,
-                    f"task {name!r}",
-                    "private service: a consumer of raw data cannot be pinned to cloud",
-                )
 
 
 # -- text form -----------------------------------------------------------------------------------

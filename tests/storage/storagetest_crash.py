@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,56 +44,94 @@ def _torn_length(rng: random.Random, size: int) -> int:
     return rng.randrange(0, size)
 
 
+@dataclass
+class _Disk:
+    """The files a trace has built so far: what an fsync made durable, and what is still pending."""
+
+    files: dict[str, _File] = field(default_factory=dict)
+    # a replace() target's old file: what the name holds if the rename is lost (until a dir sync)
+    displaced: dict[str, _File] = field(default_factory=dict)
+    marks: dict[str, int] = field(default_factory=dict)  # tag -> largest value marked
+
+    def create(self, op: Op) -> None:
+        self.files[op.path] = _File()
+
+    def write(self, op: Op) -> None:  # a write or a truncate: pending until its file is fsynced
+        self.files[op.path].pending.append(op)
+
+    def fsync(self, op: Op) -> None:
+        model = self.files[op.path]
+        for pending in model.pending:
+            _apply(model.durable, pending)
+        model.pending.clear()
+
+    def fsync_dir(self, op: Op) -> None:
+        for path in [p for p, m in self.files.items() if os.path.dirname(p) == op.path]:
+            self.files[path].name_durable = True
+            if self.files[path].unlinked:
+                del self.files[path]
+        self.displaced = {p: m for p, m in self.displaced.items() if os.path.dirname(p) != op.path}
+
+    def unlink(self, op: Op) -> None:
+        self.files[op.path].unlinked = True
+
+    def replace(self, op: Op) -> None:
+        if op.other in self.files and op.other not in self.displaced:
+            self.displaced[op.other] = self.files[op.other]
+        self.files[op.other] = self.files.pop(op.path)
+        self.files[op.other].name_durable = False
+
+    def mark(self, op: Op) -> None:
+        self.marks[op.other] = max(self.marks.get(op.other, 0), op.offset)
+
+
+# op kind -> how it changes the disk model (kinds not listed leave it as it is)
+_REPLAY: dict[str, Callable[[_Disk, Op], None]] = {
+    "create": _Disk.create,
+    "write": _Disk.write,
+    "truncate": _Disk.write,
+    "fsync": _Disk.fsync,
+    "fsync_dir": _Disk.fsync_dir,
+    "unlink": _Disk.unlink,
+    "replace": _Disk.replace,
+    "mark": _Disk.mark,
+}
+
+
 def build_crash_state(
     trace: list[Op], cut: int, rng: random.Random, source: Path, target: Path, reorder: bool = True
 ) -> dict[str, int]:
     """Write the files a power cut after ``trace[:cut]`` could leave into ``target``.
     Returns the largest value of each mark tag seen before the cut."""
-    files: dict[str, _File] = {}
-    displaced: dict[str, _File] = {}  # replace() target's old file, until the directory is synced
-    marks: dict[str, int] = {}
+    disk = _Disk()
     for op in trace[:cut]:
-        if op.kind == "create":
-            files[op.path] = _File()
-        elif op.kind in ("write", "truncate"):
-            files[op.path].pending.append(op)
-        elif op.kind == "fsync":
-            model = files[op.path]
-            for pending in model.pending:
-                _apply(model.durable, pending)
-            model.pending.clear()
-        elif op.kind == "fsync_dir":
-            for path in [p for p, m in files.items() if os.path.dirname(p) == op.path]:
-                files[path].name_durable = True
-                if files[path].unlinked:
-                    del files[path]
-            displaced = {p: m for p, m in displaced.items() if os.path.dirname(p) != op.path}
-        elif op.kind == "unlink":
-            files[op.path].unlinked = True
-        elif op.kind == "replace":
-            if op.other in files and op.other not in displaced:
-                displaced[op.other] = files[op.other]
-            files[op.other] = files.pop(op.path)
-            files[op.other].name_durable = False
-        elif op.kind == "mark":
-            marks[op.other] = max(marks.get(op.other, 0), op.offset)
+        replay = _REPLAY.get(op.kind)
+        if replay is not None:
+            replay(disk, op)
     target.mkdir(parents=True, exist_ok=True)
-    for path, model in files.items():
-        if op_path_kept(model, rng):
-            chosen = model
-        elif path in displaced:
-            chosen = displaced[path]
-        else:
-            continue
-        content = bytearray(chosen.durable)
-        pending = [p for p in chosen.pending if rng.random() < 0.6]
-        if reorder:
-            rng.shuffle(pending)
-        for op in pending:
-            torn = op.kind == "write" and rng.random() < 0.3
-            _apply(content, op, _torn_length(rng, len(op.data)) if torn else None)
-        (target / os.path.relpath(path, source)).write_bytes(bytes(content))
-    return marks
+    for path, model in disk.files.items():
+        survivor = _surviving_file(model, disk.displaced.get(path), rng)
+        if survivor is not None:
+            (target / os.path.relpath(path, source)).write_bytes(_content_after_cut(survivor, rng, reorder))
+    return disk.marks
+
+
+def _surviving_file(model: _File, displaced: _File | None, rng: random.Random) -> _File | None:
+    """The file a name holds after the cut: its latest file if the name survived, else the file a
+    replace() displaced (if any)."""
+    return model if op_path_kept(model, rng) else displaced
+
+
+def _content_after_cut(model: _File, rng: random.Random, reorder: bool) -> bytes:
+    """The durable bytes, then a random subset of the pending writes, possibly reordered and torn."""
+    content = bytearray(model.durable)
+    survivors = [op for op in model.pending if rng.random() < 0.6]
+    if reorder:
+        rng.shuffle(survivors)
+    for op in survivors:
+        torn = op.kind == "write" and rng.random() < 0.3
+        _apply(content, op, _torn_length(rng, len(op.data)) if torn else None)
+    return bytes(content)
 
 
 def op_path_kept(model: _File, rng: random.Random) -> bool:
