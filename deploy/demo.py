@@ -21,11 +21,15 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 
 from cloud.store.dataset import DatasetStore
 from devices.sensors import SensorRun, SentRecord, run_sensors
+
+if TYPE_CHECKING:  # amqtt is imported only when the demo runs its own broker
+    from amqtt.broker import Broker
 
 ROOT = Path(__file__).resolve().parent.parent
 GATEWAY = "gw1"
@@ -64,7 +68,7 @@ class EmbeddedBroker:
 
     def __init__(self, port: int) -> None:
         self.port = port
-        self._broker = None
+        self._broker: Broker | None = None
 
     async def __aenter__(self) -> str:
         from amqtt.broker import Broker
@@ -79,7 +83,8 @@ class EmbeddedBroker:
         return f"mqtt://127.0.0.1:{self.port}"
 
     async def __aexit__(self, *exc: object) -> None:
-        await self._broker.shutdown()
+        if self._broker is not None:
+            await self._broker.shutdown()
 
 
 class Demo:

@@ -119,7 +119,7 @@ def produce(
     writer = None
     if args.out is not None:
         writer = cv2.VideoWriter(
-            str(args.out), cv2.VideoWriter_fourcc(*"MJPG"), args.fps, (args.width, args.height)
+            str(args.out), cv2.VideoWriter.fourcc(*"MJPG"), args.fps, (args.width, args.height)
         )
         if not writer.isOpened():
             print(f"cannot open video writer for {args.out}", file=sys.stderr)

@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, module_name in SIMULATORS.items():
         module = importlib.import_module(module_name)
         modules[name] = module
-        module.add_arguments(commands.add_parser(name, help=module.__doc__.splitlines()[0]))
+        module.add_arguments(commands.add_parser(name, help=(module.__doc__ or name).splitlines()[0]))
     args = parser.parse_args(argv)
     return modules[args.command].run(args)
 

@@ -13,6 +13,7 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from gateway.control.recent_errors import RecentErrors
 from gateway.control.sdnotify import SystemdNotifier
@@ -43,14 +44,16 @@ async def run_daemon(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     loop.add_signal_handler(signal.SIGHUP, reload_wanted.set)
-    assert runner.fatal is not None
+    fatal = runner.fatal
+    assert fatal is not None, "start() made it"
     notifier.ready(f"gateway {config.gateway_id} running")
-    notifier.start_watchdog(healthy=lambda: not runner.fatal.done())  # type: ignore[union-attr]
+    notifier.start_watchdog(healthy=lambda: not fatal.done())
     stop_wait = asyncio.create_task(stop.wait())
     reload_wait = asyncio.create_task(reload_wanted.wait())
     try:
-        while not stop.is_set() and not runner.fatal.done():
-            await asyncio.wait([stop_wait, reload_wait, runner.fatal], return_when=asyncio.FIRST_COMPLETED)
+        while not stop.is_set() and not fatal.done():
+            waits: list[asyncio.Future[Any]] = [stop_wait, reload_wait, fatal]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             if reload_wanted.is_set() and not stop.is_set():
                 reload_wanted.clear()
                 notifier.reloading()
@@ -60,7 +63,7 @@ async def run_daemon(
     finally:
         for task in (stop_wait, reload_wait):
             await cancel_and_wait(task)
-    failed = runner.fatal.done()
+    failed = fatal.done()
     log.info("stopping (%s)", "fatal log error" if failed else "signal")
     notifier.stopping("fatal log error" if failed else "stopping on signal")
     await notifier.stop_watchdog()

@@ -47,10 +47,15 @@ class DataDirLock:
             self._fd = None
 
 
+def record_log_dir(config: GatewayConfig) -> Path:
+    """Where the daemon's durable log lives."""
+    return config.data_dir / "log"
+
+
 def open_record_log(config: GatewayConfig) -> RecordLog:
     """The one place the daemon's durable log is built."""
     return EpochLog(
-        config.data_dir / "log",
+        record_log_dir(config),
         segment_bytes=config.log.segment_bytes,
         max_bytes=config.log.max_bytes,
         full_policy=config.log.full_policy,

@@ -9,7 +9,7 @@ monotonic counter exported as ``edgefed_gateway_<subsystem>_<key>_total``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
@@ -21,7 +21,7 @@ PREFIX = "edgefed_gateway"
 @dataclass(frozen=True)
 class _Source:
     subsystem: str
-    stats: Callable[[], dict[str, float]]
+    stats: Callable[[], Mapping[str, float]]
     gauges: frozenset[str]
 
 
@@ -30,7 +30,7 @@ class _Labeled:
     name: str
     help: str
     label: str
-    values: Callable[[], dict[str, float]]
+    values: Callable[[], Mapping[str, float]]
 
 
 class StatsCollector:
@@ -40,12 +40,12 @@ class StatsCollector:
         self._labeled: list[_Labeled] = []
 
     def add(
-        self, subsystem: str, stats: Callable[[], dict[str, float]], gauges: set[str] | None = None
+        self, subsystem: str, stats: Callable[[], Mapping[str, float]], gauges: set[str] | None = None
     ) -> None:
         self._sources.append(_Source(subsystem, stats, frozenset(gauges or ())))
 
     def add_labeled_counter(
-        self, name: str, help_text: str, label: str, values: Callable[[], dict[str, float]]
+        self, name: str, help_text: str, label: str, values: Callable[[], Mapping[str, float]]
     ) -> None:
         self._labeled.append(_Labeled(name, help_text, label, values))
 

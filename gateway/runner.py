@@ -23,7 +23,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.control.handlers import (
     CameraHandler,
@@ -38,19 +38,24 @@ from gateway.control.plane import ControlPlane
 from gateway.control.recent_errors import RecentErrors
 from gateway.control.store import ControlStore
 from gateway.control.wiring import base_from_file, task_catalog
-from gateway.datadir import DataDirLock, StartupError, open_record_log
+from gateway.datadir import DataDirLock, StartupError, open_record_log, record_log_dir
 from gateway.heartbeat import HeartbeatSender, heartbeat_link, heartbeat_placement
 from gateway.ingest.sensors import SensorIngest
 from gateway.metrics import StatsCollector, make_registry
 from gateway.mqtt.adapter import MqttAdapter, Will, settings_from_config
+from gateway.mqtt.types import MqttSettings
 from gateway.placement.plan import Plan
 from gateway.placement.runner import PlacementRunner, make_monitor
 from gateway.status import StatusServer
 from gateway.uplink.sender import Uplink, read_token
 from protocol.config import GatewayConfig, load_gateway_config
-from protocol.control import ControlError
+from protocol.control import ControlError, Side
 from protocol.errors import ProtocolError
 from protocol.topics import placement_topic, status_topic
+
+if TYPE_CHECKING:  # imported where they are built (_make_camera, _make_training): see there why
+    from gateway.camera.runner import CameraRunner
+    from gateway.federated.runner import TrainingRunner
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +202,7 @@ class GatewayRunner:
         self.http = StatusServer(config.http.listen, self.status, self.registry)
         self._started: list[str] = []
 
-    def _make_camera(self, control_settings: Any) -> Any:
+    def _make_camera(self, control_settings: MqttSettings) -> CameraRunner:
         """The camera runner; imported here so that a gateway without a camera never loads numpy,
         OpenCV or onnxruntime (and none loads torch)."""
         from gateway.camera.runner import CameraRunner
@@ -224,7 +229,7 @@ class GatewayRunner:
             on_fatal=self._on_fatal,
         )
 
-    def _make_training(self) -> Any:
+    def _make_training(self) -> TrainingRunner:
         """The training runner: cheap until enabled; torch loads only when a local round is to run."""
         from gateway.federated.runner import TrainingRunner
 
@@ -266,7 +271,7 @@ class GatewayRunner:
         self._started.append("log")
         log.info(
             "log %s opened: log_id %s, durable lsn %d, trimmed lsn %d",
-            self.log.directory,
+            record_log_dir(self.config),
             self.log.log_id,
             self.log.durable_lsn,
             self.log.trimmed_lsn,
@@ -352,7 +357,7 @@ class GatewayRunner:
             log.error("reload: %s refused, keeping the previous config: %s", path, detail)
             return False
         later = [name for name in RESTART_ONLY if getattr(new, name) != getattr(self.config, name)]
-        unpinned = {"pins": {}}
+        unpinned: dict[str, Any] = {"pins": {}}
         if new.placement.model_copy(update=unpinned) != self.config.placement.model_copy(update=unpinned):
             later.append("placement (other than pins)")
         if _camera_restart_fields(self.config, new):
@@ -391,23 +396,14 @@ class GatewayRunner:
         except Exception as exc:  # not connected after all: the plan is still in /status
             log.warning("placement: could not publish plan v%d: %s", plan.version, exc)
 
-    def pin_placement(self, task_key: str, side: str | None) -> dict[str, str]:
-        """Pin ``service/task`` to "edge" or "cloud" (None: unpin) for the control plane; re-plans now.
-        Raises gateway.placement.PinError (nothing changed) for a bad pin or when placement is off."""
-        from gateway.placement import PinError
-
-        if self.placement is None:
-            raise PinError("placement is disabled (placement.enabled = false)")
-        return self.placement.pin(task_key, side)  # type: ignore[arg-type]
-
-    def set_placement_pins(self, pins: dict[str, str]) -> dict[str, str] | None:
+    def set_placement_pins(self, pins: dict[str, Side]) -> dict[str, Side] | None:
         """The control plane's whole placement pin set. Before placement starts this only stores them
         (its first plan uses them); after, the controller re-plans at once. None: placement is off.
         Raises PinError (a ValueError; nothing changed) for a set the planner refuses."""
         if self.placement is None:
             return None
         if pins != self.placement.planner.pins:
-            self.placement.planner.set_pins(pins)  # type: ignore[arg-type]
+            self.placement.planner.set_pins(pins)
             self.placement.controller.poke()
             log.info("placement pins -> %s", pins or "none")
         return dict(self.placement.planner.pins)

@@ -13,13 +13,17 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from protocol.errors import ProtocolError
-from protocol.events import ModelMetadata, parse_model_metadata
+from protocol.events import InputSpec, ModelMetadata, parse_model_metadata
 from runtime.files import atomic_write
+
+if TYPE_CHECKING:  # numpy is imported where images are preprocessed, not by every reader of metadata
+    import numpy as np
 
 ONNX_FILE = "model.onnx"
 METADATA_FILE = "metadata.json"
@@ -107,7 +111,7 @@ def metadata_dict(artifact: ModelArtifact) -> dict[str, Any]:
     return json.loads(artifact.metadata.model_dump_json())
 
 
-def preprocess_images(images_bgr: list, spec: Any) -> Any:
+def preprocess_images(images_bgr: Sequence[np.ndarray], spec: InputSpec) -> np.ndarray:
     """``image_rgb01``: resize each BGR frame to the spec's H x W, RGB, scale to [0, 1], NCHW float32.
     Training and the gateway both call this, so a model sees the same pixels at both ends."""
     import cv2
@@ -115,7 +119,7 @@ def preprocess_images(images_bgr: list, spec: Any) -> Any:
 
     if spec.preprocess != "image_rgb01":
         raise ArtifactError("bad_preprocess", f"{spec.preprocess!r} is not an image preprocessing")
-    height, width = int(spec.shape[2]), int(spec.shape[3])
+    height, width = spec.sample_shape[1:3]  # NCHW
     batch = np.empty((len(images_bgr), 3, height, width), dtype=np.float32)
     for row, image in enumerate(images_bgr):
         small = cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA)

@@ -7,11 +7,14 @@ test tensors on every rank and every run, so results of different trainers can b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
+
+from protocol.federated import ModelKind
 
 N_CLASSES = 10
 
@@ -56,10 +59,13 @@ def digits_mlp(width: int = 64) -> nn.Sequential:
     return nn.Sequential(nn.Flatten(), nn.Linear(64, width), nn.ReLU(), nn.Linear(width, N_CLASSES))
 
 
-DIGITS_MODELS = {"digits_cnn": digits_cnn, "digits_mlp": digits_mlp}
+DIGITS_MODELS: dict[ModelKind, Callable[[int], nn.Sequential]] = {
+    "digits_cnn": digits_cnn,
+    "digits_mlp": digits_mlp,
+}
 
 
-def build_digits_model(kind: str, width: int) -> nn.Sequential:
+def build_digits_model(kind: ModelKind, width: int) -> nn.Sequential:
     """The digits architecture named ``kind``: the one builder the gateway and the cloud share."""
     try:
         return DIGITS_MODELS[kind](width)
@@ -73,8 +79,8 @@ def non_iid_split(y: torch.Tensor, n: int, major: float = 0.8, seed: int = 0) ->
     generator = torch.Generator().manual_seed(seed)
     parts: list[list[int]] = [[] for _ in range(n)]
     for c in range(N_CLASSES):
-        items = (y == c).nonzero().view(-1)
-        items = items[torch.randperm(len(items), generator=generator)].tolist()
+        members = (y == c).nonzero().view(-1)
+        items = members[torch.randperm(len(members), generator=generator)].tolist()
         k = int(len(items) * major)
         for i, item in enumerate(items[:k]):
             parts[(c - i % 2) % n].append(item)

@@ -30,10 +30,11 @@ def export_onnx(
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # legacy exporter chosen on purpose
+        # torch annotates ``f`` as a path; the TorchScript exporter (dynamo=False) takes a file object too
         torch.onnx.export(
             model,
             (example,),
-            buffer,
+            buffer,  # type: ignore[arg-type]
             input_names=[input_name],
             output_names=[output_name],
             dynamic_axes={input_name: {0: "batch"}, output_name: {0: "batch"}},

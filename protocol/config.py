@@ -12,9 +12,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from protocol.control import LogLevel, Side
 from protocol.errors import ProtocolError
+from protocol.federated import Encoding, ModelKind
 from protocol.telemetry import describe_validation_error
 from protocol.topics import ID_PATTERN
+
+MqttVersion = Literal["5", "3.1.1"]
+FullPolicy = Literal["reject", "drop_oldest"]  # what a full log does: refuse appends, or drop the oldest
+DrainOrder = Literal["oldest", "newest"]
+FlappingPolicy = Literal["edge", "model"]  # a flapping link: keep work at the edge, or trust the cost model
 
 
 class _Section(BaseModel):
@@ -29,7 +36,7 @@ class MqttConfig(_Section):
     ca_file: Path | None = None
     cert_file: Path | None = None
     key_file: Path | None = None
-    protocol_version: Literal["5", "3.1.1"] = Field(
+    protocol_version: MqttVersion = Field(
         default="5", description="MQTT v5 by default; 3.1.1 for brokers without v5 (e.g. the demo's amqtt)"
     )
     keepalive_s: int = Field(default=30, ge=5, le=3600)
@@ -51,7 +58,7 @@ class LogConfig(_Section):
     flush_interval_ms: int = Field(default=20, ge=1, le=10_000)
     segment_bytes: int = Field(default=64 * 1024 * 1024, ge=4096)
     max_bytes: int = Field(default=1024 * 1024 * 1024, ge=64 * 1024)
-    full_policy: Literal["reject", "drop_oldest"] = "reject"
+    full_policy: FullPolicy = "reject"
 
     @model_validator(mode="after")
     def _budget_holds_two_segments(self) -> LogConfig:
@@ -76,9 +83,9 @@ class UplinkConfig(_Section):
     # backlog_threshold_records wait, batches alternate between the live tail and the backlog, and the
     # backlog drains by class (alerts, then summaries, then raw), each oldest- or newest-first.
     backlog_threshold_records: int = Field(default=2000, ge=1)
-    drain_alerts: Literal["oldest", "newest"] = "newest"
-    drain_summaries: Literal["oldest", "newest"] = "newest"
-    drain_raw: Literal["oldest", "newest"] = "oldest"
+    drain_alerts: DrainOrder = "newest"
+    drain_summaries: DrainOrder = "newest"
+    drain_raw: DrainOrder = "oldest"
     bandwidth_cap_Bps: float | None = Field(default=None, gt=0, description="uplink cap; None = no cap")
     bandwidth_burst_bytes: int | None = Field(default=None, ge=1024)
     # Resumable blob upload (gateway/uplink/blobs.py): blobs referenced by log records live in blob_dir
@@ -114,15 +121,13 @@ class PlacementConfig(_Section):
     max_link_utilisation: float = Field(default=0.8, gt=0, le=1)
     flap_penalty_s: float = Field(default=5.0, ge=0)
     byte_weight: float = Field(default=1.0, ge=0)
-    flapping: Literal["edge", "model"] = "edge"
+    flapping: FlappingPolicy = "edge"
     # Hysteresis
     rtt_ratio: float = Field(default=1.5, gt=1)
     rtt_floor_s: float = Field(default=0.02, ge=0)
     goodput_ratio: float = Field(default=1.5, gt=1)
     up_fraction_delta: float = Field(default=0.2, gt=0, le=1)
-    pins: dict[str, Literal["edge", "cloud"]] = Field(
-        default_factory=dict, description='"service/task" -> side'
-    )
+    pins: dict[str, Side] = Field(default_factory=dict, description='"service/task" -> side')
     decisions_in_status: int = Field(default=20, ge=1, le=256)
 
 
@@ -173,7 +178,7 @@ class TrainingConfig(_Section):
     enabled: bool = False
     private: bool = True  # raw data may not leave the gateway; false: upload raw when the link allows
     model: str = Field(default="digits", pattern=f"^{ID_PATTERN}$", description="the federated job's model")
-    arch: Literal["digits_mlp", "digits_cnn"] | None = Field(
+    arch: ModelKind | None = Field(
         default=None, description="refuse a global model of another architecture; None: the job's"
     )
     data_source: Literal["samples"] = Field(
@@ -184,7 +189,7 @@ class TrainingConfig(_Section):
     min_samples: int = Field(default=16, ge=1)
     threads: int = Field(default=1, ge=1, le=64)  # torch intra-op threads
     duty: float = Field(default=0.5, gt=0, le=1)  # share of one core the trainer may use
-    codec: Literal["fp32", "bfp", "topk_bfp"] = "bfp"
+    codec: Encoding = "bfp"
     mantissa_bits: int = Field(default=6, ge=2, le=8)
     block_size: int = Field(default=32, ge=1, le=4096)
     topk_fraction: float = Field(default=0.1, gt=0, le=1)
@@ -212,7 +217,7 @@ class HttpConfig(_Section):
 class GatewayConfig(_Section):
     gateway_id: str = Field(pattern=f"^{ID_PATTERN}$")
     data_dir: Path
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_level: LogLevel = "INFO"
     mqtt: MqttConfig = Field(default_factory=MqttConfig)
     devices: DevicesConfig = Field(default_factory=DevicesConfig)
     log: LogConfig = Field(default_factory=LogConfig)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
@@ -29,7 +29,9 @@ from protocol.topics import ID_PATTERN
 
 MAX_REQUEST_BYTES = 64 * 1024
 ServiceName = Literal["sensor", "camera", "training", "models", "placement", "gateway"]
-SERVICE_NAMES: tuple[str, ...] = ("sensor", "camera", "training", "models", "placement", "gateway")
+SERVICE_NAMES: tuple[ServiceName, ...] = get_args(ServiceName)
+ServiceState = Literal["running", "stopped", "pending", "failed"]  # what a service's handler reports
+ResponseStatus = Literal["ok", "error"]
 StartableService = Literal["sensor", "camera", "training"]
 Side = Literal["edge", "cloud"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -300,7 +302,7 @@ class ErrorBody(_Model):
 class ControlResponse(_Model):
     v: Literal[1] = 1
     op: str
-    status: Literal["ok", "error"]
+    status: ResponseStatus
     correlation_id: str | None = None
     revision: int = Field(ge=0, description="the config revision after this request")
     digest: str = Field(description="sha256 of the effective config after this request")

@@ -31,6 +31,7 @@ SHA256_PATTERN = r"^[0-9a-f]{64}$"
 VERSION_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 Preprocess = Literal["image_rgb01", "none"]
 Postprocess = Literal["softmax_labels", "reconstruction_error"]
+InferenceKind = Literal["classification", "anomaly"]  # what postprocess made of the output
 
 
 class _Payload(BaseModel):
@@ -44,6 +45,15 @@ class InputSpec(_Payload):
     preprocess: Preprocess
     mean: list[float] | None = None  # per-channel, applied after preprocess
     std: list[float] | None = None
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """One input's shape: ``shape`` without the batch dimension, which alone may be dynamic
+        (ValueError otherwise)."""
+        dims = tuple(d for d in self.shape[1:] if d is not None)
+        if len(dims) != len(self.shape) - 1:
+            raise ValueError(f"input {self.name!r} has a dynamic dimension besides the batch: {self.shape}")
+        return dims
 
 
 class ModelMetadata(_Payload):
@@ -71,7 +81,7 @@ class ModelNotice(_Payload):
 
 class InferenceEvent(_Payload):
     v: Literal[1] = 1
-    type: Literal["classification", "anomaly"]
+    type: InferenceKind
     source: str = Field(pattern=f"^{ID_PATTERN}$")
     seq: int = Field(ge=0)
     capture_ts: float

@@ -52,6 +52,7 @@ MAX_TENSORS = 256
 TENSOR_NAME_PATTERN = r"^[A-Za-z0-9_.]{1,128}$"
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 Encoding = Literal["fp32", "bfp", "topk_bfp"]
+ModelKind = Literal["digits_mlp", "digits_cnn"]  # models.digits.DIGITS_MODELS
 AggregatorName = Literal["fedavg", "fedprox", "fedbuff"]
 RobustName = Literal["none", "median", "trimmed_mean"]
 
@@ -74,7 +75,7 @@ class TensorEntry(_Strict):
 class ModelArch(_Strict):
     """The architecture both ends build, with models.digits.build_digits_model."""
 
-    kind: Literal["digits_mlp", "digits_cnn"] = "digits_mlp"
+    kind: ModelKind = "digits_mlp"
     width: int = Field(default=64, ge=1, le=1024)
 
 

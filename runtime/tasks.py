@@ -2,7 +2,7 @@
 
 Invariant: ``cancel_and_wait`` returns only once the task has finished, and it never swallows a
 cancellation aimed at its caller: a deadline around it (``asyncio.timeout``, ``wait_for``) fires
-on time even when the task is slow to stop (STYLE.md, "Cancellation belongs to the caller").
+on time even when the task is slow to stop (docs/architecture.md, "House rules").
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def change_signature(image_bgr: np.ndarray, config: ChangeConfig) -> np.ndarray:
     # decimate by striding (a view, no arithmetic); the blur below does the averaging against noise
     step = max(1, image_bgr.shape[1] // config.width)
     small = np.ascontiguousarray(image_bgr[::step, ::step])
-    grey = cv2.cvtColor(small, cv2.COLOR_BGR2GRAY).astype(np.float32)
+    grey: np.ndarray = cv2.cvtColor(small, cv2.COLOR_BGR2GRAY).astype(np.float32)
     if config.blur:
         grey = cv2.GaussianBlur(grey, (config.blur, config.blur), 0)
     return grey - float(grey.mean())

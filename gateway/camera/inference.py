@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from models.artifact import ArtifactError, ModelArtifact, check_bytes, preprocess_images
-from protocol.events import InferenceEvent
+from protocol.events import InferenceEvent, InferenceKind
 from runtime.tasks import cancel_and_wait
 
 
@@ -81,7 +81,7 @@ def build_inputs(artifact: ModelArtifact, items: list[InferenceInput]) -> np.nda
     spec = artifact.metadata.input
     if spec.preprocess == "image_rgb01":
         return preprocess_images([item.data for item in items], spec)
-    return np.stack([np.asarray(item.data, np.float32).reshape(spec.shape[1:]) for item in items])
+    return np.stack([np.asarray(item.data, np.float32).reshape(spec.sample_shape) for item in items])
 
 
 def postprocess(artifact: ModelArtifact, inputs: np.ndarray, outputs: np.ndarray) -> list[tuple[str, float]]:
@@ -102,7 +102,7 @@ def run_batch(model: LoadedModel, items: list[InferenceInput]) -> list[Inference
     artifact = model.artifact
     inputs = build_inputs(artifact, items)
     outputs = model.session.run([artifact.metadata.output_name], {artifact.metadata.input.name: inputs})[0]
-    kind = "classification" if artifact.metadata.postprocess == "softmax_labels" else "anomaly"
+    kind: InferenceKind = "classification" if artifact.metadata.postprocess == "softmax_labels" else "anomaly"
     return [
         InferenceResult(
             item,
@@ -123,10 +123,12 @@ def run_batch(model: LoadedModel, items: list[InferenceInput]) -> list[Inference
 
 def probe_input(artifact: ModelArtifact) -> InferenceInput:
     spec = artifact.metadata.input
+    data: np.ndarray
     if spec.preprocess == "image_rgb01":
-        data = np.full((int(spec.shape[2]), int(spec.shape[3]), 3), 128, np.uint8)
+        height, width = spec.sample_shape[1:3]  # NCHW
+        data = np.full((height, width, 3), 128, np.uint8)  # a grey BGR frame
     else:
-        data = np.zeros([int(d) for d in spec.shape[1:]], np.float32)
+        data = np.zeros(spec.sample_shape, np.float32)
     return InferenceInput("probe", 0, 0.0, data)
 
 

@@ -9,7 +9,7 @@ result (the consumer task: log, frame spool, MQTT event, flushes) is gateway/cam
 
 Owner: the daemon builds one ``CameraRunner`` when its config has a ``[camera]`` section; the control
 plane's camera and models handlers drive it (``apply_camera``, ``apply_pins``), and the daemon calls
-``stop()`` before it closes the log. The runtime owns its engine, source, updater, its own MQTT
+``stop()`` before it closes the log. The runner owns its engine, source, updater, its own MQTT
 connection (client id ``<client_id>-camera``, clean session: notices are retained, events are QoS 0)
 and its three tasks (feed, consumer, notices; the consumer through its ``CameraEventRecorder``); it
 starts them in the order notices, consumer, feed and stops them in reverse.
@@ -42,7 +42,7 @@ from gateway.storage.interface import RecordLog
 from gateway.uplink.blobs import BlobSpool
 from models.artifact import ArtifactError, load_artifact
 from protocol.config import CameraConfig
-from protocol.control import CameraSettings, ModelsSettings
+from protocol.control import CameraSettings, ModelsSettings, ServiceState
 from protocol.topics import camera_events_topic, model_notice_topic
 from runtime.tasks import cancel_and_wait
 
@@ -117,7 +117,7 @@ class CameraRunner:
             on_fatal=on_fatal,
         )
         self._lock = asyncio.Lock()  # one apply at a time: start, stop and source switches never interleave
-        self.state = "stopped"
+        self.state: ServiceState = "stopped"
         self.detail = "not started"
         self._settings: CameraSettings | None = None
         self._pins: dict[str, str] = {}

@@ -20,12 +20,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from gateway.camera.change import ChangeConfig, ChangeDetector
 from runtime.backoff import Backoff
+
+if TYPE_CHECKING:  # OpenCV loads in the capture thread, when a camera actually runs
+    import cv2
+
+# what the capture thread is doing (/status camera.capture.state)
+SourceState = Literal["idle", "connecting", "streaming", "backoff", "eof", "stopped"]
+QueueFullPolicy = Literal["drop_oldest", "block"]  # block: files/benchmarks only
 
 
 @dataclass(frozen=True)
@@ -34,7 +41,7 @@ class CameraSourceConfig:
     source: str | int  # a file path, an http(s)/rtsp URL, or a device index
     sample_fps: float | None = None  # None: every frame the source gives
     queue_size: int = 32
-    full_policy: Literal["drop_oldest", "block"] = "drop_oldest"  # block: files/benchmarks only
+    full_policy: QueueFullPolicy = "drop_oldest"
     change: ChangeConfig = field(default_factory=ChangeConfig)
     jpeg_quality: int = 80
     encode_jpeg: bool = True
@@ -74,7 +81,7 @@ def is_file_source(source: str | int) -> bool:
     return isinstance(source, str) and "://" not in source and os.path.exists(source)
 
 
-def open_capture(source: str | int, open_timeout_s: float, read_timeout_s: float):  # -> cv2.VideoCapture
+def open_capture(source: str | int, open_timeout_s: float, read_timeout_s: float) -> cv2.VideoCapture:
     import cv2
 
     if isinstance(source, int) or (isinstance(source, str) and source.isdigit()):
@@ -92,7 +99,7 @@ class CameraSource:
     def __init__(self, config: CameraSourceConfig, *, clock: Callable[[], float] = time.time) -> None:
         self.config = config
         self.counters = CameraCounters()
-        self.state: Literal["idle", "connecting", "streaming", "backoff", "eof", "stopped"] = "idle"
+        self.state: SourceState = "idle"
         self._clock = clock
         self._queue: collections.deque[CameraFrame] = collections.deque()
         self._lock = threading.Lock()

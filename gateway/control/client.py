@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.mqtt.adapter import MqttAdapter, MqttError, MqttSettings
+from protocol.config import MqttVersion
 from protocol.control import ControlResponse, parse_response
 from protocol.errors import ProtocolError
 from protocol.topics import control_request_topic, control_response_topic, status_topic
@@ -45,7 +46,7 @@ class ControlClient:
         ca_file: Path | None = None,
         cert_file: Path | None = None,
         key_file: Path | None = None,
-        protocol_version: str = "5",
+        protocol_version: MqttVersion = "5",
         timeout_s: float = 5.0,
     ) -> None:
         self.gateway_id = gateway_id

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
@@ -27,17 +27,17 @@ from protocol.control import (
     ModelsSettings,
     PlacementSettings,
     SensorSettings,
+    ServiceState,
+    Side,
     TrainingSettings,
 )
 
 log = logging.getLogger(__name__)
 
-State = Literal["running", "stopped", "pending", "failed"]
-
 
 @dataclass(frozen=True)
 class Applied:
-    state: State
+    state: ServiceState
     applied: bool
     detail: str = ""
 
@@ -65,7 +65,7 @@ class UnconnectedHandler:
 
 
 class RunnerHandler:
-    """A service that a runtime object runs: its settings go, checked for their type, to its ``apply``."""
+    """A service that a runner object runs: its settings go, checked for their type, to its ``apply``."""
 
     settings_type: type[BaseModel] = BaseModel
 
@@ -128,7 +128,7 @@ class PlacementHandler:
     ``set_pins`` returns the pins now in force, or None when placement is disabled; it raises
     ValueError (the planner's PinError) for a pin set it refuses, and then nothing changed."""
 
-    def __init__(self, set_pins: Callable[[dict[str, str]], dict[str, str] | None]) -> None:
+    def __init__(self, set_pins: Callable[[dict[str, Side]], dict[str, Side] | None]) -> None:
         self._set_pins = set_pins
 
     async def apply(self, settings: BaseModel) -> Applied:

@@ -47,6 +47,7 @@ from protocol.control import (
     DesiredConfig,
     ErrorBody,
     LogErrorsRequest,
+    ResponseStatus,
     StoredControl,
     parse_request,
     peek_reply_fields,
@@ -116,13 +117,11 @@ class ControlPlane:
         """Load the stored overrides over the base and apply every service once (before MQTT starts)."""
         stored = await asyncio.to_thread(self._store.load)
         if stored is not None:
+            overrides: dict[str, dict[str, Any]] = {k: dict(v) for k, v in stored.overrides.items()}
             try:
-                self.config = effective(self.base, stored.overrides)
+                self.config = effective(self.base, overrides)
                 check_placement_pins(self._catalog, self.config)
-                self.revision, self._overrides = (
-                    stored.revision,
-                    {k: dict(v) for k, v in stored.overrides.items()},
-                )
+                self.revision, self._overrides = stored.revision, overrides
             except ControlError as exc:
                 log.error(
                     "control: the stored config (revision %d) is no longer valid over the config "
@@ -214,7 +213,7 @@ class ControlPlane:
     def _response(
         self,
         op: str,
-        status: str,
+        status: ResponseStatus,
         correlation_id: str | None,
         data: dict | None = None,
         error: ErrorBody | None = None,
@@ -222,7 +221,7 @@ class ControlPlane:
         return ControlResponse(
             op=op[:64],
             status=status,
-            correlation_id=correlation_id,  # type: ignore[arg-type]
+            correlation_id=correlation_id,
             revision=self.revision,
             digest=self._digest,
             data=data,
@@ -262,7 +261,10 @@ class ControlPlane:
         self, new: DesiredConfig, overrides: dict[str, dict[str, Any]], changed: list[str], why: str
     ) -> None:
         """Persist, then make current, then apply: the order that makes a crash at any point harmless."""
-        stored = StoredControl(revision=self.revision + 1, overrides=overrides, updated_ts=self._clock())
+        # from plain data: the model checks that each key of ``overrides`` (a str to ops.py) is a ServiceName
+        stored = StoredControl.model_validate(
+            {"revision": self.revision + 1, "overrides": overrides, "updated_ts": self._clock()}
+        )
         try:
             await asyncio.to_thread(self._store.save, stored)
         except OSError as exc:

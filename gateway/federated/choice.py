@@ -18,15 +18,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from gateway.placement.cost import LinkState
+
 Mode = Literal["upload_raw", "train_locally"]
 
 
 class LinkLike(Protocol):
-    """What the choice reads of gateway.placement.cost.LinkView."""
+    """What the choice reads of gateway.placement.cost.LinkView (read-only: LinkView is frozen)."""
 
-    state: str
-    goodput_Bps: float
-    up_fraction: float
+    @property
+    def state(self) -> LinkState: ...
+
+    @property
+    def goodput_Bps(self) -> float: ...
+
+    @property
+    def up_fraction(self) -> float: ...
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import aiohttp
 import numpy as np
@@ -33,7 +34,14 @@ from gateway.federated.trainer import LocalResult, LocalTrainer, TrainingStopped
 from gateway.storage.interface import RecordLog
 from models.digits import build_digits_model
 from protocol.errors import ProtocolError
-from protocol.federated import GlobalModel, UpdateEnvelope, pack_payload, parse_global_model, split_payload
+from protocol.federated import (
+    GlobalModel,
+    ModelKind,
+    UpdateEnvelope,
+    pack_payload,
+    parse_global_model,
+    split_payload,
+)
 from protocol.records import Record, encode_record
 from runtime.backoff import Backoff
 from runtime.tasks import cancel_and_wait
@@ -41,9 +49,14 @@ from runtime.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 
 
+RoundKind = Literal[
+    "sent", "up_to_date", "too_few_samples", "fetch_failed", "no_job", "wrong_model", "stopped", "error"
+]
+
+
 @dataclass(frozen=True)
 class RoundOutcome:
-    kind: str  # sent | up_to_date | too_few_samples | fetch_failed | no_job | wrong_model | stopped | error
+    kind: RoundKind
     detail: str = ""
     version: int | None = None
     update_id: str | None = None
@@ -86,7 +99,7 @@ class FederatedClient:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
         expect_model: str | None = None,
-        expect_arch: str | None = None,
+        expect_arch: ModelKind | None = None,
     ) -> None:
         self.gateway_id = gateway_id
         self._url = f"{cloud_url.rstrip('/')}/v1/federated/gateways/{gateway_id}/model"
@@ -122,6 +135,11 @@ class FederatedClient:
         }
         self.last_outcome: RoundOutcome | None = None
         self.last_error: str | None = None
+
+    @property
+    def global_version(self) -> int | None:
+        """The version of the global model this client holds; None before its first fetch."""
+        return self._global.version if self._global is not None else None
 
     async def start(self, *, run: bool = True) -> None:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
@@ -217,7 +235,6 @@ class FederatedClient:
         except TrainingStopped:
             return RoundOutcome("stopped", version=version)
         record, envelope = await self.trainer.run(self._envelope, result, version, fetched_ts)
-        assert isinstance(record, bytes) and isinstance(envelope, UpdateEnvelope)
         await self._uplink_log.append(record)
         await self._uplink_log.flush(wait=True)  # durable before the round counts as done
         if self._wake_uplink is not None:

@@ -4,8 +4,8 @@
     placement plan / link change    --poke---->   train_locally -> FederatedClient (+ LocalTrainer thread)
                                                   upload_raw    -> RawForwarder (samples go up as records)
 
-Owner: the daemon builds one runtime (cheap: no torch) and connects the control plane's training
-handler to ``apply``; each new placement plan calls ``poke``. The runtime owns the private data log
+Owner: the daemon builds one runner (cheap: no torch) and connects the control plane's training
+handler to ``apply``; each new placement plan calls ``poke``. The runner owns the private data log
 (``<data_dir>/training/samples``, opened at the first enable, bounded by ``data_max_bytes``,
 drop-oldest), the client, the trainer, the forwarder, and one watch task that re-decides every
 ``decide_interval_s`` or at once after ``poke``; ``stop`` ends them in reverse order and closes the log.
@@ -14,7 +14,7 @@ The decision is re-taken, and acted on, under one lock, so ``apply`` and the wat
 the same time; a decision that changes the mode is logged and kept in a bounded list (``decisions``,
 evictions counted). torch is imported only when local training is first decided, by a background task
 in a thread (seconds on a small box): the event loop, the control plane and the daemon's start never
-wait for it. Meanwhile the service is ``pending`` ("loading torch"); once loaded, the runtime
+wait for it. Meanwhile the service is ``pending`` ("loading torch"); once loaded, the runner
 re-decides and starts the client. A state reached that way, without an ``apply`` (torch loaded, the
 mode changed with the link), goes to ``report``, so the control plane's retained state follows it.
 
@@ -33,7 +33,8 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal
 
 from gateway.control.handlers import Applied
 from gateway.federated.choice import LinkLike, TrainingChoice, choose_training_mode
@@ -44,10 +45,15 @@ from protocol.config import TrainingConfig
 from protocol.control import TrainingSettings
 from runtime.tasks import cancel_and_wait, wait_event
 
+if TYPE_CHECKING:  # both import torch: loaded by a background task, only once local training is decided
+    from gateway.federated.client import FederatedClient
+    from gateway.federated.trainer import LocalTrainer
+
 log = logging.getLogger(__name__)
 
 DECISIONS_KEPT = 20
 CLIENT_MODULE = "gateway.federated.client"  # imports torch
+TrainingState = Literal["training", "loading", "forwarding_raw", "stopped"]  # /status "training.state"
 
 
 def declared_raw_Bps() -> float:
@@ -107,8 +113,8 @@ class TrainingRunner:
         self.decisions_dropped = 0
         self.decisions_total = 0
         self._data_log: EpochLog | None = None
-        self._client: Any = None  # gateway.federated.client.FederatedClient, once torch is loaded
-        self._trainer: Any = None  # gateway.federated.trainer.LocalTrainer
+        self._client: FederatedClient | None = None  # once torch is loaded
+        self._trainer: LocalTrainer | None = None
         self._forwarder: RawForwarder | None = None
         self._client_running = False
         self._lock = asyncio.Lock()
@@ -261,7 +267,7 @@ class TrainingRunner:
                 if self._load_task is None or self._load_task.done():
                     self._load_task = asyncio.create_task(self._load(), name="training-load-torch")
                 return False
-            self._build_client(client_module)
+            self._client = self._build_client(client_module)
         await self._client.start()
         self._client_running = True
         return True
@@ -276,7 +282,8 @@ class TrainingRunner:
             return
         self.poke()
 
-    def _build_client(self, client_module: Any) -> None:
+    def _build_client(self, client_module: ModuleType) -> FederatedClient:
+        """The client (and its trainer, kept in ``_trainer``), from the imported client module."""
         from gateway.federated.encoder import CodecSpec
         from gateway.federated.trainer import LocalTrainer
         from models.numerics import BfpFormat
@@ -290,7 +297,7 @@ class TrainingRunner:
         )
         self._trainer = LocalTrainer(threads=config.threads, duty=config.duty)
         assert self._data_log is not None
-        self._client = client_module.FederatedClient(
+        return client_module.FederatedClient(
             self.gateway_id,
             self._cloud_url,
             self._token,
@@ -311,6 +318,7 @@ class TrainingRunner:
 
     async def _stop_client(self) -> None:
         if self._client_running:
+            assert self._client is not None and self._trainer is not None, "a running client was built"
             self._trainer.interrupt()  # a round in progress ends at its next step, nothing is sent
             await self._client.stop()
             self._client_running = False
@@ -338,7 +346,7 @@ class TrainingRunner:
     # --- what it shows ------------------------------------------------------------------------------
 
     @property
-    def state(self) -> str:
+    def state(self) -> TrainingState:
         if self._client_running:
             return "training"
         if self._load_task is not None and not self._load_task.done():
@@ -370,14 +378,15 @@ class TrainingRunner:
     def _last_error(self) -> str | None:
         errors = [
             self.last_error,
-            getattr(self._client, "last_error", None),
+            self._client.last_error if self._client is not None else None,
             self._forwarder.last_error if self._forwarder is not None else None,
         ]
         return next((e for e in reversed(errors) if e), None)
 
     def status(self) -> dict[str, Any]:
         settings = self.settings or TrainingSettings()
-        outcome = getattr(self._client, "last_outcome", None)
+        client = self._client
+        outcome = client.last_outcome if client is not None else None
         return {
             "enabled": settings.enabled,
             "private": settings.private,
@@ -392,8 +401,8 @@ class TrainingRunner:
             "decisions_total": self.decisions_total,
             "decisions_dropped": self.decisions_dropped,
             "torch_loaded": "torch" in sys.modules,
-            "samples": len(self._client.samples) if self._client is not None else None,
-            "global_version": getattr(getattr(self._client, "_global", None), "version", None),
+            "samples": len(client.samples) if client is not None else None,
+            "global_version": client.global_version if client is not None else None,
             "last_outcome": None
             if outcome is None
             else {"kind": outcome.kind, "detail": outcome.detail, "version": outcome.version},

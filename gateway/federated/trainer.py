@@ -21,11 +21,14 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 from torch import nn
 
 from protocol.federated import RoundConfig
+
+_Result = TypeVar("_Result")
 
 
 class TrainingStopped(Exception):
@@ -106,7 +109,7 @@ class LocalTrainer:
         # Process-wide in torch: a gateway trains in one place only, so this bounds all of its torch work.
         torch.set_num_threads(self.threads)
 
-    async def run(self, fn: Callable[..., object], *args: object) -> object:
+    async def run(self, fn: Callable[..., _Result], *args: object) -> _Result:
         """Run any torch work (training, encoding) on the trainer's thread."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
@@ -128,7 +131,6 @@ class LocalTrainer:
 
         result = await self.run(work)
         self.rounds += 1
-        assert isinstance(result, LocalResult)
         return result
 
     def interrupt(self) -> None:

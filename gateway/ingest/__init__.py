@@ -1,1 +1,2 @@
-"""Sources of records: sensors over MQTT (sensors.py) and cameras (camera.py)."""
+"""Sensor telemetry in: MQTT messages judged, logged and acknowledged once durable (sensors.py), and
+redeliveries recognised (recent_samples.py). Cameras are gateway/camera/."""

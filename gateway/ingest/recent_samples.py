@@ -24,7 +24,7 @@ class RecentSamples:
         self.capacity = capacity
         self._keys: OrderedDict[SampleKey, None] = OrderedDict()
 
-    def __contains__(self, key: SampleKey) -> bool:
+    def __contains__(self, key: object) -> bool:
         return key in self._keys
 
     def __len__(self) -> int:

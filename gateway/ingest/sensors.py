@@ -47,7 +47,8 @@ REJECT_REASONS = (
 
 @dataclass(frozen=True)
 class Verdict:
-    """What to do with one message: append ``record``, or reject it for ``reason``."""
+    """What to do with one message: append ``record``, or reject it for ``reason``. A record always
+    comes with its ``sample`` key (how a redelivery of it is recognised)."""
 
     record: bytes | None
     reason: str | None = None
@@ -169,6 +170,7 @@ class SensorIngest:
                 await self._log.append(verdict.record)
                 self.accepted += 1
                 self._appended_since_flush += 1
+                assert verdict.sample is not None, "a Verdict with a record names its sample"
                 self._recent.remember(verdict.sample)
             except LogFull as exc:
                 verdict = Verdict(None, "log_full", f"log full, policy reject: {exc}")

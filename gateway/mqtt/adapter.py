@@ -200,7 +200,8 @@ class MqttAdapter:
     async def _connect_once(self) -> None:
         host, port, _ = self.settings.host_port_tls
         loop = asyncio.get_running_loop()
-        self._state = _ConnectionState(number=self._state.number + 1, connack=loop.create_future())
+        connack: asyncio.Future[bool] = loop.create_future()
+        self._state = _ConnectionState(number=self._state.number + 1, connack=connack)
         if self.settings.protocol_version == "5":
             props = Properties(PacketTypes.CONNECT)
             props.SessionExpiryInterval = SESSION_EXPIRY_S if self.settings.persistent_session else 0
@@ -218,7 +219,7 @@ class MqttAdapter:
                     None, lambda: self._client.connect(host, port, self.settings.keepalive_s, **kwargs)
                 )
             async with asyncio.timeout(self.settings.connect_timeout_s):
-                await asyncio.shield(self._state.connack)
+                await asyncio.shield(connack)
         except (OSError, ssl.SSLError, ValueError) as exc:
             self._socket.close_socket()
             raise MqttConnectError(str(exc) or type(exc).__name__) from None

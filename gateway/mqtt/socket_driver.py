@@ -19,6 +19,7 @@ import contextlib
 import socket
 import ssl
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import paho.mqtt.client as paho
@@ -85,12 +86,17 @@ class SocketDriver:
 
     # --- paho's socket callbacks (on the loop thread, except open/write during connect) ---------
 
-    def _in_loop(self, fn: Any, *args: Any) -> None:
-        assert self._loop is not None
+    @property
+    def _started_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop ``start`` attached to; paho opens a socket, and so calls back, only after ``start``."""
+        assert self._loop is not None, "SocketDriver.start() was not called"
+        return self._loop
+
+    def _in_loop(self, fn: Callable[..., None], *args: Any) -> None:
         if threading.get_ident() == self._loop_thread:
             fn(*args)
         else:
-            self._loop.call_soon_threadsafe(fn, *args)
+            self._started_loop.call_soon_threadsafe(fn, *args)
 
     def _on_socket_open(self, client: paho.Client, userdata: Any, sock: Any) -> None:
         with contextlib.suppress(OSError):
@@ -113,25 +119,25 @@ class SocketDriver:
         if self._sock is sock:
             self._sock = None
         with contextlib.suppress(ValueError, OSError):
-            self._loop.remove_reader(sock)  # type: ignore[union-attr]
-            self._loop.remove_writer(sock)  # type: ignore[union-attr]
+            self._started_loop.remove_reader(sock)
+            self._started_loop.remove_writer(sock)
 
     def _detach_fd(self, fd: int) -> None:
         self._sock = None
         if fd >= 0:
-            self._loop.remove_reader(fd)  # type: ignore[union-attr]
-            self._loop.remove_writer(fd)  # type: ignore[union-attr]
+            self._started_loop.remove_reader(fd)
+            self._started_loop.remove_writer(fd)
 
     def _on_socket_register_write(self, client: paho.Client, userdata: Any, sock: Any) -> None:
         self._in_loop(self._add_writer, sock)
 
     def _add_writer(self, sock: Any) -> None:
         if sock.fileno() >= 0:
-            self._loop.add_writer(sock, self._client.loop_write)  # type: ignore[union-attr]
+            self._started_loop.add_writer(sock, self._client.loop_write)
 
     def _on_socket_unregister_write(self, client: paho.Client, userdata: Any, sock: Any) -> None:
         self._in_loop(self._remove_writer, sock)
 
     def _remove_writer(self, sock: Any) -> None:
         with contextlib.suppress(ValueError, OSError):
-            self._loop.remove_writer(sock)  # type: ignore[union-attr]
+            self._started_loop.remove_writer(sock)

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Literal
 from urllib.parse import urlsplit
+
+from protocol.config import MqttConfig, MqttVersion
+
+ConnectionRole = Literal["data", "control"]
 
 
 class MqttError(Exception):
@@ -43,7 +47,7 @@ class MqttSettings:
     url: str
     client_id: str
     persistent_session: bool = True
-    protocol_version: str = "5"  # or "3.1.1" for brokers without v5 (the demo's amqtt)
+    protocol_version: MqttVersion = "5"  # or "3.1.1" for brokers without v5 (the demo's amqtt)
     username: str | None = None
     password: str | None = None
     ca_file: Path | None = None
@@ -66,7 +70,9 @@ class MqttSettings:
         return parts.hostname, parts.port or (8883 if tls else 1883), tls
 
 
-def settings_from_config(config: Any, gateway_id: str, will: Will | None, role: str = "data") -> MqttSettings:
+def settings_from_config(
+    config: MqttConfig, gateway_id: str, will: Will | None, role: ConnectionRole = "data"
+) -> MqttSettings:
     """Settings for a gateway daemon connection.
 
     ``role="data"``: the ingest connection: persistent session under a stable client id, manual acks.
@@ -92,7 +98,7 @@ def settings_from_config(config: Any, gateway_id: str, will: Will | None, role: 
         will=will,
         persistent_session=not control,
         manual_ack=not control,
-        protocol_version=getattr(config, "protocol_version", "5"),
+        protocol_version=config.protocol_version,
     )
 
 

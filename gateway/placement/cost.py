@@ -24,11 +24,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from gateway.taskgraphs.graph import Side, TaskGraph
+from protocol.config import FlappingPolicy
 
 LinkState = Literal["up", "down", "flapping"]
+LINK_STATES: tuple[LinkState, ...] = get_args(LinkState)
 LATENCY_CAP_S = 1e6  # stands in for "never" (a saturated queue) so that scores stay comparable
 
 
@@ -50,7 +52,7 @@ class Budgets:
     max_link_utilisation: float = 0.8  # of the measured goodput
     flap_penalty_s: float = 5.0  # expected wait for a flapping link, per crossing, at 0% up
     byte_weight: float = 1.0  # score of sending the whole uplink budget, in units of one latency target
-    flapping: Literal["edge", "model"] = "edge"  # a flapping link: keep work at the edge, or trust the model
+    flapping: FlappingPolicy = "edge"
 
     def __post_init__(self) -> None:
         for name in ("uplink_Bps", "edge_cores", "edge_cpu_share", "max_link_utilisation"):
@@ -58,7 +60,7 @@ class Budgets:
                 raise ValueError(f"Budgets.{name} must be > 0")
         if self.byte_weight < 0 or self.flap_penalty_s < 0:
             raise ValueError("Budgets.byte_weight and flap_penalty_s must be >= 0")
-        if self.flapping not in ("edge", "model"):
+        if self.flapping not in get_args(FlappingPolicy):
             raise ValueError("Budgets.flapping must be 'edge' or 'model'")
 
 

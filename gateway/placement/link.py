@@ -26,12 +26,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gateway.placement.cost import LinkState, LinkView
+from gateway.placement.cost import LINK_STATES, LinkState, LinkView
 
 log = logging.getLogger(__name__)
+
+Observation = Literal["probe", "upload"]  # the edgefed_link_observations "kind" label
 
 
 @dataclass(frozen=True)
@@ -190,7 +193,7 @@ class LinkMonitor:
             sample = nbytes / max(transfer, seconds / 2)
             # A censored sample (the round trip was most of the time: a small upload on a fast link)
             # only says goodput >= sample: it may raise the estimate, never lower it.
-            if not (censored and self._goodput_measured and sample <= self._goodput.value):
+            if not (censored and self._goodput_measured and sample <= self._goodput_Bps):
                 self._take_goodput(now, sample)
                 self.large_goodput_samples += nbytes >= self._large_upload_bytes
         self._success(now, "upload")
@@ -204,11 +207,17 @@ class LinkMonitor:
         self._goodputs.append((now, sample))
 
     @property
+    def _goodput_Bps(self) -> float:
+        value = self._goodput.value
+        assert value is not None, "the goodput EWMA starts at the prior, so it always has a value"
+        return value
+
+    @property
     def level_shifts(self) -> int:
         """Confirmed RTT and goodput level shifts so far (each made its estimate jump)."""
         return self._rtt.shifts + self._goodput.shifts
 
-    def _success(self, now: float, kind: str) -> None:
+    def _success(self, now: float, kind: Observation) -> None:
         self._failures = 0
         self._last_success = now
         if not self._up:
@@ -219,7 +228,7 @@ class LinkMonitor:
             self._metrics.observations.labels(kind, "ok").inc()
         self._publish()
 
-    def _failure(self, kind: str) -> None:
+    def _failure(self, kind: Observation) -> None:
         now = self._clock()
         self._failures += 1
         if self._up and self._failures >= self._down_after:
@@ -250,7 +259,7 @@ class LinkMonitor:
             state=state,
             rtt_s=self._rtt.value,
             rtt_window_s=statistics.median(rtts) if rtts else None,
-            goodput_Bps=self._goodput.value,
+            goodput_Bps=self._goodput_Bps,
             goodput_window_Bps=statistics.median(goodputs) if goodputs else None,
             goodput_measured=self._goodput_measured,
             up_fraction=self._up_fraction(now, since, transitions),
@@ -315,5 +324,5 @@ class _Metrics:
         self.goodput.set(est.goodput_Bps)
         self.up_fraction.set(est.up_fraction)
         self.transitions.set(est.transitions)
-        for state in ("up", "down", "flapping"):
+        for state in LINK_STATES:
             self.state.labels(state).set(1.0 if state == est.state else 0.0)

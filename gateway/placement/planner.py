@@ -31,7 +31,7 @@ from gateway.placement.cost import (
 )
 from gateway.placement.plan import Decision, Plan, ServicePlan, moves_between, placement_strings
 from gateway.placement.search import choose, service_options
-from gateway.taskgraphs.graph import Side, TaskGraph
+from gateway.taskgraphs.graph import SIDES, Side, TaskGraph
 
 Pins = Mapping[str, Side]  # "service/task" -> side, set by the operator
 
@@ -47,7 +47,7 @@ def check_pins(services: Sequence[TaskGraph], pins: Pins) -> tuple[str, ...]:
     for key, side in pins.items():
         service_name, _, task = key.partition("/")
         service = by_name.get(service_name)
-        if side not in ("edge", "cloud"):
+        if side not in SIDES:
             errors.append(f"{key}: side must be edge or cloud, not {side!r}")
         elif service is None or task not in {t.name for t in service.tasks}:
             errors.append(f"{key}: no such service/task")

@@ -3,8 +3,9 @@
 Owns the LinkProber and the PlacementController (the LinkMonitor is made by ``make_monitor`` so
 the uplink can feed it before this starts). Start order: prober, then controller (whose first
 plan is made in its ``start``); stop in reverse. Invariant: ``status()`` always reflects the
-planner's current plan and its last decisions; ``pin`` validates the whole pin set first, so a bad
-pin raises ``PinError`` and changes nothing.
+planner's current plan and its last decisions; a new pin set (the control plane's, through
+``GatewayRunner.set_placement_pins``) is validated whole by the planner first, so a bad pin raises
+``PinError`` and changes nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from gateway.placement.link import LinkMonitor
 from gateway.placement.planner import Hysteresis, PlacementPlanner
 from gateway.placement.probe import LinkProber
 from gateway.taskgraphs import TaskGraph, default_graphs
-from gateway.taskgraphs.graph import Side
 from protocol.config import PlacementConfig
 
 log = logging.getLogger(__name__)
@@ -103,18 +103,6 @@ class PlacementRunner:
             await (self.controller.stop() if name == "controller" else self.prober.stop())
         self._started.clear()
 
-    def pin(self, task_key: str, side: Side | None) -> dict[str, Side]:
-        """Pin ``service/task`` to a side (None: unpin); re-plans at once. Returns the pins now."""
-        pins = self.planner.pins
-        if side is None:
-            pins.pop(task_key, None)
-        else:
-            pins[task_key] = side
-        self.planner.set_pins(pins)  # PinError: nothing changed
-        self.controller.poke()
-        log.info("placement pin %s -> %s", task_key, side or "unpinned")
-        return pins
-
     def status(self) -> dict[str, Any]:
         plan = self.planner.current
         decisions = list(self.planner.decisions)[-self.config.decisions_in_status :]
@@ -122,7 +110,7 @@ class PlacementRunner:
         return {
             "plan": None if plan is None else plan.to_dict(),
             "decisions": [d.to_dict() for d in decisions],
-            "decisions_total": (self.planner.current.version if plan is not None else 0),
+            "decisions_total": plan.version if plan is not None else 0,
             "decisions_dropped": self.planner.decisions_dropped,
             "pins": self.planner.pins,
             "link": link,

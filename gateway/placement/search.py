@@ -22,7 +22,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 
 from gateway.placement.cost import Budgets, EffectiveLink, Evaluation, Option, evaluate, make_option
-from gateway.taskgraphs.graph import Side, TaskGraph
+from gateway.taskgraphs.graph import SIDES, Side, TaskGraph
 
 EXACT_MAX_FREE = 12
 EXACT_MAX_COMBOS = 20_000
@@ -46,15 +46,19 @@ def enumerate_options(service: TaskGraph, pins: Mapping[str, Side]) -> list[Opti
     free = free_positions(service, pins)
     return [
         make_option(service, _sides(service, pins, free, choice))
-        for choice in itertools.product(("edge", "cloud"), repeat=len(free))
+        for choice in itertools.product(SIDES, repeat=len(free))
     ]
+
+
+def _cut(k: int, n: int) -> list[Side]:
+    """The first ``k`` of ``n`` free tasks at the edge, the rest in the cloud."""
+    return ["edge" if i < k else "cloud" for i in range(n)]
 
 
 def cut_options(service: TaskGraph, pins: Mapping[str, Side]) -> list[Option]:
     free = free_positions(service, pins)
     return [
-        make_option(service, _sides(service, pins, free, ["edge"] * k + ["cloud"] * (len(free) - k)))
-        for k in range(len(free) + 1)
+        make_option(service, _sides(service, pins, free, _cut(k, len(free)))) for k in range(len(free) + 1)
     ]
 
 

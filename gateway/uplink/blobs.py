@@ -26,13 +26,16 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
 from gateway.uplink.drain import TokenBucket
 from protocol.records import Record, encode_record
 from runtime.files import atomic_write
+
+if TYPE_CHECKING:  # sender.py imports this module; the kinds are the sender's
+    from gateway.uplink.sender import OutcomeKind
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +68,7 @@ class BlobRef:
 class BlobOutcome:
     """``kind`` is "ok" or one of sender.FAILURE_KINDS; ``detail`` says what happened."""
 
-    kind: str
+    kind: OutcomeKind
     detail: str = ""
 
 
@@ -157,7 +160,7 @@ class BlobUploader:
         self._clock = clock
         self._committed: OrderedDict[str, str] = OrderedDict()  # blob id -> sha256, bounded (LRU)
         self.resumed_at: list[int] = []  # offsets > 0 an upload (re)started at, as the cloud reported
-        self.counters = {
+        self.counters: dict[str, float] = {  # all counts but throttled_s (seconds)
             "blobs_committed": 0,
             "blobs_already_committed": 0,
             "chunks_sent": 0,

@@ -22,16 +22,18 @@ import heapq
 import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator
-from typing import Literal
+from typing import Literal, get_args
 
-CLASSES = ("alert", "summary", "raw")
-Order = Literal["oldest", "newest"]
+from protocol.config import DrainOrder
+
+DrainClass = Literal["alert", "summary", "raw"]
+CLASSES: tuple[DrainClass, ...] = get_args(DrainClass)  # highest priority first
 
 _EVENT = b'"kind":"event"'
 _ALERT = (b'"severity":"alert"', b'"severity": "alert"')
 
 
-def classify(data: bytes) -> str:
+def classify(data: bytes) -> DrainClass:
     """The drain class of one encoded record (compact JSON from protocol.records.encode_record).
 
     A byte search, not a parse: a million-record backlog is classified in about a second.
@@ -202,23 +204,23 @@ class BacklogIndex:
     amortised O(1) in the backlog's size (a million-record backlog costs each round what a small one does)."""
 
     def __init__(self) -> None:
-        self._runs: dict[str, Runs] = {c: Runs() for c in CLASSES}
+        self._runs: dict[DrainClass, Runs] = {c: Runs() for c in CLASSES}
         self.scanned = 0  # highest LSN added
         self.upto = 0  # the backlog covers LSNs <= upto (the rest is the live tail)
 
-    def add(self, lsn: int, cls: str) -> None:
+    def add(self, lsn: int, cls: DrainClass) -> None:
         assert lsn > self.scanned, f"LSNs are added in increasing order ({lsn} after {self.scanned})"
         self._runs[cls].append(lsn, lsn)
         self.scanned = lsn
 
-    def pending(self, cls: str | None = None) -> int:
+    def pending(self, cls: DrainClass | None = None) -> int:
         classes = CLASSES if cls is None else (cls,)
         return sum(self._runs[c].count for c in classes)
 
-    def next_class(self) -> str | None:
+    def next_class(self) -> DrainClass | None:
         return next((c for c in CLASSES if len(self._runs[c])), None)
 
-    def pick(self, cls: str, order: Order, max_records: int, max_span: int) -> list[int]:
+    def pick(self, cls: DrainClass, order: DrainOrder, max_records: int, max_span: int) -> list[int]:
         """Up to ``max_records`` LSNs of ``cls`` from its oldest or newest end, within ``max_span``
         consecutive LSNs of the log (so one sequential read fetches them), in increasing order."""
         runs = self._runs[cls]
@@ -250,7 +252,7 @@ class BacklogIndex:
             out.extend(piece)
         return out
 
-    def remove(self, cls: str, lsns: list[int]) -> None:
+    def remove(self, cls: DrainClass, lsns: list[int]) -> None:
         """Drop acknowledged LSNs: ``lsns`` came from ``pick``, so they are every LSN of the class in
         [lsns[0], lsns[-1]]; only the runs in that span are touched."""
         if lsns:

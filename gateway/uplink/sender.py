@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol, get_args
 
 import aiohttp
 from pydantic import ValidationError
@@ -39,7 +39,15 @@ from pydantic import ValidationError
 from gateway.ratelimit import RateLimitedLog
 from gateway.storage.interface import RecordLog
 from gateway.uplink.blobs import BlobSpool, BlobUploader, blob_refs
-from gateway.uplink.drain import CLASSES, AckedRanges, BacklogIndex, TokenBucket, classify, runs_of
+from gateway.uplink.drain import (
+    CLASSES,
+    AckedRanges,
+    BacklogIndex,
+    DrainClass,
+    TokenBucket,
+    classify,
+    runs_of,
+)
 from protocol.batch import BatchAck, encode_batch, idempotency_key
 from protocol.config import UplinkConfig
 from runtime.backoff import Backoff
@@ -50,7 +58,7 @@ log = logging.getLogger(__name__)
 IDLE_WAKE_S = 5.0  # look at the log at least this often even without a wake-up
 SCAN_SLICE_RECORDS = 10_000  # backlog records read and classified per round (~0.2 s; then a live batch)
 SPAN_PER_RECORD = 20  # a backlog batch spans at most this many log LSNs per record it carries
-FAILURE_KINDS = (
+FailureKind = Literal[
     "connection",
     "timeout",
     "server_error",
@@ -58,8 +66,13 @@ FAILURE_KINDS = (
     "rejected_by_cloud",
     "unexpected_status",
     "bad_ack",
-)
-LINK_FAILURES = ("connection", "timeout")  # the others got an answer: the link itself worked
+]
+FAILURE_KINDS: tuple[FailureKind, ...] = get_args(FailureKind)
+OutcomeKind = Literal["ok"] | FailureKind
+# the others got an answer: the link itself worked
+LINK_FAILURES: tuple[FailureKind, ...] = ("connection", "timeout")
+UplinkState = Literal["idle", "sending", "backoff", "stopped"]  # /status "uplink.state"
+BatchSource = Literal["live", "scan"] | DrainClass  # "scan": an empty batch, after a backlog scan slice
 
 
 class UploadObserver(Protocol):
@@ -70,14 +83,14 @@ class UploadObserver(Protocol):
 class Outcome:
     """The result of one POST, as a value: ``kind`` is "ok" or one of FAILURE_KINDS."""
 
-    kind: str
+    kind: OutcomeKind
     detail: str = ""
     ack: BatchAck | None = None
 
 
 @dataclass(frozen=True)
 class Batch:
-    source: str  # "live" or a drain class
+    source: BatchSource
     entries: list[tuple[int, bytes]]
 
 
@@ -143,12 +156,12 @@ class Uplink:
         self._index = BacklogIndex()
         self._live_next = 1  # first LSN of the live tail not yet acknowledged
         self._scan_next = 1  # next backlog LSN to classify (the scan is done when > index.upto)
-        self._turn = "backlog"
+        self._turn: Literal["live", "backlog"] = "backlog"  # which kind of batch goes next, when both wait
         self._synced = False
-        self.state = "idle"
+        self.state: UplinkState = "idle"
         self.last_error = ""
         self.last_success_ts = 0.0
-        self.counters = {
+        self.counters: dict[str, float] = {  # all counts but throttled_s (seconds)
             "batches_sent": 0,
             "records_uploaded": 0,
             "bytes_uploaded": 0,
@@ -160,8 +173,8 @@ class Uplink:
             "throttled_s": 0,
             "blob_refs_without_spool": 0,
         }
-        self.uploaded_by_class: dict[str, int] = dict.fromkeys(CLASSES, 0)
-        self.failures: dict[str, int] = dict.fromkeys(FAILURE_KINDS, 0)
+        self.uploaded_by_class: dict[DrainClass, int] = dict.fromkeys(CLASSES, 0)
+        self.failures: dict[str, int] = dict.fromkeys(FAILURE_KINDS, 0)  # by FailureKind
 
     def wake(self) -> None:
         """New durable records: send them now rather than at the next idle check."""
@@ -389,6 +402,7 @@ class Uplink:
                 self.uploaded_by_class[classify(data)] += 1
             self.counters["live_batches"] += 1
         else:
+            assert batch.source != "scan", "a scan slice's batch is empty, never sent"
             self._index.remove(batch.source, lsns)
             self.uploaded_by_class[batch.source] += len(lsns)
             self.counters["backlog_batches"] += 1

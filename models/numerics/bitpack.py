@@ -252,5 +252,6 @@ def _word_weights(width: int, device: torch.device) -> torch.Tensor:
 def _half_word_table(width: int, device: torch.device) -> torch.Tensor:
     """12-bit half word -> its four 3-bit codes, code i in byte i of an int32."""
     halves = torch.arange(1 << 12, dtype=torch.int64)
-    value = sum(((halves >> (width * i)) & ((1 << width) - 1)) << (8 * i) for i in range(12 // width))
+    codes = (((halves >> (width * i)) & ((1 << width) - 1)) << (8 * i) for i in range(12 // width))
+    value = sum(codes, torch.zeros_like(halves))
     return value.to(torch.int32).to(device)

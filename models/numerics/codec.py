@@ -221,7 +221,8 @@ class BfpCodec:
     def _encode_fused(self, flat: torch.Tensor, tensor: torch.Tensor, n_blocks: int) -> Packed | None:
         """The compiled kernels (fused.py) for a float32 CPU tensor; None if it holds a non-finite value."""
         n = flat.numel()
-        if flat.dtype != torch.float32 or flat.device.type != "cpu" or n == 0:
+        fused = self._fused
+        if fused is None or flat.dtype != torch.float32 or flat.device.type != "cpu" or n == 0:
             return None
         fmt = self.fmt
         n_pad = n_blocks * fmt.block_size
@@ -229,7 +230,7 @@ class BfpCodec:
         exponents = torch.empty(n_blocks, dtype=torch.uint8)
         mantissas = torch.empty(packed_length(n, fmt.mantissa_bits), dtype=torch.uint8)
         low, high = fmt.exponent_range
-        if not self._fused.encode_into(
+        if not fused.encode_into(
             source.numpy(),
             n,
             fmt.mantissa_bits,
