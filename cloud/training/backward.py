@@ -15,13 +15,14 @@ order, the gradient a single ``torch.autograd.grad`` over the stage would (``Non
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TypeGuard
 
 import torch
 from torch import nn
 from torch.func import functional_call
 
 
-def splittable(module: nn.Module) -> bool:
+def splittable(module: nn.Module) -> TypeGuard[nn.Sequential]:
     """A plain ``nn.Sequential`` whose layers neither write their input in place (that would
     overwrite the output the tape keeps for the layer before) nor share parameters."""
     if type(module) is not nn.Sequential or any(getattr(layer, "inplace", False) for layer in module):
@@ -41,7 +42,7 @@ class LayerTape:
         self.weights: list[list[torch.Tensor]] = []  # that layer's parameters, named_parameters order
         h = x
         for prefix, layer in module.named_children():  # a slice of a model keeps its layer names
-            weights = dict(layer.named_parameters())
+            weights: dict[str, torch.Tensor] = dict(layer.named_parameters())
             if params is None:
                 h = layer(h)
             else:  # a stashed weight version, keyed like the stage's named_parameters

@@ -119,7 +119,10 @@ def pack_header(codec: WireCodec, tensor: torch.Tensor, n_bytes: int) -> torch.T
     )
 
 
-def unpack_header(header: torch.Tensor) -> tuple[WireCodec, torch.dtype, tuple[int, ...], int]:
+Header = tuple[WireCodec, torch.dtype, tuple[int, ...], int]  # codec, dtype, shape, payload bytes
+
+
+def unpack_header(header: torch.Tensor) -> Header:
     values = header.tolist()
     if values[0] != _MAGIC:
         raise ValueError(f"bad header magic {values[0]:#x}: peers disagree on the message order")
@@ -131,8 +134,8 @@ def unpack_header(header: torch.Tensor) -> tuple[WireCodec, torch.dtype, tuple[i
 class PendingSends:
     """Sends in flight; keeps their buffers alive until waited."""
 
-    works: list = field(default_factory=list)
-    buffers: list = field(default_factory=list)
+    works: list[dist.Work] = field(default_factory=list)
+    buffers: list[torch.Tensor] = field(default_factory=list)
     bytes_sent: int = 0  # headers and payloads
     payload_bytes: int = 0  # what the codecs produced
     raw_bytes: int = 0  # what the same tensors take uncompressed (the fp32 codec's payload)
@@ -142,6 +145,13 @@ class PendingSends:
             work.wait(timedelta(seconds=timeout_s))
         self.works.clear()
         self.buffers.clear()
+
+
+def _posted(work: dist.Work | None) -> dist.Work:
+    """An ``isend``/``irecv``'s handle; torch returns None on a rank outside the default group."""
+    if work is None:
+        raise RuntimeError("point-to-point transfer on a rank outside the default process group")
+    return work
 
 
 def send_tensor(
@@ -157,11 +167,11 @@ def send_tensor(
     capacity = sizes.capacity(dst, tag) if sizes is not None else 0
     header = pack_header(codec, tensor, n_bytes).view(torch.uint8)
     message = torch.cat([header, payload[:capacity]])
-    pending.works.append(dist.isend(message, dst, tag=tag))
+    pending.works.append(_posted(dist.isend(message, dst, tag=tag)))
     pending.buffers.append(message)
     if n_bytes > capacity:
         overflow = payload[capacity:]
-        pending.works.append(dist.isend(overflow, dst, tag=tag + 1))
+        pending.works.append(_posted(dist.isend(overflow, dst, tag=tag + 1)))
         pending.buffers.append(overflow)
     if sizes is not None:
         sizes.record(dst, tag, n_bytes)
@@ -178,19 +188,19 @@ class PendingRecv:
         self.src, self.tag, self.sizes = src, tag, sizes
         self.capacity = sizes.capacity(src, tag) if sizes is not None else 0
         self.message = torch.empty(HEADER_BYTES + self.capacity, dtype=torch.uint8)
-        self.work = dist.irecv(self.message, src, tag=tag)
-        self.overflow: torch.Tensor | None = None
-        self.overflow_work = None
-        self.meta: tuple[WireCodec, torch.dtype, tuple[int, ...], int] | None = None
+        self.work = _posted(dist.irecv(self.message, src, tag=tag))
+        self.overflow: tuple[torch.Tensor, dist.Work] | None = None  # its buffer and receive, if any
+        self.meta: Header | None = None
 
-    def _read_header(self) -> None:
-        self.meta = unpack_header(self.message[:HEADER_BYTES].view(torch.int64))
-        n_bytes = self.meta[3]
+    def _read_header(self) -> Header:
+        meta = self.meta = unpack_header(self.message[:HEADER_BYTES].view(torch.int64))
+        n_bytes = meta[3]
         if self.sizes is not None:
             self.sizes.record(self.src, self.tag, n_bytes)
         if n_bytes > self.capacity:
-            self.overflow = torch.empty(n_bytes - self.capacity, dtype=torch.uint8)
-            self.overflow_work = dist.irecv(self.overflow, self.src, tag=self.tag + 1)
+            buffer = torch.empty(n_bytes - self.capacity, dtype=torch.uint8)
+            self.overflow = (buffer, _posted(dist.irecv(buffer, self.src, tag=self.tag + 1)))
+        return meta
 
     def poll(self) -> None:
         """Read the header if the message is in, so that an overflow transfer overlaps compute."""
@@ -199,16 +209,18 @@ class PendingRecv:
             self._read_header()
 
     def wait(self, timeout_s: float) -> torch.Tensor:
-        if self.meta is None:
+        meta = self.meta
+        if meta is None:
             self.work.wait(timedelta(seconds=timeout_s))
-            self._read_header()
-        codec, dtype, shape, n_bytes = self.meta  # type: ignore[misc]
+            meta = self._read_header()
+        codec, dtype, shape, n_bytes = meta
         inline = self.message[HEADER_BYTES : HEADER_BYTES + min(n_bytes, self.capacity)]
-        if self.overflow_work is None:
+        if self.overflow is None:
             payload = inline
         else:
-            self.overflow_work.wait(timedelta(seconds=timeout_s))
-            payload = torch.cat([inline, self.overflow])
+            buffer, work = self.overflow
+            work.wait(timedelta(seconds=timeout_s))
+            payload = torch.cat([inline, buffer])
         return codec.decode(payload, shape, dtype)
 
 

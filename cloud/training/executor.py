@@ -1,6 +1,7 @@
 """The one executor: runs a rank's schedule actions for its pipeline stage (or stage replica).
 
-``StageExecutor.run_step`` walks ``schedule.orders[rank]`` in order: ``RECV_*`` waits for a receive
+``StageExecutor.run_step`` walks ``schedule.orders[rank]`` in order, handing each action to the
+handler of its kind (one method per kind): ``RECV_*`` waits for a receive
 posted at the start of the step (sized from the slot's last message, so transfers overlap
 compute; see ``comm``), ``F``/``B`` compute, ``SEND_*`` posts an ``isend``. Backward uses
 ``torch.autograd.grad`` with explicit inputs, so gradients land only where the executor puts them.
@@ -28,9 +29,9 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -38,7 +39,7 @@ from torch import nn
 from torch.func import functional_call
 
 from cloud.training import backward, comm
-from cloud.training.schedules import Schedule, Topology
+from cloud.training.schedules import Action, ActionKind, Schedule, Topology
 
 
 @dataclass
@@ -61,10 +62,42 @@ class _InFlight:
     tape: backward.LayerTape | None  # split backward: the layer outputs its weight pass needs
 
 
+Grads = Sequence[torch.Tensor | None]  # per parameter, in named_parameters order; None: unused
+
+
+@dataclass
+class _Step:
+    """One step's state, which the action handlers read and update."""
+
+    inputs: dict[int, torch.Tensor] | None  # stage 0: by microbatch
+    targets: dict[int, torch.Tensor] | None  # last stage: by microbatch
+    stashing: bool  # per_microbatch updates: weight versions are stashed
+    scale: float  # of each microbatch's loss
+    tags: dict[int, int]  # vertical sync: microbatch -> weight version; else empty
+    needed: Counter[int]  # vertical sync: weight version -> forwards still to run on it
+    recvs: dict[tuple[ActionKind, int], comm.PendingRecv]  # posted, not yet waited
+    stats: StepStats = field(default_factory=StepStats)
+    sends: comm.PendingSends = field(default_factory=comm.PendingSends)
+    received: dict[tuple[ActionKind, int], torch.Tensor] = field(default_factory=dict)
+    in_flight: dict[int, _InFlight] = field(default_factory=dict)
+    input_grads: dict[int, torch.Tensor] = field(default_factory=dict)  # computed, not yet sent
+    version: int = 0  # per_microbatch updates applied so far
+    snapshots: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # version -> weights
+    deferred: tuple[backward.LayerTape, list[torch.Tensor | None]] | None = None  # a weight pass to run
+
+
+def _given(
+    tensors: Mapping[int, torch.Tensor] | Sequence[torch.Tensor] | None, index: int, what: str
+) -> torch.Tensor:
+    if tensors is None:
+        raise ValueError(f"{what}[{index}] is needed, but {what} is None")
+    return tensors[index]
+
+
 class StageExecutor:
     def __init__(
         self,
-        module: nn.Sequential,
+        module: nn.Module,
         topology: Topology,
         rank: int,
         *,
@@ -82,17 +115,32 @@ class StageExecutor:
         self.codec = codec or comm.Fp32Codec()
         self.replica_group, self.timeout_s = replica_group, timeout_s
         self.params = dict(module.named_parameters())
-        self.split_backward = not self.is_first and activation_context is None and backward.splittable(module)
+        # the stage's layers when its backward splits (see the module docstring), else None
+        self._split_layers = (
+            module
+            if not self.is_first and activation_context is None and backward.splittable(module)
+            else None
+        )
+        self.split_backward = self._split_layers is not None
         self.slot_sizes = comm.SlotSizes()  # capacities of eager payload receives, per peer and tag
         # Entered around every training forward: e.g. ActivationCompressor.active, whose
         # saved-tensor hooks store what backward needs compressed.
         self.activation_context = activation_context or contextlib.nullcontext
+        # One handler per action kind, as the schedule is data.
+        self._handlers: dict[ActionKind, Callable[[_Step, Action], None]] = {
+            "RECV_F": self._receive,
+            "RECV_B": self._receive,
+            "F": self._forward,
+            "SEND_F": self._send_activation,
+            "B": self._backward,
+            "SEND_B": self._send_input_gradient,
+        }
 
     # -- weight versions (per_microbatch updates) -------------------------------------------------
     def _snapshot(self) -> dict[str, torch.Tensor]:
         return {name: p.detach().clone().requires_grad_(True) for name, p in self.params.items()}
 
-    def _apply_update(self, grads: Sequence[torch.Tensor | None]) -> None:
+    def _apply_update(self, grads: Grads) -> None:
         for p, g in zip(self.params.values(), grads, strict=True):
             p.grad = None if g is None else g.detach()
         self._optimizer_step()
@@ -110,132 +158,166 @@ class StageExecutor:
         targets: dict[int, torch.Tensor] | None,
     ) -> StepStats:
         """Run this rank's actions; ``inputs`` (stage 0) and ``targets`` (last stage) by microbatch."""
+        step = self._begin_step(schedule, inputs, targets)
+        for action in schedule.orders[self.rank]:
+            for pending in step.recvs.values():
+                pending.poll()
+            if action.kind != "SEND_B":  # a split backward sends its input gradient first
+                self._run_deferred(step)
+            self._handlers[action.kind](step, action)
+        self._run_deferred(step)
+        self._end_step(step)
+        return step.stats
+
+    def _begin_step(
+        self,
+        schedule: Schedule,
+        inputs: dict[int, torch.Tensor] | None,
+        targets: dict[int, torch.Tensor] | None,
+    ) -> _Step:
         if schedule.topology != self.topology:
             raise ValueError("schedule built for another topology")
         stashing = schedule.update == "per_microbatch"
         if stashing and max(self.topology.replicas) > 1:
             raise NotImplementedError("1f1b-stash with replicated stages")
-        stats, sends = StepStats(), comm.PendingSends()
         order = schedule.orders[self.rank]
         recvs = self._post_receives(schedule)
-        received: dict[tuple[str, int], torch.Tensor] = {}
-        in_flight: dict[int, _InFlight] = {}
-        input_grads: dict[int, torch.Tensor] = {}
-        scale = 1.0 if stashing else 1.0 / schedule.n_microbatches
         tags = schedule.stash_versions() if schedule.vertical_sync else {}
-        version, snapshots = 0, {}
         needed = Counter(tags[a.microbatch] for a in order if a.kind == "F") if tags else Counter()
+        scale = 1.0 if stashing else 1.0 / schedule.n_microbatches
+        step = _Step(inputs, targets, stashing, scale, tags, needed, recvs)
         if stashing and (not tags or needed[0]):
-            snapshots[0] = self._snapshot()
-        deferred: tuple[_InFlight, list] | None = None  # a split backward's weight pass, still to run
+            step.snapshots[0] = self._snapshot()
+        return step
 
-        def apply_weight_grads(weight_grads: Sequence[torch.Tensor | None]) -> None:
-            nonlocal version
-            if stashing:
-                self._apply_update(weight_grads)
-                version += 1
-                if not tags or needed[version]:
-                    snapshots[version] = self._snapshot()
-                self._drop_unused(snapshots, in_flight, needed, version if not tags else None)
-            else:
-                self._accumulate(weight_grads)
-
-        def run_deferred() -> None:
-            nonlocal deferred
-            start = time.perf_counter()
-            state, output_grads = deferred
-            deferred = None
-            apply_weight_grads(backward.weight_gradients(state.tape, output_grads))
-            stats.busy_s += time.perf_counter() - start
-
-        for action in order:
-            for pending in recvs.values():
-                pending.poll()
-            if deferred is not None and action.kind != "SEND_B":
-                run_deferred()
-            b = action.microbatch
-            start = time.perf_counter()
-            if action.kind in ("RECV_F", "RECV_B"):
-                received[(action.kind, b)] = recvs.pop((action.kind, b)).wait(self.timeout_s)
-                stats.idle_s += time.perf_counter() - start
-            elif action.kind == "SEND_F":
-                comm.send_tensor(
-                    in_flight[b].output.detach(),
-                    self.topology.rank_for(self.stage + 1, b),
-                    comm.message_tag(comm.KIND_ACTIVATION, b),
-                    self.codec,
-                    sends,
-                    self.slot_sizes,
-                )
-            elif action.kind == "F":
-                x = inputs[b] if self.is_first else received.pop(("RECV_F", b)).requires_grad_(True)
-                use = tags.get(b, version) if stashing else version
-                params = snapshots.get(use) if stashing else None
-                if stashing and params is None:
-                    raise RuntimeError(f"stage {self.stage}: weight version {use} of microbatch {b} not kept")
-                tape = None
-                with self.activation_context():
-                    if self.split_backward:
-                        tape = backward.LayerTape(self.module, x, params)
-                        out = tape.output
-                    elif params is not None:
-                        out = functional_call(self.module, params, (x,))
-                    else:
-                        out = self.module(x)
-                    loss = self.loss_fn(out, targets[b]) if self.is_last else None
-                if self.is_last:
-                    stats.loss_sum, stats.n_losses = stats.loss_sum + float(loss.detach()), stats.n_losses + 1
-                    out = loss * scale
-                in_flight[b] = _InFlight(x, out, params, use, tape)
-                if tags:
-                    needed[use] -= 1
-                stats.busy_s += time.perf_counter() - start
-            elif action.kind == "B":
-                state = in_flight.pop(b)
-                grad_out = None if self.is_last else received.pop(("RECV_B", b))
-                if state.tape is not None:
-                    input_grads[b], output_grads = backward.input_gradient(
-                        state.tape, state.output, state.inputs, grad_out
-                    )
-                    deferred = (state, output_grads)
-                else:
-                    weights = list((state.params or self.params).values())
-                    wrt = ([] if self.is_first else [state.inputs]) + weights
-                    grads = torch.autograd.grad(state.output, wrt, grad_out, allow_unused=True) if wrt else ()
-                    input_grad, weight_grads = (None, grads) if self.is_first else (grads[0], grads[1:])
-                    apply_weight_grads(weight_grads)
-                    if input_grad is not None:
-                        input_grads[b] = input_grad
-                stats.busy_s += time.perf_counter() - start
-            elif action.kind == "SEND_B":
-                comm.send_tensor(
-                    input_grads.pop(b),
-                    self.topology.rank_for(self.stage - 1, b),
-                    comm.message_tag(comm.KIND_GRADIENT, b),
-                    self.codec,
-                    sends,
-                    self.slot_sizes,
-                )
-        if deferred is not None:
-            run_deferred()
+    def _receive(self, step: _Step, action: Action) -> None:
         start = time.perf_counter()
-        sends.wait_all(self.timeout_s)
-        if in_flight or recvs:
-            raise RuntimeError(f"rank {self.rank}: unfinished microbatches {sorted(in_flight)}")
-        if not stashing:
+        key = (action.kind, action.microbatch)
+        step.received[key] = step.recvs.pop(key).wait(self.timeout_s)
+        step.stats.idle_s += time.perf_counter() - start
+
+    def _send_activation(self, step: _Step, action: Action) -> None:
+        b = action.microbatch
+        comm.send_tensor(
+            step.in_flight[b].output.detach(),
+            self.topology.rank_for(self.stage + 1, b),
+            comm.message_tag(comm.KIND_ACTIVATION, b),
+            self.codec,
+            step.sends,
+            self.slot_sizes,
+        )
+
+    def _send_input_gradient(self, step: _Step, action: Action) -> None:
+        b = action.microbatch
+        comm.send_tensor(
+            step.input_grads.pop(b),
+            self.topology.rank_for(self.stage - 1, b),
+            comm.message_tag(comm.KIND_GRADIENT, b),
+            self.codec,
+            step.sends,
+            self.slot_sizes,
+        )
+
+    def _forward(self, step: _Step, action: Action) -> None:
+        start = time.perf_counter()
+        b = action.microbatch
+        if self.is_first:
+            x = _given(step.inputs, b, "inputs")
+        else:
+            x = step.received.pop(("RECV_F", b)).requires_grad_(True)
+        version, params = self._forward_weights(step, b)
+        with self.activation_context():
+            tape, out = self._stage_forward(x, params)
+            loss = self.loss_fn(out, _given(step.targets, b, "targets")) if self.is_last else None
+        if loss is not None:  # the last stage: backward starts from the scaled loss
+            step.stats.loss_sum += float(loss.detach())
+            step.stats.n_losses += 1
+            out = loss * step.scale
+        step.in_flight[b] = _InFlight(x, out, params, version, tape)
+        if step.tags:
+            step.needed[version] -= 1
+        step.stats.busy_s += time.perf_counter() - start
+
+    def _forward_weights(self, step: _Step, b: int) -> tuple[int, dict[str, torch.Tensor] | None]:
+        """The weight version microbatch ``b``'s forward uses, and its stashed weights (stashing only)."""
+        if not step.stashing:
+            return step.version, None
+        version = step.tags.get(b, step.version)
+        params = step.snapshots.get(version)
+        if params is None:
+            raise RuntimeError(f"stage {self.stage}: weight version {version} of microbatch {b} not kept")
+        return version, params
+
+    def _stage_forward(
+        self, x: torch.Tensor, params: dict[str, torch.Tensor] | None
+    ) -> tuple[backward.LayerTape | None, torch.Tensor]:
+        if self._split_layers is not None:
+            tape = backward.LayerTape(self._split_layers, x, params)
+            return tape, tape.output
+        if params is not None:
+            return None, functional_call(self.module, params, (x,))
+        return None, self.module(x)
+
+    def _backward(self, step: _Step, action: Action) -> None:
+        start = time.perf_counter()
+        b = action.microbatch
+        state = step.in_flight.pop(b)
+        grad_out = None if self.is_last else step.received.pop(("RECV_B", b))
+        if state.tape is not None:  # split: the weight pass waits for SEND_B (``_run_deferred``)
+            step.input_grads[b], output_grads = backward.input_gradient(
+                state.tape, state.output, state.inputs, grad_out
+            )
+            step.deferred = (state.tape, output_grads)
+        else:
+            weights = list((state.params or self.params).values())
+            wrt = ([] if self.is_first else [state.inputs]) + weights
+            grads = torch.autograd.grad(state.output, wrt, grad_out, allow_unused=True) if wrt else ()
+            input_grad, weight_grads = (None, grads) if self.is_first else (grads[0], grads[1:])
+            self._apply_weight_grads(step, weight_grads)
+            if input_grad is not None:
+                step.input_grads[b] = input_grad
+        step.stats.busy_s += time.perf_counter() - start
+
+    def _run_deferred(self, step: _Step) -> None:
+        """A split backward's weight pass, if one is pending."""
+        if step.deferred is None:
+            return
+        start = time.perf_counter()
+        (tape, output_grads), step.deferred = step.deferred, None
+        self._apply_weight_grads(step, backward.weight_gradients(tape, output_grads))
+        step.stats.busy_s += time.perf_counter() - start
+
+    def _apply_weight_grads(self, step: _Step, weight_grads: Grads) -> None:
+        if not step.stashing:
+            self._accumulate(weight_grads)
+            return
+        self._apply_update(weight_grads)
+        step.version += 1
+        if not step.tags or step.needed[step.version]:
+            step.snapshots[step.version] = self._snapshot()
+        self._drop_unused(
+            step.snapshots, step.in_flight, step.needed, step.version if not step.tags else None
+        )
+
+    def _end_step(self, step: _Step) -> None:
+        """Wait for the sends; with flush updates, sum the replicas' gradients and step."""
+        start = time.perf_counter()
+        step.sends.wait_all(self.timeout_s)
+        if step.in_flight or step.recvs:
+            raise RuntimeError(f"rank {self.rank}: unfinished microbatches {sorted(step.in_flight)}")
+        if not step.stashing:
             self._allreduce_grads()
-            stats.idle_s += time.perf_counter() - start
+        step.stats.idle_s += time.perf_counter() - start
+        if not step.stashing:
             start = time.perf_counter()
             self._optimizer_step()
-            stats.busy_s += time.perf_counter() - start
-        else:
-            stats.idle_s += time.perf_counter() - start
-        stats.bytes_sent = sends.bytes_sent
-        stats.wire_bytes_fp32, stats.wire_bytes_sent = sends.raw_bytes, sends.payload_bytes
-        return stats
+            step.stats.busy_s += time.perf_counter() - start
+        step.stats.bytes_sent = step.sends.bytes_sent
+        step.stats.wire_bytes_fp32 = step.sends.raw_bytes
+        step.stats.wire_bytes_sent = step.sends.payload_bytes
 
-    def _post_receives(self, schedule: Schedule) -> dict[tuple[str, int], comm.PendingRecv]:
-        recvs = {}
+    def _post_receives(self, schedule: Schedule) -> dict[tuple[ActionKind, int], comm.PendingRecv]:
+        recvs: dict[tuple[ActionKind, int], comm.PendingRecv] = {}
         for action in schedule.orders[self.rank]:
             b = action.microbatch
             if action.kind == "RECV_F":
@@ -252,7 +334,10 @@ class StageExecutor:
 
     @staticmethod
     def _drop_unused(
-        snapshots: dict, in_flight: dict[int, _InFlight], needed: Counter, current: int | None
+        snapshots: dict[int, dict[str, torch.Tensor]],
+        in_flight: dict[int, _InFlight],
+        needed: Counter[int],
+        current: int | None,
     ) -> None:
         """Free weight versions that no in-flight microbatch and no future forward will use."""
         used = {s.version for s in in_flight.values()} | {v for v, count in needed.items() if count > 0}
@@ -261,7 +346,7 @@ class StageExecutor:
         for v in [v for v in snapshots if v not in used]:
             del snapshots[v]
 
-    def _accumulate(self, grads: Sequence[torch.Tensor | None]) -> None:
+    def _accumulate(self, grads: Grads) -> None:
         for p, g in zip(self.params.values(), grads, strict=True):
             if g is not None:
                 p.grad = g.detach().clone() if p.grad is None else p.grad.add_(g)
@@ -297,15 +382,16 @@ class StageExecutor:
                     continue
                 tag = comm.message_tag(comm.KIND_EVAL, c)
                 if self.is_first:
-                    x = chunks[c]
+                    x = _given(chunks, c, "chunks")
                 else:
                     x = comm.PendingRecv(self.topology.rank_for(self.stage - 1, c), tag).wait(self.timeout_s)
                 out = self.module(x)
                 if self.is_last:
-                    loss_sum += float(self.loss_fn(out, targets[c])) * len(targets[c])
+                    target = _given(targets, c, "targets")
+                    loss_sum += float(self.loss_fn(out, target)) * len(target)
                     if classify:
-                        correct += int((out.argmax(dim=1) == targets[c]).sum())
-                    count += len(targets[c])
+                        correct += int((out.argmax(dim=1) == target).sum())
+                    count += len(target)
                 else:
                     comm.send_tensor(out, self.topology.rank_for(self.stage + 1, c), tag, self.codec, sends)
             sends.wait_all(self.timeout_s)

@@ -39,7 +39,8 @@ class DataSection(_Section):
     dataset: Literal["digits", "tensor_file"] = "digits"
     path: str = ""  # tensor_file only
     loss: Literal["cross_entropy", "mse", "reconstruction"] = "cross_entropy"
-    test_fraction: float = Field(0.0, ge=0, lt=1)  # tensor_file: rows held out for eval (seeded split)
+    # tensor_file: rows held out for eval (seeded split)
+    test_fraction: float = Field(default=0.0, ge=0, lt=1)
 
     @model_validator(mode="after")
     def _check(self) -> DataSection:
@@ -56,16 +57,16 @@ class DataSection(_Section):
 class TrainSection(_Section):
     schedule: str = "1f1b-flush"
     vertical_sync: bool = False
-    microbatches: int = Field(4, ge=1)
-    batch_size: int = Field(64, ge=1)  # samples per step; a step has `microbatches` microbatches
-    epochs: int = Field(1, ge=1)
-    max_steps: int = Field(0, ge=0)  # 0: run all epochs
-    lr: float = Field(0.05, gt=0)
-    momentum: float = Field(0.9, ge=0, lt=1)
+    microbatches: int = Field(default=4, ge=1)
+    batch_size: int = Field(default=64, ge=1)  # samples per step; a step has `microbatches` microbatches
+    epochs: int = Field(default=1, ge=1)
+    max_steps: int = Field(default=0, ge=0)  # 0: run all epochs
+    lr: float = Field(default=0.05, gt=0)
+    momentum: float = Field(default=0.9, ge=0, lt=1)
     seed: int = 0
-    threads: int = Field(1, ge=1)  # intra-op threads per rank (profiling uses the same)
+    threads: int = Field(default=1, ge=1)  # intra-op threads per rank (profiling uses the same)
     wire_codec: str = "fp32"
-    comm_timeout_s: float = Field(120.0, gt=0)
+    comm_timeout_s: float = Field(default=120.0, gt=0)
 
     @model_validator(mode="after")
     def _check(self) -> TrainSection:
@@ -83,8 +84,8 @@ class PartitionSection(_Section):
     stages: list[tuple[int, int]] = []  # explicit: inclusive layer ranges
     replicas: list[int] = []  # explicit: replicas per stage (default 1 each)
     straight: bool = False  # auto: no replication
-    bandwidth: float = Field(0.0, ge=0)  # bytes/s between workers; 0: measure
-    compression_ratio: float = Field(1.0, gt=0)
+    bandwidth: float = Field(default=0.0, ge=0)  # bytes/s between workers; 0: measure
+    compression_ratio: float = Field(default=1.0, gt=0)
     profile_cache: str = ""  # JSON profile cache; "" = <checkpoint dir>/profile.json
 
     @model_validator(mode="after")
@@ -98,24 +99,27 @@ class PartitionSection(_Section):
 
 class CheckpointSection(_Section):
     dir: str = "checkpoints"
-    every: int = Field(0, ge=0)  # steps between checkpoints; 0: only at the end
-    keep: int = Field(3, ge=2)
+    every: int = Field(default=0, ge=0)  # steps between checkpoints; 0: only at the end
+    keep: int = Field(default=3, ge=2)
 
 
 class ProgressSection(_Section):
     file: str = "progress.jsonl"
-    log_every: int = Field(1, ge=1)
-    eval_every: int = Field(0, ge=0)  # steps; 0: at the end of each epoch
+    log_every: int = Field(default=1, ge=1)
+    eval_every: int = Field(default=0, ge=0)  # steps; 0: at the end of each epoch
+
+
+ActivationMode = Literal["none", "bfp", "adaptive"]  # see CompressionSection
 
 
 class CompressionSection(_Section):
     """Activations saved for backward, stored compressed on every stage (docs/compression.md)."""
 
-    activations: Literal["none", "bfp", "adaptive"] = "none"
+    activations: ActivationMode = "none"
     format: str = "bfp(b=32,m=4,e=8,r=nearest,l=uniform,o=0.0)"  # "bfp": every layer's format
     gist: bool = True  # Gist fx pass on each stage module (binarize ReLU->MaxPool, sparse ReLU->conv)
-    window: int = Field(20, ge=1)  # "adaptive": steps per decision; a multiple of progress.log_every
-    min_numel: int = Field(32768, ge=0)  # smaller saved tensors stay as they are (as the compressor)
+    window: int = Field(default=20, ge=1)  # "adaptive": steps per decision; a multiple of progress.log_every
+    min_numel: int = Field(default=32768, ge=0)  # smaller saved tensors stay as they are (as the compressor)
 
     @model_validator(mode="after")
     def _check(self) -> CompressionSection:

@@ -152,7 +152,9 @@ def partition(
         raise ValueError(f"no plan of {n} layers on {workers} workers")
     stages, j, m = [], n - 1, workers
     while j >= 0:
-        k, r = choice[j][m]  # type: ignore[misc]
+        last_stage = choice[j][m]
+        assert last_stage is not None, "a finite best[j][m] always has its choice recorded"
+        k, r = last_stage
         stages.append(StagePlan(k + 1, j, r))
         j, m = k, m - r
     return Plan(tuple(reversed(stages)), best[n - 1][workers])

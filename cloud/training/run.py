@@ -42,7 +42,7 @@ from cloud.training.executor import StageExecutor
 from cloud.training.jobfile import DataSection, JobConfig, JobError, build_model, load_job
 from cloud.training.partition import Plan, StagePlan, even_plan, partition
 from cloud.training.profiler import cached_profile
-from cloud.training.schedules import build_schedule
+from cloud.training.schedules import Topology, build_schedule, schedule_name
 
 EXIT_OK, EXIT_BAD_JOB, EXIT_PLAN, EXIT_DIVERGED, EXIT_CHECKPOINT = 0, 2, 3, 4, 5
 
@@ -92,15 +92,15 @@ class MinibatchStream:
         self.train_x, self.train_y, self.test_x, self.test_y = train_x, train_y, test_x, test_y
         self.seed, self.batch_size = seed, batch_size
         self.steps_per_epoch = len(train_y) // batch_size
-        self._epoch, self._order = -1, None
+        self._order: tuple[int, torch.Tensor] | None = None  # (epoch, its row order), the last one used
 
     def _order_of(self, epoch: int) -> torch.Tensor:
-        if epoch != self._epoch:
+        if self._order is None or self._order[0] != epoch:
             generator = torch.Generator().manual_seed(self.seed)
             for _ in range(epoch + 1):
                 order = torch.randperm(len(self.train_y), generator=generator)
-            self._epoch, self._order = epoch, order
-        return self._order
+            self._order = (epoch, order)
+        return self._order[1]
 
     def minibatch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         epoch, index = divmod(step, self.steps_per_epoch)
@@ -180,7 +180,7 @@ def choose_plan(job: JobConfig, model: nn.Sequential, sample: torch.Tensor, worl
     bandwidth = p.bandwidth
     if p.mode == "auto" and bandwidth == 0:
         bandwidth = comm.measure_bandwidth()  # collective: all ranks take part
-    text = [None]
+    text = [""]  # rank 0's plan, or its error; the others receive it
     if dist.get_rank() == 0:
         try:
             if p.mode == "explicit":
@@ -236,7 +236,9 @@ def train(job: JobConfig) -> int:
     sample_x, sample_y = stream.minibatch(0)
     check_loss_fits(model, loss_fn, data, sample_x[:micro], sample_y[:micro])
     plan = choose_plan(job, model, sample_x[:micro], world)
-    schedule = build_schedule(t.schedule, plan.replicas, t.microbatches, vertical_sync=t.vertical_sync)
+    schedule = build_schedule(
+        schedule_name(t.schedule), plan.replicas, t.microbatches, vertical_sync=t.vertical_sync
+    )
     topology = schedule.topology
     groups = [dist.new_group(topology.stage_ranks(s)) for s in range(topology.n_stages)]
     stage, replica = topology.stage_replica_of(rank)
@@ -344,7 +346,8 @@ def train(job: JobConfig) -> int:
                 }
                 for s in range(topology.n_stages)
             ]
-            extra, decisions = {}, []
+            extra: dict[str, dict] = {}
+            decisions: list[dict] = []
             if reports_compression:
                 extra["compression"], decisions = _compression_window(compression, table, stage, step, loss)
             progress.write(
@@ -421,7 +424,7 @@ def _compression_window(
 def evaluate(
     executor: StageExecutor,
     stream: MinibatchStream,
-    topology,
+    topology: Topology,
     micro: int,
     progress: ProgressLog,
     step: int,

@@ -2,7 +2,7 @@
 
 An action is ``(stage, kind, microbatch)`` and prints compactly as ``0F3`` (stage 0, forward of
 microbatch 3) or ``1RECV_B2``; ``Action.parse`` reads that back, so schedules can be dumped, diffed
-and reloaded. Schedules only *emit* actions; one executor (``runtime.StageExecutor``) runs them.
+and reloaded. Schedules only *emit* actions; one executor (``executor.StageExecutor``) runs them.
 
 Stage replication follows PipeDream's 1F1B-RR: microbatch ``b`` of stage ``s`` runs on replica
 ``b % replicas[s]``, so its forward and backward run on the same replica. Each replica's order is
@@ -17,13 +17,21 @@ runtime implements (``isend`` / waited ``irecv``).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
-COMPUTE_KINDS = ("F", "B")
-COMM_KINDS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
-SCHEDULE_NAMES = ("gpipe", "1f1b-flush", "1f1b-stash")
-_ACTION_RE = re.compile(r"^(\d+)(F|B|SEND_F|RECV_F|SEND_B|RECV_B)(\d+)$")
+ComputeKind = Literal["F", "B"]
+CommKind = Literal["SEND_F", "RECV_F", "SEND_B", "RECV_B"]
+ActionKind = Literal[ComputeKind, CommKind]
+ScheduleName = Literal["gpipe", "1f1b-flush", "1f1b-stash"]
+UpdateRule = Literal["flush", "per_microbatch"]  # see ``Schedule``
+
+COMPUTE_KINDS: tuple[ComputeKind, ...] = get_args(ComputeKind)
+COMM_KINDS: tuple[CommKind, ...] = get_args(CommKind)
+SCHEDULE_NAMES: tuple[ScheduleName, ...] = get_args(ScheduleName)
+_KIND_OF_TEXT: dict[str, ActionKind] = {kind: kind for kind in COMPUTE_KINDS + COMM_KINDS}
+_ACTION_RE = re.compile(rf"^(\d+)({'|'.join(_KIND_OF_TEXT)})(\d+)$")
 
 
 class ScheduleError(ValueError):
@@ -33,7 +41,7 @@ class ScheduleError(ValueError):
 @dataclass(frozen=True, order=True)
 class Action:
     stage: int
-    kind: str
+    kind: ActionKind
     microbatch: int
 
     def __str__(self) -> str:
@@ -44,7 +52,7 @@ class Action:
         match = _ACTION_RE.match(text.strip())
         if match is None:
             raise ValueError(f"not an action: {text!r} (expected e.g. 0F3, 1RECV_B2)")
-        return Action(int(match.group(1)), match.group(2), int(match.group(3)))
+        return Action(int(match.group(1)), _KIND_OF_TEXT[match.group(2)], int(match.group(3)))
 
 
 @dataclass(frozen=True)
@@ -89,11 +97,11 @@ class Schedule:
     ``per_microbatch`` (after each backward, PipeDream's asynchronous 1F1B with weight stashing).
     """
 
-    name: str
+    name: ScheduleName
     topology: Topology
     n_microbatches: int
     orders: tuple[tuple[Action, ...], ...]
-    update: str
+    update: UpdateRule
     vertical_sync: bool = False
 
     def text(self) -> str:
@@ -124,7 +132,7 @@ class Schedule:
         return versions
 
 
-def _stage_compute_order(name: str, topology: Topology, stage: int, n: int) -> list[Action]:
+def _stage_compute_order(name: ScheduleName, topology: Topology, stage: int, n: int) -> list[Action]:
     if name == "gpipe":
         order = [Action(stage, "F", b) for b in range(n)] + [Action(stage, "B", b) for b in range(n)]
     else:
@@ -158,11 +166,18 @@ def _lower(topology: Topology, stage: int, compute: Sequence[Action]) -> list[Ac
     return lowered
 
 
+def schedule_name(text: str) -> ScheduleName:
+    """``text`` as a schedule name (from a job file or a command line); ValueError lists the valid ones."""
+    for name in SCHEDULE_NAMES:
+        if name == text:
+            return name
+    raise ValueError(f"unknown schedule {text!r}; valid: {', '.join(SCHEDULE_NAMES)}")
+
+
 def build_schedule(
-    name: str, replicas: Sequence[int], n_microbatches: int, *, vertical_sync: bool = False
+    name: ScheduleName, replicas: Sequence[int], n_microbatches: int, *, vertical_sync: bool = False
 ) -> Schedule:
-    if name not in SCHEDULE_NAMES:
-        raise ValueError(f"unknown schedule {name!r}; valid: {', '.join(SCHEDULE_NAMES)}")
+    name = schedule_name(name)  # callers that are not type-checked may pass any text
     topology = Topology(tuple(int(r) for r in replicas))
     if not topology.replicas or min(topology.replicas) < 1 or n_microbatches < 1:
         raise ValueError("need at least one stage, one replica per stage and one microbatch")
@@ -174,7 +189,7 @@ def build_schedule(
         full = _stage_compute_order(name, topology, stage, n_microbatches)
         mine = [a for a in full if topology.replica_for(stage, a.microbatch) == replica]
         orders.append(tuple(_lower(topology, stage, mine)))
-    update = "per_microbatch" if name == "1f1b-stash" else "flush"
+    update: UpdateRule = "per_microbatch" if name == "1f1b-stash" else "flush"
     schedule = Schedule(name, topology, n_microbatches, tuple(orders), update, vertical_sync)
     errors = validate(schedule)
     if errors:
@@ -198,43 +213,103 @@ def _peer(topology: Topology, action: Action) -> tuple[int, Action]:
 
 def validate(schedule: Schedule) -> list[str]:
     """Every problem found, as text (empty when the schedule is well formed)."""
-    topo, errors = schedule.topology, []
+    topo = schedule.topology
     if len(schedule.orders) != topo.world_size:
         return [f"{len(schedule.orders)} rank orders for a world of {topo.world_size}"]
-    for rank, order in enumerate(schedule.orders):
-        stage, _ = topo.stage_replica_of(rank)
-        seen: dict[tuple[str, int], int] = {}
-        for i, action in enumerate(order):
-            if action.stage != stage:
-                errors.append(f"rank{rank} step {i}: {action} belongs to stage {action.stage}, not {stage}")
-            if topo.rank_for(stage, action.microbatch) != rank:
-                errors.append(f"rank{rank} step {i}: microbatch {action.microbatch} is another replica's")
-            key = (action.kind, action.microbatch)
-            if key in seen:
-                errors.append(f"rank{rank} step {i}: {action} repeated (first at step {seen[key]})")
-            seen[key] = i
-            if action.kind == "B" and ("F", action.microbatch) not in seen:
-                errors.append(f"rank{rank} step {i}: {action} before its forward")
-            if action.kind in ("SEND_F", "SEND_B"):
-                source = "F" if action.kind == "SEND_F" else "B"
-                if (source, action.microbatch) not in seen:
-                    errors.append(f"rank{rank} step {i}: {action} before the {source} it sends")
-            last_stage = stage == topo.n_stages - 1
-            receives_first = (action.kind == "F" and stage > 0) or (action.kind == "B" and not last_stage)
-            if receives_first:
-                needed = "RECV_F" if action.kind == "F" else "RECV_B"
-                if (needed, action.microbatch) not in seen:
-                    errors.append(f"rank{rank} step {i}: {action} before {needed}")
-            if action.kind in COMM_KINDS:
-                peer_rank, peer_action = _peer(topo, action)
-                if peer_action not in schedule.orders[peer_rank]:
-                    errors.append(f"rank{rank} step {i}: {action} lacks {peer_action} on rank{peer_rank}")
-        for b in range(schedule.n_microbatches):
-            if topo.rank_for(stage, b) == rank:
-                for kind in COMPUTE_KINDS:
-                    if (kind, b) not in seen:
-                        errors.append(f"rank{rank}: missing {stage}{kind}{b}")
-    return errors
+    return [error for rank in range(topo.world_size) for error in _rank_errors(schedule, rank)]
+
+
+@dataclass
+class _RankSoFar:
+    """One rank's order up to the action being checked: what the action checks read."""
+
+    schedule: Schedule
+    rank: int
+    stage: int
+    seen: dict[tuple[ActionKind, int], int]  # (kind, microbatch) -> the last earlier step it was at
+
+
+def _rank_errors(schedule: Schedule, rank: int) -> list[str]:
+    so_far = _RankSoFar(schedule, rank, schedule.topology.stage_replica_of(rank)[0], {})
+    errors = []
+    for i, action in enumerate(schedule.orders[rank]):
+        problems = (check(so_far, action) for check in _ACTION_CHECKS)
+        errors += [f"rank{rank} step {i}: {problem}" for problem in problems if problem is not None]
+        so_far.seen[(action.kind, action.microbatch)] = i
+    return errors + _missing_compute(so_far)
+
+
+def _wrong_stage(so_far: _RankSoFar, action: Action) -> str | None:
+    wrong = action.stage != so_far.stage
+    return f"{action} belongs to stage {action.stage}, not {so_far.stage}" if wrong else None
+
+
+def _other_replicas(so_far: _RankSoFar, action: Action) -> str | None:
+    mine = so_far.schedule.topology.rank_for(so_far.stage, action.microbatch) == so_far.rank
+    return None if mine else f"microbatch {action.microbatch} is another replica's"
+
+
+def _repeated(so_far: _RankSoFar, action: Action) -> str | None:
+    earlier = so_far.seen.get((action.kind, action.microbatch))
+    return None if earlier is None else f"{action} repeated (first at step {earlier})"
+
+
+def _backward_before_forward(so_far: _RankSoFar, action: Action) -> str | None:
+    early = action.kind == "B" and ("F", action.microbatch) not in so_far.seen
+    return f"{action} before its forward" if early else None
+
+
+def _send_before_compute(so_far: _RankSoFar, action: Action) -> str | None:
+    source: ComputeKind | None = "F" if action.kind == "SEND_F" else "B" if action.kind == "SEND_B" else None
+    early = source is not None and (source, action.microbatch) not in so_far.seen
+    return f"{action} before the {source} it sends" if early else None
+
+
+def _compute_before_receive(so_far: _RankSoFar, action: Action) -> str | None:
+    # F receives its input on every stage but the first, B its output gradient on all but the last
+    last_stage = so_far.stage == so_far.schedule.topology.n_stages - 1
+    needed: CommKind | None = None
+    if action.kind == "F" and so_far.stage > 0:
+        needed = "RECV_F"
+    elif action.kind == "B" and not last_stage:
+        needed = "RECV_B"
+    early = needed is not None and (needed, action.microbatch) not in so_far.seen
+    return f"{action} before {needed}" if early else None
+
+
+def _unmatched(so_far: _RankSoFar, action: Action) -> str | None:
+    if action.kind not in COMM_KINDS:
+        return None
+    peer_stage = action.stage + (1 if action.kind in ("SEND_F", "RECV_B") else -1)
+    if not 0 <= peer_stage < so_far.schedule.topology.n_stages:
+        return f"{action} has no peer: there is no stage {peer_stage}"
+    peer_rank, peer_action = _peer(so_far.schedule.topology, action)
+    matched = peer_action in so_far.schedule.orders[peer_rank]
+    return None if matched else f"{action} lacks {peer_action} on rank{peer_rank}"
+
+
+# Checked in this order for each action, so its problems are listed in this order.
+_ACTION_CHECKS: tuple[Callable[[_RankSoFar, Action], str | None], ...] = (
+    _wrong_stage,
+    _other_replicas,
+    _repeated,
+    _backward_before_forward,
+    _send_before_compute,
+    _compute_before_receive,
+    _unmatched,
+)
+
+
+def _missing_compute(so_far: _RankSoFar) -> list[str]:
+    """The F and B of each of this replica's microbatches that its order lacks."""
+    stage, topo = so_far.stage, so_far.schedule.topology
+    return [
+        f"rank{so_far.rank}: missing {stage}{kind}{b}"
+        for b in range(so_far.schedule.n_microbatches)
+        if topo.rank_for(stage, b) == so_far.rank
+        for kind in COMPUTE_KINDS
+        if (kind, b) not in so_far.seen
+    ]
 
 
 @dataclass(frozen=True)
@@ -314,7 +389,7 @@ def simulate(
 
 
 def predicted_bubble(
-    name: str, n_stages: int, n_microbatches: int, forward_s: float = 1.0, backward_s: float = 2.0
+    name: ScheduleName, n_stages: int, n_microbatches: int, forward_s: float = 1.0, backward_s: float = 2.0
 ) -> float:
     """Bubble fraction of one straight pipeline step with equal stages (the simulator's estimate)."""
     schedule = build_schedule(name, [1] * n_stages, n_microbatches)

@@ -72,6 +72,16 @@ def test_validator_reports_missing_receive_and_backward_before_forward():
     assert any("before its forward" in e for e in errors)
 
 
+def test_validator_reports_a_send_past_the_last_stage_and_a_stage_outside_the_topology():
+    good = build_schedule("1f1b-flush", [1, 1], 2)
+    orders = [list(o) for o in good.orders]
+    orders[1].append(Action(1, "SEND_F", 0))  # the last stage has no next stage
+    orders[0].append(Action(5, "RECV_F", 1))  # a stage the topology does not have
+    errors = validate(Schedule("bad", good.topology, 2, tuple(map(tuple, orders)), "flush"))
+    assert "rank1 step 8: 1SEND_F0 has no peer: there is no stage 2" in errors
+    assert "rank0 step 8: 5RECV_F1 belongs to stage 5, not 0" in errors
+
+
 def test_simulator_finds_deadlock_and_marks_grid():
     good = build_schedule("gpipe", [1, 1], 2)
     orders = [list(o) for o in good.orders]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Final, Literal
 
 import torch
 import torch.fx
@@ -29,7 +30,10 @@ from torch.nn import functional as F
 
 from models.numerics import pack_bits, unpack_bits
 
-BINARIZE, SSDC, DPR = "binarize", "ssdc", "dpr"
+GistEncoding = Literal["binarize", "ssdc", "dpr"]
+BINARIZE: Final = "binarize"
+SSDC: Final = "ssdc"
+DPR: Final = "dpr"
 _DENSE_CONSUMERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 
 
@@ -37,7 +41,7 @@ _DENSE_CONSUMERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 class GistPair:
     producer: str
     consumer: str
-    encoding: str
+    encoding: GistEncoding
 
     def __str__(self) -> str:
         return f"{self.producer}->{self.consumer}:{self.encoding}"
@@ -208,12 +212,13 @@ class ReluMaxPoolBinarized(nn.Module):
 
 def _is_relu(node: torch.fx.Node, modules: dict[str, nn.Module]) -> bool:
     if node.op == "call_module":
-        return isinstance(modules[node.target], nn.ReLU)
+        return isinstance(_called_module(node, modules), nn.ReLU)
     return node.op == "call_function" and node.target in (torch.relu, F.relu)
 
 
-def _consumer_module(node: torch.fx.Node, modules: dict[str, nn.Module]) -> nn.Module | None:
-    return modules[node.target] if node.op == "call_module" else None
+def _called_module(node: torch.fx.Node, modules: dict[str, nn.Module]) -> nn.Module | None:
+    """The module a ``call_module`` node calls (such a node's target is the module's name)."""
+    return modules[node.target] if node.op == "call_module" and isinstance(node.target, str) else None
 
 
 def gist_transform(
@@ -232,7 +237,7 @@ def gist_transform(
             continue
         producer = str(node.target) if node.op == "call_module" else node.name
         users = list(node.users)
-        consumer_modules = [_consumer_module(user, modules) for user in users]
+        consumer_modules = [_called_module(user, modules) for user in users]
         if (
             binarize
             and node.op == "call_module"

@@ -37,6 +37,7 @@ import time
 import weakref
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -47,6 +48,7 @@ from models.numerics import BfpCodec, BfpFormat, Packed, error_stats, packed_nby
 
 OUTSIDE_LAYERS = "<outside>"  # saved by ops that run outside any leaf module (e.g. the loss)
 _CACHE_PRUNE_AT = 1024
+StoredKind = Literal["raw", "bfp", "sparse"]  # as-is (a tensor), Packed, SparsePacked
 
 
 @dataclass
@@ -61,7 +63,7 @@ class _Stored:
 
     __slots__ = ("kind", "payload", "nbytes", "users", "decoded", "owner", "__weakref__")
 
-    def __init__(self, kind: str, payload: torch.Tensor | Packed | SparsePacked, nbytes: int) -> None:
+    def __init__(self, kind: StoredKind, payload: torch.Tensor | Packed | SparsePacked, nbytes: int) -> None:
         self.kind, self.payload, self.nbytes = kind, payload, nbytes
         self.users = 1  # saved-tensor slots that hold this encoding and have not unpacked it yet
         self.decoded: torch.Tensor | None = None
@@ -110,7 +112,7 @@ class ActivationCompressor:
         self.measure_errors = False
         self.layer_errors: dict[str, float] = {}
         self.counters: dict[str, LayerBytes] = {}
-        self.kinds: dict[str, int] = {"raw": 0, "bfp": 0, "sparse": 0}
+        self.kinds: dict[StoredKind, int] = {"raw": 0, "bfp": 0, "sparse": 0}
         self.live_bytes = 0
         self.peak_live_bytes = 0
         # CPU seconds spent in the pack (encode) and unpack (decode) hooks since reset_counters.
@@ -223,15 +225,16 @@ class ActivationCompressor:
     def _unpack(self, stored: torch.Tensor | _Stored) -> torch.Tensor:
         if isinstance(stored, torch.Tensor):
             return stored
-        if stored.kind == "raw":
-            return stored.payload
+        payload = stored.payload
+        if isinstance(payload, torch.Tensor):  # kept as it was ("raw")
+            return payload
         tensor = stored.decoded
         if tensor is None:
             started = time.process_time()
-            if stored.kind == "sparse":
-                tensor = decode_sparse(stored.payload)
+            if isinstance(payload, SparsePacked):
+                tensor = decode_sparse(payload)
             else:
-                tensor = self._codec(stored.payload.fmt).decode(stored.payload)
+                tensor = self._codec(payload.fmt).decode(payload)
             self.decode_s += time.process_time() - started
         stored.users -= 1
         stored.decoded = tensor if stored.users > 0 else None
@@ -254,8 +257,8 @@ class ActivationCompressor:
                 else packed_nbytes(n, fmt, int(fmt.outlier_fraction * n), itemsize)
             )
             if sparse_bytes < dense_bytes:  # Gist: sparse only when sparsity is high enough to pay
-                packed = encode_sparse(tensor)
-                return _Stored("sparse", packed, packed.nbytes)
+                sparse = encode_sparse(tensor)
+                return _Stored("sparse", sparse, sparse.nbytes)
         if fmt is None:
             return _Stored("raw", tensor, _tensor_nbytes(tensor))
         packed = self._codec(fmt).encode(tensor)

@@ -21,17 +21,28 @@ from dataclasses import asdict
 from torch import nn
 
 from cloud.training.compression.controller import AdaptiveController, ControllerSettings
-from cloud.training.compression.gist import gist_transform
+from cloud.training.compression.gist import GistPlan, gist_transform
 from cloud.training.compression.hooks import OUTSIDE_LAYERS, ActivationCompressor, leaf_names
 from cloud.training.compression.layer_formats import LayerPolicy
+from cloud.training.jobfile import ActivationMode
 from models.numerics import BfpFormat
 
 
 class StageCompression:
     def __init__(
-        self, module: nn.Module, *, activations: str, fmt: str, gist: bool, window: int, min_numel: int
+        self,
+        module: nn.Module,
+        *,
+        activations: ActivationMode,
+        fmt: str,
+        gist: bool,
+        window: int,
+        min_numel: int,
     ) -> None:
-        self.module, self.compressor, self.controller, self.gist_plan = module, None, None, None
+        self.module = module
+        self.compressor: ActivationCompressor | None = None
+        self.controller: AdaptiveController | None = None  # adaptive mode: steers the compressor
+        self.gist_plan: GistPlan | None = None
         if activations == "none":
             return
         ssdc: frozenset[str] = frozenset()
@@ -49,12 +60,20 @@ class StageCompression:
     def context(self) -> Callable[[], AbstractContextManager] | None:
         return None if self.compressor is None else self.compressor.active
 
+    def _adaptive(self) -> tuple[AdaptiveController, ActivationCompressor] | None:
+        """In adaptive mode, the controller and the compressor it steers."""
+        if self.controller is None or self.compressor is None:
+            return None
+        return self.controller, self.compressor
+
     def before_step(self, step: int) -> None:
         """``step``: 0-based index of the step about to run."""
-        if self.controller is not None:
-            self.compressor.measure_errors = self.controller.probe_due(step)
-            if self.compressor.measure_errors:
-                self.compressor.layer_errors.clear()
+        adaptive = self._adaptive()
+        if adaptive is not None:
+            controller, compressor = adaptive
+            compressor.measure_errors = controller.probe_due(step)
+            if compressor.measure_errors:
+                compressor.layer_errors.clear()
 
     def report(self) -> dict:
         if self.compressor is None:
@@ -89,11 +108,13 @@ class StageCompression:
 
     def decide(self, step: int) -> list[dict]:
         """At the end of a window (``step`` steps done): move formats; returns the decisions."""
-        if self.controller is None or step % self.controller.settings.window:
+        adaptive = self._adaptive()
+        if adaptive is None or step % adaptive[0].settings.window:
             return []
-        made = self.controller.decide(step, None, self.compressor.layer_errors)
-        self.compressor.policy = self.controller.policy
-        self.compressor.measure_errors = False
+        controller, compressor = adaptive
+        made = controller.decide(step, None, compressor.layer_errors)
+        compressor.policy = controller.policy
+        compressor.measure_errors = False
         return [asdict(d) for d in made]
 
     def status(self) -> dict | None:

@@ -48,11 +48,17 @@ def grad_errors(
     sums: dict[str, list[float]] = {}
     for p, r, owner in zip(params, reference, owners, strict=True):
         entry = sums.setdefault(owner, [0.0, 0.0])
-        entry[0] += float(((p.grad - r) ** 2).sum())
+        entry[0] += float(((_grad(p) - r) ** 2).sum())
         entry[1] += float((r**2).sum())
     num, den = sum(n for n, _ in sums.values()), sum(d for _, d in sums.values())
     whole = (num / den) ** 0.5 if den > 0 else 0.0
     return whole, {owner: (n / d) ** 0.5 for owner, (n, d) in sums.items() if d > 0}
+
+
+def _grad(param: nn.Parameter) -> torch.Tensor:
+    if param.grad is None:
+        raise ValueError("a parameter has no gradient: it does not reach the loss")
+    return param.grad
 
 
 def relative_grad_error(reference: list[torch.Tensor], params: list[nn.Parameter]) -> float:
@@ -72,6 +78,41 @@ def _parameter_owners(model: nn.Module, params: list[nn.Parameter]) -> list[str]
     return [owner_of.get(id(p), "") for p in params]
 
 
+@dataclass
+class _Probe:
+    """The adaptive controller's full-precision probe: a batch's fp32 gradients, then the
+    compressed step's errors against them, fed to the controller."""
+
+    controller: AdaptiveController
+    compressor: ActivationCompressor  # the one the controller's policy steers
+    params: list[nn.Parameter]
+    owners: list[str]  # the leaf layer of each parameter
+
+    def reference(
+        self,
+        model: nn.Module,
+        loss_fn: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        x: torch.Tensor,
+        y: torch.Tensor,
+    ) -> list[torch.Tensor]:
+        """The batch's fp32 gradients; the compressed step that follows measures its layers' errors."""
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        reference = [_grad(p).detach().clone() for p in self.params]
+        self.compressor.measure_errors = True
+        self.compressor.layer_errors.clear()
+        return reference
+
+    def decide(self, step: int, reference: list[torch.Tensor]) -> float:
+        """After the compressed backward: the controller moves formats; returns the gradient error."""
+        self.compressor.measure_errors = False
+        grad_error, per_layer = grad_errors(reference, self.params, self.owners)
+        self.controller.decide(step, grad_error, self.compressor.layer_errors, per_layer)
+        self.compressor.policy = self.controller.policy
+        return grad_error
+
+
 def train_compressed(
     model: nn.Module,
     split: DigitsSplit,
@@ -89,6 +130,7 @@ def train_compressed(
         raise ValueError("an adaptive controller needs a compressor to apply its policy")
     generator = torch.Generator().manual_seed(seed)
     params = [p for p in model.parameters() if p.requires_grad]
+    optimizer: torch.optim.Optimizer
     if optimizer_name == "adam":
         optimizer = torch.optim.Adam(params, lr=lr)
     elif optimizer_name == "sgd":
@@ -96,9 +138,10 @@ def train_compressed(
     else:
         raise ValueError(f"unknown optimizer {optimizer_name!r} (sgd, adam)")
     loss_fn = nn.CrossEntropyLoss()
-    if controller is not None:
+    probe = None
+    if controller is not None and compressor is not None:
         compressor.policy = controller.policy
-    owners = _parameter_owners(model, params)
+        probe = _Probe(controller, compressor, params, _parameter_owners(model, params))
     result, step = TrainResult(), 0
     started = time.perf_counter()
     for _ in range(epochs):
@@ -108,14 +151,9 @@ def train_compressed(
             wall_started, cpu_started = time.perf_counter(), time.process_time()
             index = order[start : start + batch_size]
             x, y = split.train_x[index], split.train_y[index]
-            probing = controller is not None and controller.probe_due(step)
             reference = None
-            if probing:
-                optimizer.zero_grad()
-                loss_fn(model(x), y).backward()
-                reference = [p.grad.detach().clone() for p in params]
-                compressor.measure_errors = True
-                compressor.layer_errors.clear()
+            if probe is not None and probe.controller.probe_due(step):
+                reference = probe.reference(model, loss_fn, optimizer, x, y)
             optimizer.zero_grad()
             if compressor is None:
                 loss = loss_fn(model(x), y)
@@ -125,17 +163,13 @@ def train_compressed(
             loss.backward()
             if controller is not None:
                 controller.record_loss(loss.item())
-            if probing:
-                compressor.measure_errors = False
-                grad_error, per_layer = grad_errors(reference, params, owners)
-                result.probe_grad_errors.append(grad_error)
-                controller.decide(step, grad_error, compressor.layer_errors, per_layer)
-                compressor.policy = controller.policy
+            if probe is not None and reference is not None:
+                result.probe_grad_errors.append(probe.decide(step, reference))
             optimizer.step()
             total, batches = total + loss.item(), batches + 1
             result.step_cpu_s.append(time.process_time() - cpu_started)
             result.step_wall_s.append(time.perf_counter() - wall_started)
-            if probing:
+            if reference is not None:
                 result.probe_steps.append(step)
             step += 1
         result.epoch_losses.append(total / batches)

@@ -166,11 +166,11 @@ def weighted_allreduce(
     params: Iterable[torch.nn.Parameter], weight: float, group: dist.ProcessGroup | None = None
 ) -> None:
     """grad <- sum over ranks of weight_r * grad_r, in one flat message."""
-    params = [p for p in params if p.grad is not None]
-    flat = torch.cat([p.grad.reshape(-1) for p in params]).mul_(weight)
+    grads = [p.grad for p in params if p.grad is not None]
+    flat = torch.cat([grad.reshape(-1) for grad in grads]).mul_(weight)
     dist.all_reduce(flat, group=group)
     offset = 0
-    for param in params:
-        count = param.numel()
-        param.grad.copy_(flat[offset : offset + count].view_as(param))
+    for grad in grads:
+        count = grad.numel()
+        grad.copy_(flat[offset : offset + count].view_as(grad))
         offset += count

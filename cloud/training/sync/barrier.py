@@ -67,7 +67,7 @@ class SyncPolicy:
     @classmethod
     def parse(cls, text: str) -> SyncPolicy:
         body, *options = text.split()
-        sets = {"first": frozenset(), "held": frozenset()}
+        sets: dict[str, frozenset[str]] = {"first": frozenset(), "held": frozenset()}
         for option in options:
             label, _, names = option.partition("=")
             if label not in sets:

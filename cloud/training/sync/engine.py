@@ -13,7 +13,9 @@ SGD.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from cloud.training.sync.barrier import LayerWindow, SyncPolicy, WindowTable
 from cloud.training.sync.predict import Cost, LinkModel, best_plan
@@ -53,13 +55,16 @@ class EngineConfig:
     warmup_windows: int = 1
 
 
+ProposalKind = Literal["remedy", "release", "plan"]
+
+
 @dataclass(frozen=True)
 class Proposal:
     policy: SyncPolicy
     reason: str
     # how the trial is judged: "remedy" (keep_rel_tol), "release" (undoes a remedy: release_rel_tol)
     # or "plan" (the planner predicted a gain: plan_rel_tol)
-    kind: str = "remedy"
+    kind: ProposalKind = "remedy"
 
 
 def _heavy_cut(table: WindowTable, cfg: EngineConfig) -> float:
@@ -76,121 +81,164 @@ def propose(
 ) -> Proposal:
     """The policy to try for the next window, from this window's table. Pure.
 
-    Rules, first match wins: (1) release held layers whose sync is no longer heavy; (2) release the
-    priority lane when no heavy sync is left on the main lane, and the layers sent first in forward
-    order when the link no longer carries a backlog (all syncs together below ``backlog_min_s``);
-    (3) if a layer is blocked behind a heavy sync that the next forward needs later, send it first
-    (priority lane), or, if that was tried and reverted, hold the heavy syncs behind the barrier;
-    (4) when the window can be modelled (``predict.py``: per-layer compute times and a link fit), try
-    the candidate policy with the shortest predicted iteration if it beats the current policy's
-    prediction by ``plan_min_gain``, else keep the current policy (the planner weighs grouping and
-    sending order together, which rules 5 and 6 only approach one step at a time). Otherwise:
-    (5) if a layer is blocked while its message queued behind a backlog of syncs the next forward
-    needs later (no single one heavy: a link slower than backward), send the first-needed layers
-    first, held to the end of backward and launched in forward order on the priority lane (P3,
-    ByteScheduler), doubling how many per trial; (6) if still blocked, merge the two smallest
-    adjacent ordinary buckets of which one is within the merge cap (``_merge_cap``: a message that
-    is mostly round trip on the measured link); otherwise keep the current policy.
-    Policies in ``tabu`` (text form) are never proposed. ``link``: the planner's link model (by
-    default fitted to this window's messages).
+    Rules (``_RULES``), first match wins; each rule's docstring says when it fires and what it
+    proposes: (1) release held layers whose sync is no longer heavy; (2) release the priority lane,
+    and the layers sent first in forward order, once their cause is gone; if no layer is blocked,
+    keep the current policy; (3) send a layer blocked behind a heavy sync first, or hold the heavy
+    syncs; (4) the planner's policy; (5) send the first-needed layers first, in forward order, when
+    a backlog of syncs needed later delays them; (6) merge two small adjacent buckets; otherwise
+    keep the current policy. Policies in ``tabu`` (text form) are never proposed. ``link``: the
+    planner's link model (by default fitted to this window's messages).
     """
-    by_name = {layer.name: layer for layer in table.layers}
-    heavy = _heavy_cut(table, cfg)
-
     forward_index = {layer.name: layer.forward_index for layer in table.layers}
-    ordered = current.held & current.first  # the backlog remedy: first-needed layers, in forward order
-    released = frozenset(name for name in current.held - ordered if by_name[name].sync_s < heavy)
-    if released:
-        candidate = replace(current, held=current.held - released)
-        if candidate.text() not in tabu:
-            names = ",".join(sorted(released))
-            return Proposal(candidate, f"release {names}: sync below {heavy * 1e3:.1f} ms", kind="release")
-
-    main_lane = [name for bucket in current.main_lane_order(forward_index) for name in bucket]
-    first_only = current.first - ordered
-    if first_only and not any(by_name[name].sync_s >= heavy for name in main_lane):
-        candidate = replace(current, first=ordered)
-        if candidate.text() not in tabu:
-            return Proposal(
-                candidate,
-                f"release first={','.join(sorted(first_only))}: no heavy sync left "
-                f"on the main lane (all below {heavy * 1e3:.1f} ms)",
-                kind="release",
-            )
-    total_sync = sum(layer.sync_s for layer in table.layers)
-    if ordered and total_sync < cfg.backlog_min_s:
-        candidate = replace(current, first=current.first - ordered, held=current.held - ordered)
-        if candidate.text() not in tabu:
-            return Proposal(
-                candidate,
-                f"release {','.join(sorted(ordered))} from forward order: syncs total "
-                f"{total_sync * 1e3:.1f} ms, no backlog",
-                kind="release",
-            )
-
-    worst = max(table.layers, key=lambda layer: layer.blocked_s)
-    if worst.blocked_s < cfg.block_threshold_s:
-        return Proposal(current, "no layer blocked")
-
-    worst_bucket = current.bucket_of(worst.name)
-    if not current.bucket_first(worst_bucket):
-        ahead = main_lane[: main_lane.index(worst_bucket[0])]
-        culprits = sorted(
-            name
-            for name in ahead
-            if by_name[name].forward_index > worst.forward_index and by_name[name].sync_s >= heavy
-        )
-        if culprits:
-            # every ordinary-lane layer queued behind a culprit that the next forward needs before it
-            cut = min(main_lane.index(name) for name in culprits)
-            latest = max(by_name[name].forward_index for name in culprits)
-            urgent = frozenset(
-                name
-                for name in main_lane[cut + 1 :]
-                if by_name[name].forward_index < latest and name not in culprits
-            )
-            candidate = replace(current, first=current.first | urgent | {worst.name})
-            if candidate.text() not in tabu:
-                sent = ",".join(sorted(candidate.first - current.first))
-                return Proposal(
-                    candidate,
-                    f"send {sent} first ({worst.name} blocked "
-                    f"{worst.blocked_s * 1e3:.1f} ms behind heavy sync of "
-                    f"{','.join(culprits)})",
-                )
-            candidate = replace(current, held=current.held | frozenset(culprits))
-            if candidate.text() not in tabu:
-                return Proposal(
-                    candidate,
-                    f"hold {','.join(culprits)} (heavy sync) behind the barrier so "
-                    f"{worst.name} (blocked {worst.blocked_s * 1e3:.1f} ms) "
-                    "goes before them",
-                )
-
-    if cfg.plan:
-        planned = _plan(table, current, cfg, tabu, link or LinkModel.fit(table.layers, current))
-        if planned is not None:
-            return planned
-    backlog = _send_first_in_forward_order(table, current, main_lane, cfg, tabu)
-    if backlog is not None:
-        return backlog
-
-    merged = _merge_smallest(current, by_name, _merge_cap(table, current, cfg), tabu)
-    if merged is not None:
-        return merged
+    window = _Window(
+        table,
+        current,
+        cfg,
+        tabu,
+        link,
+        by_name={layer.name: layer for layer in table.layers},
+        heavy=_heavy_cut(table, cfg),
+        ordered=current.held & current.first,
+        main_lane=[name for bucket in current.main_lane_order(forward_index) for name in bucket],
+        worst=max(table.layers, key=lambda layer: layer.blocked_s),
+    )
+    for rule in _RULES:
+        proposal = rule(window)
+        if proposal is not None:
+            return proposal
+    worst = window.worst
     return Proposal(current, f"{worst.name} blocked {worst.blocked_s * 1e3:.1f} ms; no untried remedy")
 
 
-def _plan(
-    table: WindowTable, current: SyncPolicy, cfg: EngineConfig, tabu: frozenset[str], link: LinkModel | None
-) -> Proposal | None:
-    """Rule (4): when the window measured what the planner models an iteration from (per-layer
-    forward and gradient-ready times) and a link model is known, the candidate with the shortest
-    predicted iteration, if it beats the current policy's prediction by ``plan_min_gain``; else
-    keep the current policy. None (fall back to the rules) when the window cannot be modelled."""
+@dataclass(frozen=True)
+class _Window:
+    """What the rules read: one window's table, the policy it ran under, and what follows from them."""
+
+    table: WindowTable
+    current: SyncPolicy
+    cfg: EngineConfig
+    tabu: frozenset[str]
+    link: LinkModel | None
+    by_name: dict[str, LayerWindow]
+    heavy: float  # a sync this long or longer is heavy
+    ordered: frozenset[str]  # the backlog remedy: first-needed layers, held, in forward order
+    main_lane: list[str]  # the ordinary lane's layers, in launch order
+    worst: LayerWindow  # the most blocked layer
+
+    def untried(self, policy: SyncPolicy) -> bool:
+        return policy.text() not in self.tabu
+
+
+def _release_held(w: _Window) -> Proposal | None:
+    """Rule (1): release held layers (not the backlog remedy's) whose sync is no longer heavy."""
+    released = frozenset(name for name in w.current.held - w.ordered if w.by_name[name].sync_s < w.heavy)
+    if not released:
+        return None
+    candidate = replace(w.current, held=w.current.held - released)
+    if not w.untried(candidate):
+        return None
+    names = ",".join(sorted(released))
+    return Proposal(candidate, f"release {names}: sync below {w.heavy * 1e3:.1f} ms", kind="release")
+
+
+def _release_priority_lane(w: _Window) -> Proposal | None:
+    """Rule (2), first half: release the priority lane (layers sent first, not in forward order)
+    when no heavy sync is left on the main lane."""
+    first_only = w.current.first - w.ordered
+    if not first_only or any(w.by_name[name].sync_s >= w.heavy for name in w.main_lane):
+        return None
+    candidate = replace(w.current, first=w.ordered)
+    if not w.untried(candidate):
+        return None
+    return Proposal(
+        candidate,
+        f"release first={','.join(sorted(first_only))}: no heavy sync left "
+        f"on the main lane (all below {w.heavy * 1e3:.1f} ms)",
+        kind="release",
+    )
+
+
+def _release_forward_order(w: _Window) -> Proposal | None:
+    """Rule (2), second half: release the layers sent first in forward order when the link no
+    longer carries a backlog (all syncs together below ``backlog_min_s``)."""
+    total_sync = sum(layer.sync_s for layer in w.table.layers)
+    if not (w.ordered and total_sync < w.cfg.backlog_min_s):
+        return None
+    candidate = replace(w.current, first=w.current.first - w.ordered, held=w.current.held - w.ordered)
+    if not w.untried(candidate):
+        return None
+    return Proposal(
+        candidate,
+        f"release {','.join(sorted(w.ordered))} from forward order: syncs total "
+        f"{total_sync * 1e3:.1f} ms, no backlog",
+        kind="release",
+    )
+
+
+def _nothing_blocked(w: _Window) -> Proposal | None:
+    """No layer waited long enough to need a remedy: keep the current policy."""
+    if w.worst.blocked_s < w.cfg.block_threshold_s:
+        return Proposal(w.current, "no layer blocked")
+    return None
+
+
+def _unblock_behind_heavy(w: _Window) -> Proposal | None:
+    """Rule (3): if the most blocked layer queued behind a heavy sync that the next forward needs
+    later, send it (and the layers queued with it) first, on the priority lane, or, if that was
+    tried and reverted, hold the heavy syncs behind the barrier."""
+    worst = w.worst
+    worst_bucket = w.current.bucket_of(worst.name)
+    if w.current.bucket_first(worst_bucket):
+        return None
+    ahead = w.main_lane[: w.main_lane.index(worst_bucket[0])]
+    culprits = sorted(
+        name
+        for name in ahead
+        if w.by_name[name].forward_index > worst.forward_index and w.by_name[name].sync_s >= w.heavy
+    )
+    if not culprits:
+        return None
+    # every ordinary-lane layer queued behind a culprit that the next forward needs before it
+    cut = min(w.main_lane.index(name) for name in culprits)
+    latest = max(w.by_name[name].forward_index for name in culprits)
+    urgent = frozenset(
+        name
+        for name in w.main_lane[cut + 1 :]
+        if w.by_name[name].forward_index < latest and name not in culprits
+    )
+    candidate = replace(w.current, first=w.current.first | urgent | {worst.name})
+    if w.untried(candidate):
+        sent = ",".join(sorted(candidate.first - w.current.first))
+        return Proposal(
+            candidate,
+            f"send {sent} first ({worst.name} blocked "
+            f"{worst.blocked_s * 1e3:.1f} ms behind heavy sync of "
+            f"{','.join(culprits)})",
+        )
+    candidate = replace(w.current, held=w.current.held | frozenset(culprits))
+    if w.untried(candidate):
+        return Proposal(
+            candidate,
+            f"hold {','.join(culprits)} (heavy sync) behind the barrier so "
+            f"{worst.name} (blocked {worst.blocked_s * 1e3:.1f} ms) "
+            "goes before them",
+        )
+    return None
+
+
+def _plan(w: _Window) -> Proposal | None:
+    """Rule (4), when ``cfg.plan``: if the window measured what the planner models an iteration
+    from (per-layer forward and gradient-ready times) and a link model is known, the candidate with
+    the shortest predicted iteration, if it beats the current policy's prediction by
+    ``plan_min_gain``; else keep the current policy (the planner weighs grouping and sending order
+    together, which rules 5 and 6 only approach one step at a time). None (fall back to the rules)
+    when the planner is off or the window cannot be modelled."""
+    table, current, cfg = w.table, w.current, w.cfg
+    link = (w.link or LinkModel.fit(table.layers, current)) if cfg.plan else None
     if link is None or not all(layer.forward_s > 0 for layer in table.layers):
         return None
-    plan = best_plan(table.layers, current, link, tabu)
+    plan = best_plan(table.layers, current, link, w.tabu)
     if plan.policy == current or plan.predicted_s > plan.current_s * (1 - cfg.plan_min_gain):
         return Proposal(
             current,
@@ -205,34 +253,33 @@ def _plan(
     )
 
 
-def _send_first_in_forward_order(
-    table: WindowTable, current: SyncPolicy, main_lane: list[str], cfg: EngineConfig, tabu: frozenset[str]
-) -> Proposal | None:
-    """Rule (5): the most blocked main-lane layer queued behind syncs of layers needed later; hold
-    and prioritise the first-needed layers up to it (at least)."""
+def _send_first_in_forward_order(w: _Window) -> Proposal | None:
+    """Rule (5): if a main-lane layer is blocked while its message queued behind a backlog of syncs
+    the next forward needs later (no single one heavy: a link slower than backward), send the
+    first-needed layers first, up to it at least: held to the end of backward and launched in
+    forward order on the priority lane (P3, ByteScheduler), doubling how many per trial."""
+    layers, current = w.table.layers, w.current
     queued = [
         layer
-        for layer in table.layers
-        if layer.name in main_lane
-        and layer.blocked_s >= cfg.block_threshold_s
-        and layer.queue_s >= cfg.backlog_min_s
+        for layer in layers
+        if layer.name in w.main_lane
+        and layer.blocked_s >= w.cfg.block_threshold_s
+        and layer.queue_s >= w.cfg.backlog_min_s
     ]
     if not queued:
         return None
     worst = max(queued, key=lambda layer: layer.blocked_s)
-    by_name = {layer.name: layer for layer in table.layers}
-    ahead = main_lane[: main_lane.index(worst.name)]
-    if not any(by_name[name].forward_index > worst.forward_index for name in ahead):
+    ahead = w.main_lane[: w.main_lane.index(worst.name)]
+    if not any(w.by_name[name].forward_index > worst.forward_index for name in ahead):
         return None
-    ordered = current.held & current.first
     # at least up to the blocked layer; doubling so a deep backlog is covered in a few trials; never
     # every layer (the last-needed ones keep overlapping with backward)
-    count = min(max(worst.forward_index + 1, 2 * len(ordered)), len(table.layers) - 1)
-    chosen = frozenset(layer.name for layer in table.layers if layer.forward_index < count)
+    count = min(max(worst.forward_index + 1, 2 * len(w.ordered)), len(layers) - 1)
+    chosen = frozenset(layer.name for layer in layers if layer.forward_index < count)
     candidate = replace(current, first=current.first | chosen, held=current.held | chosen)
-    if candidate == current or candidate.text() in tabu:
+    if candidate == current or not w.untried(candidate):
         return None
-    added = ",".join(sorted(chosen - ordered, key=lambda name: by_name[name].forward_index))
+    added = ",".join(sorted(chosen - w.ordered, key=lambda name: w.by_name[name].forward_index))
     return Proposal(
         candidate,
         f"send {added} first, in forward order ({worst.name} blocked "
@@ -257,9 +304,11 @@ def _merge_cap(table: WindowTable, current: SyncPolicy, cfg: EngineConfig) -> in
     return int(fit.fixed_s / fit.per_byte_s)
 
 
-def _merge_smallest(
-    current: SyncPolicy, by_name: dict[str, LayerWindow], cap: int, tabu: frozenset[str]
-) -> Proposal | None:
+def _merge_smallest(w: _Window) -> Proposal | None:
+    """Rule (6): merge the two smallest adjacent ordinary buckets of which one is within the merge
+    cap (``_merge_cap``: a message that is mostly round trip on the measured link)."""
+    current, by_name, cap = w.current, w.by_name, _merge_cap(w.table, w.current, w.cfg)
+
     def size(bucket: tuple[str, ...]) -> int:
         return sum(by_name[name].nbytes for name in bucket)
 
@@ -274,7 +323,7 @@ def _merge_smallest(
         pair = current.buckets[i] + current.buckets[i + 1]
         buckets = current.buckets[:i] + (pair,) + current.buckets[i + 2 :]
         candidate = replace(current, buckets=buckets)
-        if candidate.text() not in tabu:
+        if w.untried(candidate):
             return Proposal(
                 candidate,
                 f"merge {'+'.join(buckets[i])} into one message "
@@ -283,24 +332,40 @@ def _merge_smallest(
     return None
 
 
+# First match wins; the order is the rules' priority (see ``propose``).
+_RULES: tuple[Callable[[_Window], Proposal | None], ...] = (
+    _release_held,
+    _release_priority_lane,
+    _release_forward_order,
+    _nothing_blocked,
+    _unblock_behind_heavy,
+    _plan,
+    _send_first_in_forward_order,
+    _merge_smallest,
+)
+
+
 @dataclass(frozen=True)
 class Decision:
     keep: bool
-    measure: str  # what was compared: "blocked" (time compute waited) or "iteration" (wall time)
+    measure: Literal["blocked", "iteration"]  # what was compared: time compute waited, or wall time
     before_s: float
     after_s: float
     reason: str
 
 
 def judge(
-    before: WindowTable, after: WindowTable, cfg: EngineConfig = EngineConfig(), kind: str = "remedy"
+    before: WindowTable,
+    after: WindowTable,
+    cfg: EngineConfig = EngineConfig(),
+    kind: ProposalKind = "remedy",
 ) -> Decision:
     """Keep the trial unless it measured clearly worse than the policy before it: a remedy or a
     release by the time compute was held up, a plan by the iteration time the planner predicted
     (a plan trades wire time against launch and forward delays, which blocked time sees only in
     part: two big messages block the forward less than four and still take longer overall)."""
     rel_tol = {"remedy": cfg.keep_rel_tol, "release": cfg.release_rel_tol, "plan": cfg.plan_rel_tol}[kind]
-    measure = "iteration" if kind == "plan" else "blocked"
+    measure: Literal["blocked", "iteration"] = "iteration" if kind == "plan" else "blocked"
     was, now = (getattr(table, f"{measure}_s") for table in (before, after))
     limit = was * (1 + rel_tol) + cfg.keep_abs_tol_s
     keep = now <= limit
@@ -326,7 +391,8 @@ class PolicyEngine:
     cfg: EngineConfig = EngineConfig()
     adaptive: bool = True
     decisions: list[dict] = field(default_factory=list)
-    _trial_from: tuple[SyncPolicy, WindowTable, str] | None = None  # (policy before, its table, kind)
+    # the trial in progress: (the policy before it, that policy's table, the proposal's kind)
+    _trial_from: tuple[SyncPolicy, WindowTable, ProposalKind] | None = None
     _tabu: dict[str, int] = field(default_factory=dict)  # policy text -> window it may be retried after
     _reverts: dict[str, int] = field(default_factory=dict)  # policy text -> times it was reverted
     _merge_caps: list[int] = field(default_factory=list)  # the last windows' link fits (merge_bytes=None)
@@ -369,8 +435,15 @@ class PolicyEngine:
         self._merge_caps = [*self._merge_caps[-4:], _merge_cap(table, self.policy, self.cfg)]
         return replace(self.cfg, merge_bytes=min(self._merge_caps))
 
-    def _log(self, window: int, action: str, reason: str, decision: Decision | None) -> None:
-        entry = {"window": window, "action": action, "policy": self.policy.text(), "reason": reason}
+    def _log(
+        self, window: int, action: Literal["try", "keep", "revert"], reason: str, decision: Decision | None
+    ) -> None:
+        entry: dict[str, object] = {
+            "window": window,
+            "action": action,
+            "policy": self.policy.text(),
+            "reason": reason,
+        }
         if decision is not None:
             entry[f"before_{decision.measure}_ms"] = round(decision.before_s * 1e3, 3)
             entry[f"after_{decision.measure}_ms"] = round(decision.after_s * 1e3, 3)

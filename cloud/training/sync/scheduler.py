@@ -98,7 +98,8 @@ class SyncScheduler:
         self._pending: dict[str, PendingSync] = {}
         # one message buffer per bucket of the current policy, reused every iteration as DDP reuses
         # its bucket buffers (a fresh 2 MB tensor per layer per iteration costs page faults)
-        self._buffers: dict[tuple[str, ...], torch.Tensor] = {}
+        # keyed by (bucket, carries the window's tables)
+        self._buffers: dict[tuple[tuple[str, ...], bool], torch.Tensor] = {}
         self._in_backward = False
         self._backward_started = 0.0
         self._layer_ready: dict[str, int] = {}  # gradients ready per layer in this backward
@@ -284,12 +285,18 @@ class SyncScheduler:
                 self.optimizers[layer].step()
                 self.optimizers[layer].zero_grad(set_to_none=True)
                 del self._pending[layer]
-                if pending.sync_s is not None and pending.queue_s is not None:
-                    self._sync_sum[layer] += pending.sync_s
-                    self._queue_sum[layer] += pending.queue_s
-                    self._wire_sum[layer] += pending.wire_s
-                    self._reduce_min[layer] = min(self._reduce_min[layer], pending.reduce_s)
-                    self._sync_count[layer] += 1
+                self._record_sync(layer, pending)
+
+    def _record_sync(self, layer: str, pending: PendingSync) -> None:
+        """Add a done message's times to ``layer``'s window sums."""
+        sync_s, queue_s, wire_s, reduce_s = pending.sync_s, pending.queue_s, pending.wire_s, pending.reduce_s
+        if sync_s is None or queue_s is None or wire_s is None or reduce_s is None:
+            return  # not done; a done message has all four (picked, on the wire, launched, done)
+        self._sync_sum[layer] += sync_s
+        self._queue_sum[layer] += queue_s
+        self._wire_sum[layer] += wire_s
+        self._reduce_min[layer] = min(self._reduce_min[layer], reduce_s)
+        self._sync_count[layer] += 1
 
     # ------------------------------------------------------------------ window
 
