@@ -24,9 +24,12 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
+
+from runtime.backoff import Backoff
 
 DEFAULT_URL = "http://127.0.0.1:8700"
+STREAM_TRIES = 5  # event-stream connections in a row without an event before giving up
 
 
 class CtlError(Exception):
@@ -255,10 +258,11 @@ def get_json(url: str, token: str | None, timeout: float = 10.0) -> dict[str, An
 
 
 def iter_events(url: str, token: str | None, timeout: float = 60.0) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(kind, data) per server-sent event, until the stream says ``end``; reconnects from the last
-    id if the connection drops (bounded: 5 tries in a row without an event)."""
-    next_id, failures = 0, 0
-    while failures < 5:
+    """(kind, data) per server-sent event, until the stream says ``end``. A stream that drops or
+    closes early is resumed from the last id, backing off; ``STREAM_TRIES`` tries in a row without
+    an event give up with CtlError."""
+    next_id, retry = 0, Backoff(0.5, 4.0)
+    while True:
         try:
             request = _request(f"{url}?since={next_id}", token)
             with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -274,20 +278,21 @@ def iter_events(url: str, token: str | None, timeout: float = 60.0) -> Iterator[
                     elif line == "" and data:
                         if kind == "end":
                             return
-                        failures = 0
+                        retry.succeeded()
                         yield kind, json.loads(data)
                         kind, data = "message", ""
         except urllib.error.HTTPError as exc:
             raise _http_error(url, exc) from None
         except (urllib.error.URLError, OSError) as exc:
-            failures += 1
-            if failures >= 5:
-                raise CtlError(f"event stream {url}: {getattr(exc, 'reason', exc)}") from None
-            time.sleep(1.0)
-    raise CtlError(f"event stream {url}: gave up")
+            reason = str(getattr(exc, "reason", exc))
+        else:
+            reason = "the stream closed before its end"
+        if retry.failures + 1 >= STREAM_TRIES:
+            raise CtlError(f"event stream {url}: {reason}")
+        time.sleep(retry.failed())
 
 
-def watch(base: str, token: str | None, job_id: str, as_json: bool, out=sys.stdout) -> int:
+def watch(base: str, token: str | None, job_id: str, as_json: bool, out: TextIO = sys.stdout) -> int:
     """Follow a job to its end; 0 if it succeeded."""
     summary: dict[str, Any] = {"step": 0, "total_steps": None}
     tty, state, last_plain = out.isatty(), None, 0.0
@@ -355,6 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("job_id")
     train = commands.add_parser("train", parents=[common], help="submit a training job; prints its id")
     train.add_argument("--file", help="a job spec as TOML (the other flags are then ignored)")
+    # cloud.jobs.spec's ModelName and cloud.training.schedules' ScheduleName, written out: importing
+    # cloud.jobs.spec would add pydantic's import time to every cloudctl command; cloudd checks anyway.
     train.add_argument(
         "--model", default="digits_cnn", choices=["digits_cnn", "anomaly_autoencoder", "scene_cnn"]
     )

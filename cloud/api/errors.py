@@ -2,7 +2,8 @@
 
 Invariant: every error cloudd answers is JSON ``{"error": <stable token>, "detail": <message>}``
 (the ``json_errors`` middleware converts aiohttp's own 404/405/413 and unexpected exceptions),
-and every refusal that goes through ``reject`` is counted in ``cloudd_rejections{reason}``.
+and every refusal that goes through ``reject`` or ``reject_invalid`` is counted in
+``cloudd_rejections{reason}``.
 """
 
 from __future__ import annotations
@@ -11,15 +12,46 @@ import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Literal
 
 from aiohttp import web
 
 from cloud.api.context import METRICS
+from protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
+# cloudd's own error tokens (a body the protocol refuses keeps the protocol's reason: ``reject_invalid``)
+RejectionReason = Literal[
+    # auth
+    "unauthorized",
+    "forbidden",
+    # requests: HTTP-level, then per route group
+    "not_found",
+    "method_not_allowed",
+    "too_large",
+    "truncated",
+    "invalid",
+    "http_error",
+    "gateway_mismatch",
+    "missing_idempotency_key",
+    "idempotency_key_mismatch",
+    "offset_mismatch",
+    "sha256_mismatch",
+    "blob_conflict",
+    "invalid_spec",
+    "invalid_since",
+    "queue_full",
+    "already_finished",
+    "no_job",
+    # cloudd itself
+    "busy",
+    "store_failed",
+    "internal",
+]
+
 # aiohttp's own HTTP errors, as our tokens
-_STATUS_TOKENS = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+_STATUS_TOKENS: dict[int, RejectionReason] = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
 
 
 def error_response(
@@ -34,11 +66,22 @@ def error_response(
 
 
 def reject(
-    request: web.Request, status: int, error: str, detail: str, headers: Mapping[str, str] | None = None
+    request: web.Request,
+    status: int,
+    error: RejectionReason,
+    detail: str,
+    headers: Mapping[str, str] | None = None,
 ) -> web.Response:
     """A counted refusal."""
     request.app[METRICS].rejections.labels(reason=error).inc()
     return error_response(status, error, detail, headers)
+
+
+def reject_invalid(request: web.Request, exc: ProtocolError) -> web.Response:
+    """A counted refusal of a body the protocol refused, under the protocol's reason (``not_json``,
+    ``invalid``, ...): 413 for ``too_large``, else 400."""
+    request.app[METRICS].rejections.labels(reason=exc.reason).inc()
+    return error_response(413 if exc.reason == "too_large" else 400, exc.reason, exc.detail)
 
 
 def bearer_token(request: web.Request) -> str | None:

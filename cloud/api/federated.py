@@ -19,13 +19,17 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from cloud.api.auth import gateway_refusal, operator_refusal
 from cloud.api.context import CONFIG, REGISTRY
-from cloud.api.errors import reject
+from cloud.api.errors import reject, reject_invalid
+
+if TYPE_CHECKING:  # the coordinator imports torch: at run time only once federated training is on
+    from cloud.federated.coordinator import FederatedCoordinator
 
 JOB_PATH = "/v1/federated/job"
 STATUS_PATH = "/v1/federated/status"
@@ -33,11 +37,20 @@ MODEL_PATH = "/v1/federated/gateways/{gateway_id}/model"
 MAX_JOB_BYTES = 64 * 1024
 STATE_FILE = "federated/state.json"
 
-FEDERATED = web.AppKey("federated", dict)  # {"coordinator": FederatedCoordinator | None}
+
+@dataclass
+class FederatedSlot:
+    """The route group's state: the coordinator while a job exists, and the lock that starts it once."""
+
+    coordinator: FederatedCoordinator | None = None
+    starting: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+FEDERATED = web.AppKey("federated", FederatedSlot)
 
 
 def setup(app: web.Application) -> None:
-    app[FEDERATED] = {"coordinator": None, "starting": asyncio.Lock()}
+    app[FEDERATED] = FederatedSlot()
     app.cleanup_ctx.append(_lifetime)
     app.router.add_put(JOB_PATH, put_job)
     app.router.add_get(JOB_PATH, get_job)
@@ -45,7 +58,7 @@ def setup(app: web.Application) -> None:
     app.router.add_get(MODEL_PATH, get_model)
 
 
-async def _start_coordinator(app: web.Application) -> Any:
+async def _start_coordinator(app: web.Application) -> FederatedCoordinator:
     from cloud.federated.coordinator import FederatedCoordinator  # torch: only once federated training is on
     from cloud.registry import ModelRegistry
 
@@ -54,7 +67,7 @@ async def _start_coordinator(app: web.Application) -> Any:
     # The registry's routes (cloud/api/registry.py) own one instance; share it (its lock orders seq).
     coordinator.registry = app.get(REGISTRY) or ModelRegistry(data_dir / "models")
     await coordinator.start()
-    app[FEDERATED]["coordinator"] = coordinator
+    app[FEDERATED].coordinator = coordinator
     return coordinator
 
 
@@ -64,9 +77,9 @@ async def _lifetime(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        coordinator = app[FEDERATED]["coordinator"]
+        slot = app[FEDERATED]
+        coordinator, slot.coordinator = slot.coordinator, None
         if coordinator is not None:
-            app[FEDERATED]["coordinator"] = None
             await coordinator.stop()
 
 
@@ -86,9 +99,10 @@ async def put_job(request: web.Request) -> web.Response:
     try:
         job = parse_job(body)
     except ProtocolError as exc:
-        return reject(request, 400, exc.reason, exc.detail)
-    async with request.app[FEDERATED]["starting"]:  # two first PUTs must not start two coordinators
-        coordinator = request.app[FEDERATED]["coordinator"] or await _start_coordinator(request.app)
+        return reject_invalid(request, exc)
+    slot = request.app[FEDERATED]
+    async with slot.starting:  # two first PUTs must not start two coordinators
+        coordinator = slot.coordinator or await _start_coordinator(request.app)
     changed = await coordinator.set_job(job)
     return web.json_response(
         {"started": changed, "version": coordinator.status.get("version")}, status=201 if changed else 200
@@ -98,7 +112,7 @@ async def put_job(request: web.Request) -> web.Response:
 async def get_job(request: web.Request) -> web.Response:
     if (refusal := operator_refusal(request)) is not None:
         return refusal
-    coordinator = request.app[FEDERATED]["coordinator"]
+    coordinator = request.app[FEDERATED].coordinator
     if coordinator is None or coordinator.status.get("job") is None:
         return _no_job(request)
     return web.json_response(coordinator.status["job"])
@@ -107,7 +121,7 @@ async def get_job(request: web.Request) -> web.Response:
 async def get_status(request: web.Request) -> web.Response:
     if (refusal := operator_refusal(request)) is not None:
         return refusal
-    coordinator = request.app[FEDERATED]["coordinator"]
+    coordinator = request.app[FEDERATED].coordinator
     if coordinator is None:
         return web.json_response({"v": 1, "job": None})
     return web.Response(text=json.dumps(coordinator.status), content_type="application/json")
@@ -117,7 +131,7 @@ async def get_model(request: web.Request) -> web.Response:
     gateway = request.match_info["gateway_id"]
     if (refusal := gateway_refusal(request, gateway)) is not None:
         return refusal
-    coordinator = request.app[FEDERATED]["coordinator"]
+    coordinator = request.app[FEDERATED].coordinator
     document = coordinator.model_document if coordinator is not None else None
     if document is None:
         return _no_job(request)

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 from aiohttp import web
 
 from cloud.api.auth import gateway_refusal, operator_refusal
 from cloud.api.context import CONFIG, FLEET, STORE
-from cloud.api.errors import reject
+from cloud.api.errors import reject, reject_invalid
 from cloud.fleet import FleetView, fleet_document
 from protocol.errors import ProtocolError
 from protocol.fleet import MAX_HEARTBEAT_BYTES, OFFLINE_AFTER_INTERVALS, parse_heartbeat
@@ -43,7 +44,7 @@ async def post_heartbeat(request: web.Request) -> web.Response:
     try:
         heartbeat = parse_heartbeat(await request.read())
     except ProtocolError as exc:
-        return reject(request, 413 if exc.reason == "too_large" else 400, exc.reason, exc.detail)
+        return reject_invalid(request, exc)
     if heartbeat.gateway != gateway:
         return reject(
             request,
@@ -72,7 +73,7 @@ async def get_datasets(request: web.Request) -> web.Response:
     if refusal is not None:
         return refusal
     counts = await request.app[STORE].counts()
-    devices: dict[str, list[dict]] = {}
+    devices: dict[str, list[dict[str, Any]]] = {}
     for d in counts.devices:
         row = {"device": d.device, "records": d.records, "last_ts": d.last_ts}
         devices.setdefault(d.gateway, []).append(row)

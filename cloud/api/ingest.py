@@ -20,7 +20,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from cloud.api.auth import gateway_refusal
 from cloud.api.context import CONFIG, METRICS, STORE
-from cloud.api.errors import reject
+from cloud.api.errors import reject, reject_invalid
 from cloud.store.writer import StoreBusy
 from protocol.batch import decode_batch
 from protocol.errors import ProtocolError
@@ -69,7 +69,7 @@ async def post_batch(request: web.Request) -> web.Response:
     try:
         batch = decode_batch(body)
     except ProtocolError as exc:
-        return reject(request, 413 if exc.reason == "too_large" else 400, exc.reason, exc.detail)
+        return reject_invalid(request, exc)
     if batch.gateway != gateway:
         return reject(
             request, 400, "gateway_mismatch", f"gateway: body says {batch.gateway!r}, path says {gateway!r}"

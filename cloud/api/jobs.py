@@ -29,7 +29,7 @@ from cloud.api.context import CONFIG, JOBS, REGISTRY
 from cloud.api.errors import reject
 from cloud.jobs.manager import JobManager, JobNotFound, QueueFull
 from cloud.jobs.spec import SpecError, parse_spec
-from cloud.jobs.table import FINAL
+from cloud.jobs.table import FINAL, JobRow
 
 MAX_SPEC_BYTES = 64 * 1024
 KEEPALIVE_S = 15.0
@@ -61,7 +61,7 @@ async def _close_streams(app: web.Application) -> None:
     app[JOBS].close_streams()
 
 
-def _job_or_404(request: web.Request, manager: JobManager):
+def _job_or_404(request: web.Request, manager: JobManager) -> JobRow | web.Response:
     job_id = request.match_info["job_id"]
     try:
         return manager.get(job_id)

@@ -39,7 +39,7 @@ def _op(
     errors: tuple[int, ...] = (),
     ok_type: str = "application/json",
     params: tuple[str, ...] = (),
-) -> dict:
+) -> dict[str, Any]:
     responses: dict[str, Any] = {str(ok): {"description": "ok", "content": {ok_type: {"schema": _OBJECT}}}}
     for code in (*((401, 403) if auth else ()), *errors):
         responses[str(code)] = {"description": "refused", "content": {"application/json": {"schema": _ERROR}}}

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 
 from cloud.api.auth import operator_refusal
 from cloud.api.context import CONFIG, REGISTRY
-from cloud.registry import ModelRegistry
+from cloud.registry import ModelRegistry, RegistryEntry
 from models.artifact import ArtifactError, artifact_from_bytes
 from protocol.topics import check_id
 
@@ -46,10 +45,13 @@ async def _read_upload(request: web.Request) -> tuple[bytes, bytes]:
     parts: dict[str, bytes] = {}
     reader = await request.multipart()
     async for part in reader:
+        if not isinstance(part, BodyPartReader):  # a nested multipart
+            raise web.HTTPBadRequest(text="expected parts 'metadata' and 'onnx', not a nested multipart")
         if part.name not in ("metadata", "onnx"):
             raise web.HTTPBadRequest(text=f"unexpected part {part.name!r}")
         limit = MAX_METADATA_BYTES if part.name == "metadata" else MAX_MODEL_BYTES
-        chunks, size = [], 0
+        chunks: list[bytes] = []
+        size = 0
         while chunk := await part.read_chunk(1 << 16):
             size += len(chunk)
             if size > limit:
@@ -95,7 +97,7 @@ def setup_model_routes(
             check_or_400(name)
         return web.json_response({"models": registry.entries(name)})
 
-    def found(request: web.Request) -> tuple[str, str, dict[str, Any]]:
+    def found(request: web.Request) -> tuple[str, str, RegistryEntry]:
         name, version = request.match_info["name"], request.match_info["version"]
         check_or_400(name)
         check_or_400(version)

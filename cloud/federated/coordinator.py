@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -34,6 +34,8 @@ from cloud.federated.feed import FeedItem, Position, UpdateFeed
 from cloud.federated.layout import Layout, build_model
 from cloud.federated.state import FederatedState, load_state, save_state
 from cloud.federated.strategies import Aggregator, ClientUpdate, Failure, make_aggregator
+from cloud.registry import ModelRegistry
+from models.artifact import ModelArtifact
 from protocol.errors import ProtocolError
 from protocol.federated import FederatedJob, GlobalModel, TensorEntry, pack_payload, parse_update
 from runtime.tasks import cancel_and_wait, wait_event
@@ -81,7 +83,7 @@ class FederatedCoordinator:
         self._failures: list[Failure] = []
         self._exports: list[tuple[int, torch.Tensor]] = []
         self._on_version = on_version
-        self.registry = None  # cloud.registry.ModelRegistry, set by the route group
+        self.registry: ModelRegistry | None = None  # set by the route group (cloud/api/federated.py)
         self.model_document: tuple[int, bytes] | None = None
         self.status: dict[str, Any] = {"v": 1, "job": None}
 
@@ -290,7 +292,7 @@ class FederatedCoordinator:
         if every and state.version % every == 0:
             self._exports.append((state.version, state.weights.clone()))
 
-    def _export(self, version: int, weights: torch.Tensor) -> Any:
+    def _export(self, version: int, weights: torch.Tensor) -> ModelArtifact:
         from models.export import export_artifact
 
         assert self._state is not None and self._layout is not None
@@ -307,7 +309,7 @@ class FederatedCoordinator:
             notes={"federated_version": version, "aggregator": self._state.job.aggregator},
         )
 
-    def _count(self, name: str) -> None:
+    def _count(self, name: Literal["onnx_exported", "onnx_failed"]) -> None:
         if self._state is not None:
             self._state.counters[name] = self._state.counters.get(name, 0) + 1
             self._publish()

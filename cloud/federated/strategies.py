@@ -21,12 +21,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 
 from cloud.federated import aggregate as math_
-from protocol.federated import FederatedJob, RoundConfig
+from protocol.federated import AggregatorName, FederatedJob, RoundConfig
+
+# Why a strategy turned an update away (a counter label in GET /v1/federated/status).
+FailureReason = Literal["stale", "second_in_round", "future_base"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,7 @@ class ClientUpdate:
 class Failure:
     gateway: str
     update_id: str
-    reason: str
+    reason: FailureReason
     detail: str = ""
 
 
@@ -58,7 +61,7 @@ class AggregateResult:
 
 
 class Aggregator(ABC):
-    name: ClassVar[str]
+    name: ClassVar[AggregatorName]
 
     def __init__(self, job: FederatedJob) -> None:
         self.job = job
@@ -107,7 +110,7 @@ class Aggregator(ABC):
 
 
 class FedAvg(Aggregator):
-    name = "fedavg"
+    name: ClassVar[AggregatorName] = "fedavg"
 
     def admit(self, update: ClientUpdate, version: int, buffered: Sequence[ClientUpdate]) -> Failure | None:
         if update.base_version != version:
@@ -132,7 +135,7 @@ class FedAvg(Aggregator):
 
 
 class FedProx(FedAvg):
-    name = "fedprox"
+    name: ClassVar[AggregatorName] = "fedprox"
     DEFAULT_MU = 0.01
 
     def round_config(self) -> RoundConfig:
@@ -142,7 +145,7 @@ class FedProx(FedAvg):
 
 
 class FedBuff(Aggregator):
-    name = "fedbuff"
+    name: ClassVar[AggregatorName] = "fedbuff"
 
     def admit(self, update: ClientUpdate, version: int, buffered: Sequence[ClientUpdate]) -> Failure | None:
         staleness = version - update.base_version
@@ -169,7 +172,7 @@ class FedBuff(Aggregator):
         return update.samples * math_.staleness_discount(version - update.base_version)
 
 
-AGGREGATORS: dict[str, type[Aggregator]] = {cls.name: cls for cls in (FedAvg, FedProx, FedBuff)}
+AGGREGATORS: dict[AggregatorName, type[Aggregator]] = {cls.name: cls for cls in (FedAvg, FedProx, FedBuff)}
 
 
 def make_aggregator(job: FederatedJob) -> Aggregator:

@@ -61,10 +61,11 @@ def windows_from_records(
         if record.get("kind") != "telemetry" or body.get("status", "ok") != "ok":
             continue
         values = [readings.get(name) for name in READING_NAMES]
-        if any(not isinstance(v, int | float) for v in values):
+        numbers = tuple(float(v) for v in values if isinstance(v, int | float))
+        if len(numbers) < len(values):  # a channel is missing or not a number
             continue
         series[(stored.gateway, record["device"])].append(
-            (int(body.get("seq", stored.lsn)), tuple(float(v) for v in values), stored.log_id, stored.lsn)
+            (int(body.get("seq", stored.lsn)), numbers, stored.log_id, stored.lsn)
         )
     rows, used = [], defaultdict(set)
     stride = max(1, window // STRIDE_FRACTION)
@@ -170,11 +171,12 @@ def build_camera_frames(
         store.iter_records(), list(LABELS), lambda gw, blob: path(gw, blob).is_file(), gateways
     )
     _enough(len(frames), "camera_frames", min_rows)
-    images = [
+    decoded = [
         cv2.imdecode(np.frombuffer(path(f.gateway, f.blob_id).read_bytes(), np.uint8), cv2.IMREAD_COLOR)
         for f in frames
     ]
-    if any(image is None for image in images):
+    images = [image for image in decoded if image is not None]
+    if len(images) < len(decoded):
         raise ValueError("a committed frame blob is not a JPEG OpenCV can decode")
     x = preprocess_images(images, InputSpec.model_validate(INPUT_SPEC))
     y = torch.tensor([f.label for f in frames], dtype=torch.int64)

@@ -24,7 +24,8 @@ MAX_EVENTS = 200_000
 def tail_lines(chunk: bytes) -> tuple[list[dict[str, Any]], int]:
     """(whole JSON lines in ``chunk``, bytes consumed): an unterminated last line waits for more;
     a whole line that is not JSON (torn by a crash, then appended to) is skipped."""
-    records, consumed = [], 0
+    records: list[dict[str, Any]] = []
+    consumed = 0
     while True:
         end = chunk.find(b"\n", consumed)
         if end < 0:

@@ -15,14 +15,16 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from cloud.jobs.spec import JobSpec
+from cloud.jobs.spec import JobSpec, ModelName
 from cloud.training import checkpoint
+from models.artifact import ArtifactError, ModelArtifact, save_artifact
 
 _STAGE_RE = re.compile(r"^stage(\d+)$")
 
@@ -43,7 +45,7 @@ def assemble(model: nn.Sequential, checkpoint_dir: Path) -> int:
     return step
 
 
-def export_digits(workdir: Path, spec: JobSpec, version: str, lineage: dict[str, Any]):
+def export_digits(workdir: Path, spec: JobSpec, version: str, lineage: dict[str, Any]) -> ModelArtifact:
     from models.digits import accuracy, digits_cnn, load_digits_split
     from models.export import export_artifact
 
@@ -64,7 +66,7 @@ def export_digits(workdir: Path, spec: JobSpec, version: str, lineage: dict[str,
     )
 
 
-def export_anomaly(workdir: Path, spec: JobSpec, version: str, lineage: dict[str, Any]):
+def export_anomaly(workdir: Path, spec: JobSpec, version: str, lineage: dict[str, Any]) -> ModelArtifact:
     from models.anomaly import INPUT_SPEC, WindowData, anomaly_autoencoder, fit_threshold
     from models.export import export_artifact
 
@@ -87,7 +89,7 @@ def export_anomaly(workdir: Path, spec: JobSpec, version: str, lineage: dict[str
     )
 
 
-def export_scene(workdir: Path, spec: JobSpec, version: str, lineage: dict[str, Any]):
+def export_scene(workdir: Path, spec: JobSpec, version: str, lineage: dict[str, Any]) -> ModelArtifact:
     from models.export import export_artifact
     from models.scene import INPUT_SPEC, LABELS, SceneData, accuracy, scene_cnn
 
@@ -113,12 +115,15 @@ def export_scene(workdir: Path, spec: JobSpec, version: str, lineage: dict[str, 
     )
 
 
-EXPORTERS = {"digits_cnn": export_digits, "anomaly_autoencoder": export_anomaly, "scene_cnn": export_scene}
+Exporter = Callable[[Path, JobSpec, str, dict[str, Any]], ModelArtifact]
+EXPORTERS: dict[ModelName, Exporter] = {
+    "digits_cnn": export_digits,
+    "anomaly_autoencoder": export_anomaly,
+    "scene_cnn": export_scene,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
-    from models.artifact import ArtifactError, save_artifact
-
     parser = argparse.ArgumentParser(description="export a finished job's model")
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--version", required=True)

@@ -22,13 +22,13 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from cloud.jobs.events import JobEvents, tail_lines
 from cloud.jobs.spec import UPLOADED_DATASETS, JobSpec, job_toml
-from cloud.jobs.table import FINAL, JobRow, JobTable
+from cloud.jobs.table import FINAL, JobRow, JobState, JobTable
 from cloud.jobs.torchrun import cancel_job, launch_job
 from cloud.registry import ModelRegistry
 from models.artifact import ArtifactError, load_artifact
@@ -103,11 +103,11 @@ class JobManager:
         self.refused = 0
         self._table: JobTable | None = None
         self._events: dict[str, JobEvents] = {}
-        self._owners: dict[str, asyncio.Task] = {}
-        self._procs: dict[str, subprocess.Popen] = {}
+        self._owners: dict[str, asyncio.Task[None]] = {}
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._cancelling: set[str] = set()
         self._wake = asyncio.Event()
-        self._scheduler: asyncio.Task | None = None
+        self._scheduler: asyncio.Task[None] | None = None
         self._stopping = False
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -159,6 +159,7 @@ class JobManager:
             raise JobNotFound(job_id)
         return row
 
+    # Below this method, ``list`` in this class body names it, not the builtin: annotate with Sequence.
     def list(self) -> list[JobRow]:
         return self.table.all()
 
@@ -252,7 +253,7 @@ class JobManager:
         events.close()
         self._wake.set()
 
-    async def _step(self, name: str, command: list[str], workdir: Path) -> None:
+    async def _step(self, name: str, command: Sequence[str], workdir: Path) -> None:
         out = await asyncio.to_thread(open, workdir / f"{name}.log", "ab")
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -277,7 +278,7 @@ class JobManager:
 
     async def _run(
         self, job_id: str, spec: JobSpec, workdir: Path, events: JobEvents
-    ) -> tuple[str, dict[str, Any]]:
+    ) -> tuple[JobState, dict[str, Any]]:
         await asyncio.to_thread(_prepare_workdir, workdir, spec)
         # a resumed job keeps the rows it started with
         uploaded = spec.dataset_name in UPLOADED_DATASETS
@@ -336,7 +337,7 @@ class JobManager:
         events.extend([{"event": "registered", "time": self.clock(), "model": entry}])
         return "succeeded", {"exit_code": 0}
 
-    async def _follow(self, proc: subprocess.Popen, path: Path, events: JobEvents) -> int:
+    async def _follow(self, proc: subprocess.Popen[bytes], path: Path, events: JobEvents) -> int:
         """Tail the progress file into ``events`` until torchrun exits; returns its exit code."""
         offset, pending = 0, b""
         while True:

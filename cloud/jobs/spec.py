@@ -14,18 +14,23 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from cloud.training.schedules import ScheduleName  # a pure module: cloudd still imports no torch
 from protocol.topics import ID_PATTERN
+
+ModelName = Literal["digits_cnn", "anomaly_autoencoder", "scene_cnn"]
+DatasetName = Literal["digits", "sensor_windows", "camera_frames"]
+LossName = Literal["cross_entropy", "reconstruction"]  # the job file's [data] loss for uploaded datasets
 
 
 @dataclass(frozen=True)
 class TrainableModel:
-    dataset: str  # the dataset it learns from
+    dataset: DatasetName  # the dataset it learns from
     registry_name: str  # the name its versions get in the registry
     trainer_name: str  # the job file's [model] name: a name run.py knows, or a dotted path to the factory
     default_lr: float
 
 
-TRAINABLE_MODELS = {
+TRAINABLE_MODELS: dict[ModelName, TrainableModel] = {
     "digits_cnn": TrainableModel("digits", "digits", "digits_cnn", 0.05),
     "anomaly_autoencoder": TrainableModel(
         "sensor_windows", "anomaly", "models.anomaly.anomaly_autoencoder", 0.01
@@ -34,7 +39,10 @@ TRAINABLE_MODELS = {
 }
 # Datasets built from gateways' uploads (cloud/jobs/datasets.py writes them as a tensor file), the
 # loss each trains with, and the share of rows held out for the eval lines.
-UPLOADED_DATASETS = {"sensor_windows": ("reconstruction", 0.0), "camera_frames": ("cross_entropy", 0.2)}
+UPLOADED_DATASETS: dict[DatasetName, tuple[LossName, float]] = {
+    "sensor_windows": ("reconstruction", 0.0),
+    "camera_frames": ("cross_entropy", 0.2),
+}
 
 
 class SpecError(ValueError):
@@ -44,11 +52,11 @@ class SpecError(ValueError):
 class JobSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model: Literal["digits_cnn", "anomaly_autoencoder", "scene_cnn"] = "digits_cnn"
-    dataset: Literal["digits", "sensor_windows", "camera_frames"] | None = None  # None: the model's own
+    model: ModelName = "digits_cnn"
+    dataset: DatasetName | None = None  # None: the model's own
     gateways: list[str] = Field(default_factory=list, max_length=1000)  # uploaded datasets: [] = all
     registry_name: str | None = Field(None, pattern=f"^{ID_PATTERN}$")
-    schedule: Literal["gpipe", "1f1b-flush", "1f1b-stash"] = "1f1b-flush"
+    schedule: ScheduleName = "1f1b-flush"
     nproc: int = Field(2, ge=1, le=64)
     epochs: int = Field(1, ge=1, le=10_000)
     max_steps: int = Field(0, ge=0)
@@ -74,7 +82,7 @@ class JobSpec(BaseModel):
         return self
 
     @property
-    def dataset_name(self) -> str:
+    def dataset_name(self) -> DatasetName:
         return self.dataset or TRAINABLE_MODELS[self.model].dataset
 
     @property

@@ -16,11 +16,11 @@ import sqlite3
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-STATES = ("queued", "running", "succeeded", "failed", "cancelled")
-FINAL = frozenset({"succeeded", "failed", "cancelled"})
-_MOVES = {
+JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+FINAL: frozenset[JobState] = frozenset({"succeeded", "failed", "cancelled"})
+_MOVES: set[tuple[JobState, JobState]] = {
     ("queued", "running"),
     ("queued", "cancelled"),
     ("running", "succeeded"),
@@ -51,7 +51,7 @@ class JobRow:
     id: str
     seq: int
     spec: dict[str, Any]
-    state: str
+    state: JobState
     created_ts: float
     started_ts: float | None
     finished_ts: float | None
@@ -77,7 +77,7 @@ class JobTable:
     def close(self) -> None:
         self._conn.close()
 
-    def _row(self, values: tuple) -> JobRow:
+    def _row(self, values: tuple[Any, ...]) -> JobRow:
         (id_, seq, spec, state, created, started, finished, code, error, model, lineage) = values
         return JobRow(
             id_,
@@ -101,23 +101,29 @@ class JobTable:
                 "INSERT INTO jobs (id, seq, spec, state, created_ts) VALUES (?, ?, ?, ?, ?)",
                 (job_id, seq, json.dumps(spec), "queued", now or time.time()),
             )
-        return self.get(job_id)
+        return self._existing(job_id)
 
     def get(self, job_id: str) -> JobRow | None:
         values = self._conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return self._row(values) if values else None
 
-    def all(self, state: str | None = None) -> list[JobRow]:
-        query, args = "SELECT * FROM jobs", ()
+    def _existing(self, job_id: str) -> JobRow:
+        """The row of a job that must be there (KeyError otherwise)."""
+        row = self.get(job_id)
+        if row is None:
+            raise KeyError(job_id)
+        return row
+
+    def all(self, state: JobState | None = None) -> list[JobRow]:
+        query = "SELECT * FROM jobs"
+        args: tuple[str, ...] = ()
         if state is not None:
             query, args = query + " WHERE state = ?", (state,)
         return [self._row(v) for v in self._conn.execute(query + " ORDER BY seq", args)]
 
-    def set_state(self, job_id: str, state: str, **fields: Any) -> JobRow:
+    def set_state(self, job_id: str, state: JobState, **fields: Any) -> JobRow:
         """Move a job (only along the allowed arrows) and set ``fields`` in the same transaction."""
-        row = self.get(job_id)
-        if row is None:
-            raise KeyError(job_id)
+        row = self._existing(job_id)
         if (row.state, state) not in _MOVES:
             raise ValueError(f"{job_id}: cannot move from {row.state} to {state}")
         columns = {
@@ -127,7 +133,7 @@ class JobTable:
         assignments = ", ".join(f"{name} = ?" for name in columns)
         with self._conn:
             self._conn.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*columns.values(), job_id))
-        return self.get(job_id)
+        return self._existing(job_id)
 
     def set_fields(self, job_id: str, **fields: Any) -> None:
         """Fields that do not change the state (the model a job registered, its lineage)."""

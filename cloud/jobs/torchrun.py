@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,7 +38,7 @@ def torchrun_command(job_toml_path: str | Path, nproc: int) -> list[str]:
 
 def launch_job(
     job_toml_path: str | Path, nproc: int, workdir: str | Path, *, threads_per_proc: int = 1
-) -> subprocess.Popen:
+) -> subprocess.Popen[bytes]:
     """Start the job; its output goes to ``<workdir>/torchrun.log``. Returns the torchrun process
     (leader of its own process group; see ``cancel_job``)."""
     workdir = Path(workdir)
@@ -77,7 +78,7 @@ def _children(pid: int) -> list[int]:
     return children
 
 
-def kill_job(proc: subprocess.Popen) -> int:
+def kill_job(proc: subprocess.Popen[bytes]) -> int:
     """SIGKILL torchrun's process group and each worker's (a crash, as far as the job can tell)."""
     groups = [proc.pid] + _children(proc.pid)  # listed before the kill: orphans are harder to find
     for group in groups:
@@ -88,7 +89,7 @@ def kill_job(proc: subprocess.Popen) -> int:
     return proc.wait(30)
 
 
-def cancel_job(proc: subprocess.Popen, timeout_s: float = 10.0) -> int:
+def cancel_job(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> int:
     """SIGTERM torchrun (it stops its workers); ``kill_job`` if that takes over ``timeout_s``."""
     if proc.poll() is None:
         try:
@@ -101,7 +102,7 @@ def cancel_job(proc: subprocess.Popen, timeout_s: float = 10.0) -> int:
     return proc.wait(timeout_s)
 
 
-def read_progress(path: str | Path) -> list[dict]:
+def read_progress(path: str | Path) -> list[dict[str, Any]]:
     """All whole JSON lines of a progress file (empty if the file does not exist yet)."""
     try:
         data = Path(path).read_text()

@@ -28,10 +28,11 @@ import hashlib
 import os
 import re
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from runtime.files import atomic_write, fsync_dir
 
@@ -41,6 +42,7 @@ MAX_BLOB_BYTES = 1 << 30
 LOCK_STRIPES = 64
 _BLOB_ID = re.compile(BLOB_ID_PATTERN)
 _SHA = re.compile(SHA256_PATTERN)
+T = TypeVar("T")
 
 
 class BlobBusy(Exception):
@@ -234,7 +236,7 @@ class AsyncBlobStore:
         self.pending = 0
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="cloudd-blobs")
 
-    async def _call(self, fn, *args):
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         if self.pending >= self.max_pending:
             raise BlobBusy(f"{self.pending} blob calls pending (max {self.max_pending})")
         self.pending += 1

@@ -26,6 +26,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -212,7 +213,7 @@ class DatasetStore:
 
     # -- reading --------------------------------------------------------------------------------
 
-    def _reader(self):
+    def _reader(self) -> sqlite3.Connection:
         return meta.connect(self.data_dir / "meta.sqlite", readonly=True)
 
     def iter_records(self, gateway: str | None = None) -> Iterator[StoredRecord]:

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from cloud.store.dataset import DatasetStore, StoreCounts
 from cloud.store.segments import DEFAULT_SEGMENT_MAX_BYTES
@@ -89,7 +89,7 @@ class AsyncStoreWriter:
         # Not cancelled with the caller: a write that started finishes, and a replay dedupes it.
         return await asyncio.shield(future)
 
-    def _done(self, future: asyncio.Future) -> None:
+    def _done(self, future: asyncio.Future[Any]) -> None:
         self._pending -= 1
         if not future.cancelled():
             future.exception()  # retrieved here, so a caller that gave up leaves no warning behind
