@@ -7,23 +7,22 @@ refused while the old one keeps running; a camera that goes away is reconnected.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
 import json
-import subprocess
-import sys
 import time
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-from camtest_util import DevicesimCamera, GroundTruth, relabel, scene_artifact
-from conftest import CLOUDD_OPERATOR_TOKEN, Cloudd, cloudd_token, free_port, wait_for_port
-from gwtest_util import REPO, Gatewayd, wait_until, write_config
+import pytest
 
 from models.artifact import ModelArtifact, build_metadata, save_artifact
+from tests.harness.camera import DevicesimCamera, GroundTruth, relabel, scene_artifact
+from tests.harness.cloudd import OPERATOR_TOKEN, Cloudd, cloudd_token, make_cloudd
+from tests.harness.gatewayctl import broker_args, ctl_json
+from tests.harness.gatewayd import Gatewayd, write_config
+from tests.harness.poll import wait_until
+from tests.harness.processes import free_port
 
 # The committed model scores ~1.0 on held-out synthetic frames; the floor leaves room for frames read
 # while an object enters (the gateway sees it a little after devicesim drew it).
@@ -32,33 +31,7 @@ MATCH_WINDOW_S = 1.0  # as tests/camera/test_camera_stream.py: a label is right 
 # long before the gateway read it had it as the dominant label
 FPS = 5.0
 
-
-@dataclass
-class NotifyingCloudd(Cloudd):
-    """conftest's cloudd, started with ``--broker`` so new model versions are announced on MQTT."""
-
-    broker_url: str = ""
-
-    def start(self) -> None:
-        cmd = [
-            sys.executable,
-            "-m",
-            "cloud.server",
-            "--data-dir",
-            str(self.data_dir),
-            "--port",
-            str(self.port),
-            "--log-level",
-            "INFO",
-            "--broker",
-            self.broker_url,
-        ]
-        for gateway in self.gateways:
-            cmd += ["--token", f"{gateway}={cloudd_token(gateway)}"]
-        cmd += ["--operator-token", str(self.operator_token)]
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-        wait_for_port(self.port, timeout=20.0, proc=self.proc)
+pytestmark = pytest.mark.slow  # four processes, a live camera, three model versions swapped in
 
 
 def upload(url: str, artifact: ModelArtifact) -> int:
@@ -73,7 +46,7 @@ def upload(url: str, artifact: ModelArtifact) -> int:
             http.post(
                 f"{url}/v1/models/{artifact.name}",
                 data=form,
-                headers={"Authorization": f"Bearer {CLOUDD_OPERATOR_TOKEN}"},
+                headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"},
             ) as response,
         ):
             return response.status
@@ -112,17 +85,6 @@ def blob_committed(cloud: Cloudd, blob_id: str) -> bool:
         return bool(json.loads(response.read()).get("committed"))
 
 
-def ctl_json(*args: str) -> dict[str, Any]:
-    """gatewayctl in this process, --json; asserts exit 0."""
-    from gateway.ctl import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([*args, "--json"])
-    assert code == 0, (code, out.getvalue(), err.getvalue())
-    return json.loads(out.getvalue())
-
-
 def camera_config(camera_url: str, blob_dir: Path) -> str:
     return (
         f'blob_dir = "{blob_dir}"\n'  # still inside write_config's [uplink]
@@ -135,14 +97,8 @@ def camera_config(camera_url: str, blob_dir: Path) -> str:
 
 
 def test_gatewayd_camera_inference_ota_and_reconnect(tmp_path: Path, mosquitto) -> None:
-    cloud = NotifyingCloudd(
-        data_dir=tmp_path / "cloud-data",
-        port=free_port(),
-        gateways=("gw1",),
-        operator_token=CLOUDD_OPERATOR_TOKEN,
-        log_path=tmp_path / "cloudd.log",
-        broker_url=mosquitto.url,
-    )
+    # --broker: new model versions are announced on MQTT (retained notices)
+    cloud = make_cloudd(tmp_path, gateways=("gw1",), extra_args=("--broker", mosquitto.url))
     camera_port = free_port()
     truth = tmp_path / "truth1.jsonl"
     camera = DevicesimCamera(camera_port, truth, seed=3, fps=FPS)
@@ -211,7 +167,7 @@ def test_gatewayd_camera_inference_ota_and_reconnect(tmp_path: Path, mosquitto) 
         assert "load_failed" in status["updater"]["last_error"]  # the latest refusal: version 4
 
         # the control plane: pin version 1 (applied: it runs when the answer comes), then unpin
-        ctl = ["--broker", mosquitto.url, "--gateway", "gw1", "--timeout", "20"]
+        ctl = broker_args(mosquitto.url, timeout_s=20)
         view = ctl_json(*ctl, "model", "pin", "scene", "1")["data"]["services"]["models"]
         assert view["applied"] is True and cam()["engine"]["active_version"] == "1", view
         view = ctl_json(*ctl, "model", "unpin", "scene")["data"]["services"]["models"]

@@ -7,14 +7,14 @@ import asyncio
 import time
 from pathlib import Path
 
-from camtest_util import scene_artifact
-from conftest import free_port
-from gwtest_util import retained
-
 from cloud.notify import ModelNotifier, NotifyConfig
 from cloud.registry import ModelRegistry
 from protocol.events import parse_model_notice
 from protocol.topics import model_notice_topic
+from tests.harness.camera import scene_artifact
+from tests.harness.mqtt import retained
+from tests.harness.poll import eventually
+from tests.harness.processes import free_port
 
 
 async def test_stored_version_is_announced_retained_to_every_gateway(tmp_path: Path, mosquitto) -> None:
@@ -26,9 +26,9 @@ async def test_stored_version_is_announced_retained_to_every_gateway(tmp_path: P
         artifact = scene_artifact("7")
         assert (await registry.store(artifact))[0] == 201
         assert (await registry.store(artifact))[0] == 200  # the same version again: no second notice
-        deadline = time.monotonic() + 10
-        while notifier.counters["published"] < 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await eventually(
+            lambda: notifier.counters["published"] >= 2, 10, "notices published to both gateways"
+        )
     finally:
         await asyncio.to_thread(notifier.stop)
     assert notifier.counters["notices"] == 1 and notifier.counters["published"] == 2, notifier.stats()
@@ -45,11 +45,12 @@ async def test_dead_broker_never_blocks_or_raises(tmp_path: Path) -> None:
     started = time.monotonic()
     notifier.notify(scene_artifact("8").metadata)  # returns at once: a bounded queue, no network
     assert time.monotonic() - started < 0.5
-    deadline = time.monotonic() + 5
-    while (
-        notifier.counters["held_for_reconnect"] + notifier.counters["published"] < 1
-        and time.monotonic() < deadline
-    ):
-        await asyncio.sleep(0.05)
-    await asyncio.to_thread(notifier.stop)
+    try:
+        await eventually(
+            lambda: notifier.counters["held_for_reconnect"] + notifier.counters["published"] >= 1,
+            5,
+            "the notice held for a reconnect (or published)",
+        )
+    finally:
+        await asyncio.to_thread(notifier.stop)
     assert notifier.counters["held_for_reconnect"] == 1 and notifier.stats()["connected"] == 0

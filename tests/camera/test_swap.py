@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from camtest_util import relabel, scene_artifact, write_video
 
 from gateway.camera.change import ChangeConfig
 from gateway.camera.inference import InferenceEngine, InferenceInput, feed_from_camera
@@ -18,6 +17,8 @@ from models.anomaly import INPUT_SPEC as ANOMALY_INPUT
 from models.anomaly import anomaly_autoencoder
 from models.artifact import ArtifactError, ModelArtifact, artifact_from_bytes, load_artifact, save_artifact
 from models.export import export_artifact
+from tests.harness.camera import relabel, scene_artifact, write_video
+from tests.harness.poll import eventually
 
 FRAMES = 120
 
@@ -43,8 +44,13 @@ async def test_swap_under_load_loses_no_frame(tmp_path: Path) -> None:
     feeder = asyncio.create_task(feed_from_camera(source, engine))
     outcomes = []
     for version in (v2, v1, v2):  # swap while frames keep flowing
-        while engine.counters.inferred < len(outcomes) * 25 + 20 and not feeder.done():
-            await asyncio.sleep(0.01)
+        inferred = len(outcomes) * 25 + 20
+        await eventually(
+            lambda n=inferred: engine.counters.inferred >= n or feeder.done(),
+            60,
+            f"{inferred} frames inferred before the next swap",
+            interval_s=0.01,
+        )
         outcomes.append(await engine.swap(version))
     fed = await asyncio.wait_for(feeder, 120)
     await engine.stop(drain_timeout=60)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from cloudtest_util import upload
+from tests.harness.cloud_http import upload
 
 LOG = "feedface01"
 BATCH = 25

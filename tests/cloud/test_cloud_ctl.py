@@ -3,19 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-
-from cloudtest_util import upload
-from conftest import free_port
 
 from cloud.ctl import format_table
-
-
-def cloudctl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "cloud.ctl", *args], capture_output=True, text=True, timeout=60
-    )
+from tests.harness.cloud_http import upload
+from tests.harness.cloudd import cloudctl
+from tests.harness.processes import free_port
 
 
 def test_format_table_aligns_columns():
@@ -26,7 +18,7 @@ def test_format_table_aligns_columns():
 def test_status_table_and_json(cloudd):
     upload(cloudd.url, cloudd.token_for("gw1"), "gw1", "abcdef12", [1, 2, 3], device="temp-1")
     upload(cloudd.url, cloudd.token_for("gw2"), "gw2", "abcdef12", [1], device="cam-7")
-    result = cloudctl("--url", cloudd.url, "--token", cloudd.operator_token, "status")
+    result = cloudd.ctl("status")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["GATEWAY", "LAST", "SEEN", "RECORDS", "BATCHES", "DUPLICATES"]
@@ -35,7 +27,7 @@ def test_status_table_and_json(cloudd):
     assert any(line.split()[:3] == ["gw2", "cam-7", "1"] for line in lines)
     assert "total: 4 records in 2 batches" in result.stdout
 
-    result = cloudctl("--url", cloudd.url, "--token", cloudd.operator_token, "status", "--json")
+    result = cloudd.ctl("status", "--json")
     assert result.returncode == 0
     doc = json.loads(result.stdout)
     assert doc == cloudd.status()

@@ -6,9 +6,9 @@ import json
 import urllib.request
 
 import pytest
-from cloudtest_util import batch_body, http_json_body, post, raw_http, upload
 
 from protocol.batch import MAX_BATCH_BYTES, idempotency_key
+from tests.harness.cloud_http import batch_body, http_json_body, post, raw_http, upload
 
 LOG = "abcdef12"
 

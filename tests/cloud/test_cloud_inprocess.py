@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import aiohttp
-from cloudtest_util import batch_body
 
 from cloud.config import CloudConfig
 from cloud.server import CloudServer
 from cloud.store import DatasetStore
 from protocol.batch import idempotency_key
+from tests.harness.cloud_http import batch_body
 
 
 async def test_in_process_server_round_trip(tmp_path):

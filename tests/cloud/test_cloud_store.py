@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from cloudtest_util import batch_body
 
 from cloud.store import DatasetStore, StoreLocked, meta
 from cloud.store.segments import segment_path
 from protocol.batch import decode_batch
+from tests.harness.cloud_http import batch_body
 
 LOG = "abcdef12"
 

@@ -88,6 +88,7 @@ def test_layer_whose_gradient_is_ruined_is_loosened_though_the_model_gradient_lo
     assert controller.last_metrics["layer_grad_errors"] == per_layer
 
 
+@pytest.mark.slow  # trains the digits model twice, to a target accuracy
 def test_compressed_training_reaches_fp32_accuracy() -> None:
     split = load_digits_split()
     torch.manual_seed(0)

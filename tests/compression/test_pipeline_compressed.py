@@ -4,15 +4,13 @@ the progress file. Also the BFP wire codecs on their own."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 import torch
 
-from cloud.jobs.torchrun import cancel_job, launch_job, read_progress
 from cloud.training import comm
 from cloud.training.compression.wire_codec import WIRE_FORMATS, register_wire_codecs
 from models.numerics import BfpCodec, encode
+from tests.harness.torchrun import run_job
 
 torch.set_num_threads(1)
 
@@ -35,6 +33,7 @@ def test_wire_codecs_round_trip_within_bound_and_are_registered() -> None:
         comm.codec_by_name("bfp4").decode(comm.codec_by_name("bfp4").encode(x), (16, 32, 64), x.dtype)
 
 
+@pytest.mark.slow  # torchrun
 @pytest.mark.timeout(400)
 def test_compressed_digits_pipeline_under_torchrun(tmp_path) -> None:
     job = tmp_path / "job.toml"
@@ -61,14 +60,7 @@ dir = "ckpt"
 file = "progress.jsonl"
 log_every = 5
 """)
-    proc = launch_job(job, 2, tmp_path)
-    try:
-        code = proc.wait(360)
-    except subprocess.TimeoutExpired:
-        cancel_job(proc)
-        raise
-    assert code == 0, (tmp_path / "torchrun.log").read_text()[-4000:]
-    events = read_progress(tmp_path / "progress.jsonl")
+    events = run_job(job, 2, timeout_s=360)
     assert events[-1]["event"] == "done"
     steps = [e for e in events if e["event"] == "step"]
     assert steps and all({"loss", "samples_per_s", "stages", "compression"} <= e.keys() for e in steps)

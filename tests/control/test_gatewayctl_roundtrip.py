@@ -6,25 +6,19 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import paho.mqtt.client as paho
 import pytest
-from ctltest_util import SecureBroker, ctl, ctl_json, gateway_config, start_secure_broker
-from gwtest_util import Gatewayd, wait_until
-from paho.mqtt.enums import CallbackAPIVersion
 
 from protocol.control import SERVICE_NAMES
-
-
-@pytest.fixture
-def secure_broker(tmp_path: Path) -> Iterator[SecureBroker]:
-    sb = start_secure_broker(tmp_path)
-    yield sb
-    sb.broker.stop()
+from tests.harness.broker import USERS, SecureBroker
+from tests.harness.gatewayctl import ctl, ctl_json
+from tests.harness.gatewayd import Gatewayd, write_secure_config
+from tests.harness.mqtt import retained
+from tests.harness.poll import wait_until
 
 
 @pytest.fixture
 def gatewayd(secure_broker: SecureBroker, tmp_path: Path) -> Iterator[Gatewayd]:
-    config, http_port = gateway_config(tmp_path, secure_broker, mtls=True)
+    config, http_port = write_secure_config(tmp_path, secure_broker, mtls=True)
     gw = Gatewayd(config, http_port).wait_ready()
     yield gw
     gw.kill()
@@ -34,61 +28,69 @@ def test_each_operation_round_trips_through_gatewayctl(secure_broker, gatewayd):
     sb = secure_broker
     code, out, err = ctl(*sb.ctl_args(), "status")
     assert code == 0 and "gw1: online" in out, (out, err)
-    services = ctl_json(sb, "services")["data"]["services"]
+    services = ctl_json(*sb.ctl_args(), "services")["data"]["services"]
     assert [s["service"] for s in services] == list(SERVICE_NAMES)
     assert {s["service"]: s["state"] for s in services}["sensor"] == "running"
     code, out, _ = ctl(*sb.ctl_args(), "services")
     assert code == 0 and out.splitlines()[0].split()[:3] == ["SERVICE", "STATE", "APPLIED"]
 
-    got = ctl_json(sb, "config", "get", "sensor")
+    got = ctl_json(*sb.ctl_args(), "config", "get", "sensor")
     assert got["data"]["config"] == {"enabled": True, "allow": ["*"]} and got["revision"] == 0
 
-    r = ctl_json(sb, "config", "set", "sensor", '{"enabled": true, "allow": ["sensor-*"]}', "--revision", "0")
+    r = ctl_json(
+        *sb.ctl_args(),
+        "config",
+        "set",
+        "sensor",
+        '{"enabled": true, "allow": ["sensor-*"]}',
+        "--revision",
+        "0",
+    )
     assert r["status"] == "ok" and r["revision"] == 1
     assert r["data"]["services"]["sensor"]["config"]["allow"] == ["sensor-*"]
-    r = ctl_json(sb, "config", "patch", "camera", '{"sample_fps": 2.5}')
+    r = ctl_json(*sb.ctl_args(), "config", "patch", "camera", '{"sample_fps": 2.5}')
     assert r["revision"] == 2 and r["data"]["services"]["camera"]["config"]["sample_fps"] == 2.5
     # honest: no camera handler is wired yet, so the desired config is stored, not applied
     assert r["data"]["services"]["camera"]["applied"] is False
     assert "not applied" in r["data"]["services"]["camera"]["detail"]
 
-    assert ctl_json(sb, "stop", "sensor")["data"]["services"]["sensor"]["state"] == "stopped"
+    assert ctl_json(*sb.ctl_args(), "stop", "sensor")["data"]["services"]["sensor"]["state"] == "stopped"
     wait_until(lambda: gatewayd.status()["control"]["services"]["sensor"] == "stopped", 10, "sensor stopped")
-    assert ctl_json(sb, "start", "sensor")["data"]["services"]["sensor"]["state"] == "running"
+    assert ctl_json(*sb.ctl_args(), "start", "sensor")["data"]["services"]["sensor"]["state"] == "running"
 
-    ctl_json(sb, "devices", "add", "weather-7")
+    ctl_json(*sb.ctl_args(), "devices", "add", "weather-7")
     code, out, _ = ctl(*sb.ctl_args(), "devices")
     assert out.split() == ["sensor-*", "weather-7"]
-    ctl_json(sb, "devices", "remove", "weather-7")
-    assert ctl_json(sb, "devices")["data"]["config"]["allow"] == ["sensor-*"]
+    ctl_json(*sb.ctl_args(), "devices", "remove", "weather-7")
+    assert ctl_json(*sb.ctl_args(), "devices")["data"]["config"]["allow"] == ["sensor-*"]
 
-    r = ctl_json(sb, "camera-source", "rtsp://10.0.0.5/stream1", "--fps", "1")
+    r = ctl_json(*sb.ctl_args(), "camera-source", "rtsp://10.0.0.5/stream1", "--fps", "1")
     assert r["data"]["services"]["camera"]["config"]["source"] == "rtsp://10.0.0.5/stream1"
-    r = ctl_json(sb, "model", "pin", "scene", "3")
+    r = ctl_json(*sb.ctl_args(), "model", "pin", "scene", "3")
     assert r["data"]["services"]["models"]["config"]["pins"] == {"scene": "3"}
-    ctl_json(sb, "model", "unpin", "scene")
-    r = ctl_json(sb, "placement", "pin", "camera", "infer", "cloud")
+    ctl_json(*sb.ctl_args(), "model", "unpin", "scene")
+    r = ctl_json(*sb.ctl_args(), "placement", "pin", "camera", "infer", "cloud")
     assert r["data"]["services"]["placement"]["config"]["pins"] == {"camera/infer": "cloud"}
     code, out, _ = ctl(*sb.ctl_args(), "placement")
     assert "camera/infer" in out and "cloud" in out
     # the MQTT 3.1.1 fallback: response topic and correlation id ride in the payload
     code, out, err = ctl(*sb.ctl_args(), "--protocol", "3.1.1", "--json", "config", "get", "placement")
     assert code == 0 and json.loads(out)["correlation_id"].startswith("ctl-"), err
-    ctl_json(sb, "log-level", "DEBUG")
-    assert ctl_json(sb, "config", "get", "gateway")["data"]["config"]["log_level"] == "DEBUG"
+    ctl_json(*sb.ctl_args(), "log-level", "DEBUG")
+    assert ctl_json(*sb.ctl_args(), "config", "get", "gateway")["data"]["config"]["log_level"] == "DEBUG"
 
     # refusals name the field and change nothing
-    before = ctl_json(sb, "config", "get", "sensor")
+    before = ctl_json(*sb.ctl_args(), "config", "get", "sensor")
     code, out, err = ctl(*sb.ctl_args(), "config", "patch", "sensor", '{"allow": ["bad/id"]}')
     assert code == 3 and "allow.0" in err, err
     code, out, err = ctl(*sb.ctl_args(), "config", "set", "sensor", '{"enabled": false}', "--revision", "1")
     assert code == 3 and "stale_revision" in err and "revision" in err
     code, out, err = ctl(*sb.ctl_args(), "placement", "pin", "camera", "capture", "cloud")
     assert code == 3 and "where" in err and "pinned to edge" in err
-    after = ctl_json(sb, "config", "get", "sensor")
+    after = ctl_json(*sb.ctl_args(), "config", "get", "sensor")
     assert after["digest"] == before["digest"] and after["revision"] == before["revision"]
 
-    logs = ctl_json(sb, "logs")["data"]["lines"]
+    logs = ctl_json(*sb.ctl_args(), "logs")["data"]["lines"]
     assert any("refused config.patch" in line["message"] for line in logs)
     code, out, _ = ctl(*sb.ctl_args(), "logs")
     assert code == 0 and "refused" in out
@@ -107,17 +109,6 @@ def test_each_operation_round_trips_through_gatewayctl(secure_broker, gatewayd):
 
 
 def read_retained(sb: SecureBroker, topic: str) -> bytes:
-    got: list[bytes] = []
-    client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
-    client.username_pw_set("operator", "op-secret")
-    client.tls_set(ca_certs=str(sb.ca))
-    client.on_message = lambda c, u, m: got.append(m.payload)
-    client.connect("127.0.0.1", sb.port)
-    client.subscribe(topic, qos=1)
-    client.loop_start()
-    try:
-        wait_until(lambda: got, 10, f"retained message on {topic}")
-    finally:
-        client.disconnect()
-        client.loop_stop()
-    return got[0]
+    got = retained(sb.port, [topic], ca_file=sb.ca, username="operator", password=USERS["operator"])
+    assert topic in got, f"no retained message on {topic}"
+    return got[topic]

@@ -7,18 +7,20 @@ import asyncio
 import signal
 import socket
 import threading
-
-from conftest import wait_for_port
-from ctltest_util import ctl
-from gwtest_util import Gatewayd, publish, telemetry, wait_until, write_config
+import time
 
 from gateway.datadir import open_record_log
 from protocol.config import load_gateway_config
 from protocol.records import decode_record
+from tests.harness.gatewayctl import broker_args, ctl
+from tests.harness.gatewayd import Gatewayd, telemetry, write_config
+from tests.harness.mqtt import publish
+from tests.harness.poll import wait_until
+from tests.harness.processes import wait_for_port
 
 
 def plain_ctl(broker_url: str, *args: str) -> tuple[int, str, str]:
-    return ctl("--broker", broker_url, "--gateway", "gw1", "--timeout", "5", *args)
+    return ctl(*broker_args(broker_url), *args)
 
 
 async def logged_seqs(config_path) -> list[int]:
@@ -44,7 +46,7 @@ def test_a_change_survives_sigkill_and_a_restart_with_the_broker_down(mosquitto,
     mosquitto.stop()
     gw = Gatewayd(config, http_port)
     try:
-        wait_for_port(http_port, timeout=20, proc=gw.proc)
+        wait_for_port(http_port, timeout_s=20, proc=gw.proc)
         control = gw.status()["control"]
         assert control["revision"] == 2 and gw.status()["mqtt"]["connected"] == 0
         assert control["services"]["sensor"] == "running"
@@ -70,7 +72,7 @@ def test_sigterm_during_heavy_ingest_loses_no_accepted_record(mosquitto, tmp_pat
     publisher.start()
     try:
         wait_until(lambda: gw.status()["ingest"]["accepted"] >= 300, 60, "ingest under way")
-        rc, err = gw.terminate(timeout=20)
+        rc, err = gw.terminate(timeout_s=20)
         assert rc == 0, err[-2000:]
     finally:
         gw.kill()
@@ -126,8 +128,12 @@ def test_sd_notify_ready_watchdog_reloading_stopping(mosquitto, tmp_path, monkey
     gw = Gatewayd(config, http_port)
     seen: list[str] = []
 
-    def until(field: str) -> None:
+    def until(field: str, timeout_s: float = 20.0) -> None:
+        """Read notifications until ``field`` has come (the watchdog keeps them coming: a deadline)."""
+        deadline = time.monotonic() + timeout_s
         while field not in seen:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {field} from gatewayd within {timeout_s}s; got {seen}")
             seen.extend(sock.recv(4096).decode().split("\n"))
 
     try:
@@ -138,8 +144,7 @@ def test_sd_notify_ready_watchdog_reloading_stopping(mosquitto, tmp_path, monkey
         until("RELOADING=1")
         gw.proc.send_signal(signal.SIGTERM)
         until("STOPPING=1")
-        gw.proc.communicate(timeout=20)
-        assert gw.proc.returncode == 0
+        assert gw.proc.wait(20) == 0
         assert seen.index("READY=1") < seen.index("RELOADING=1") < seen.index("STOPPING=1")
     finally:
         gw.kill()

@@ -5,34 +5,24 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 
 import paho.mqtt.client as paho
-import pytest
-from ctltest_util import USERS, SecureBroker, ctl, ctl_json, gateway_config, start_secure_broker
-from gwtest_util import Gatewayd
-from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-
-@pytest.fixture
-def secure_broker(tmp_path: Path) -> Iterator[SecureBroker]:
-    sb = start_secure_broker(tmp_path)
-    yield sb
-    sb.broker.stop()
-
+from tests.harness.broker import USERS, SecureBroker
+from tests.harness.gatewayctl import ctl, ctl_json
+from tests.harness.gatewayd import Gatewayd, write_secure_config
+from tests.harness.mqtt import client as mqtt_client
 
 ALLOWED = ("Success", "No matching subscribers")  # MQTT v5 PUBACK reasons that mean "accepted"
 
 
 def connect(sb: SecureBroker, user: str | None, password: str | None = None) -> tuple[paho.Client, str]:
     """A v5 client over TLS; returns it (looping) and the CONNACK reason as text."""
-    client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
-    if user is not None:
-        client.username_pw_set(user, password if password is not None else USERS[user])
-    client.tls_set(ca_certs=str(sb.ca))
+    if user is not None and password is None:
+        password = USERS[user]
+    client = mqtt_client(ca_file=sb.ca, username=user, password=password)
     done = threading.Event()
     reason: list[str] = []
 
@@ -83,10 +73,10 @@ def test_anonymous_and_wrong_password_cannot_connect(secure_broker):
 
 def test_device_and_gateway_credentials_cannot_write_config(secure_broker, tmp_path):
     sb = secure_broker
-    config, http_port = gateway_config(tmp_path, sb)
+    config, http_port = write_secure_config(tmp_path, sb)
     gw = Gatewayd(config, http_port).wait_ready()
     try:
-        before = ctl_json(sb, "config", "get", "sensor")
+        before = ctl_json(*sb.ctl_args(), "config", "get", "sensor")
         request = json.dumps({"service": "sensor", "config": {"enabled": False, "allow": ["evil"]}}).encode()
         for user in ("sensor-1", "gw1", "gw2"):
             client, reason = connect(sb, user)
@@ -112,7 +102,7 @@ def test_device_and_gateway_credentials_cannot_write_config(secure_broker, tmp_p
         finally:
             client.disconnect()
             client.loop_stop()
-        after = ctl_json(sb, "config", "get", "sensor")
+        after = ctl_json(*sb.ctl_args(), "config", "get", "sensor")
         assert after["revision"] == before["revision"] and after["digest"] == before["digest"]
         assert gw.status()["control"]["requests"] == 2  # only the operator's two reads reached it
     finally:

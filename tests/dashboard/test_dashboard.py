@@ -6,14 +6,16 @@ docs/ (dashboard-fleet.png, dashboard-job.png, linked from the README) with EDGE
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
-from jobtest_util import call, heartbeat, start_jobs_cloudd
+from tests.harness.cloud_http import call, heartbeat
+from tests.harness.cloudd import OPERATOR_TOKEN as OP
+from tests.harness.cloudd import cloudd_token, start_cloudd
+
+pytestmark = pytest.mark.slow  # a browser, and a torchrun job it watches
 
 CHROMIUM = Path("/usr/bin/chromium")
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -26,7 +28,6 @@ ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-OP = "operator-secret"
 GATEWAYS = tuple(f"gw{i:03d}" for i in range(1, 101))
 
 if not CHROMIUM.exists():  # .ci/run installs it; a developer box may not have it
@@ -50,7 +51,7 @@ def _heartbeat_fleet(url: str) -> None:
             cloud_tasks=("detect",) if i % 4 == 0 else (),
             sent_ts=time.time(),
         )
-        status, doc = call(f"{url}/v1/gateways/{gateway}/heartbeat", f"token-{gateway}", "POST", beat)
+        status, doc = call(f"{url}/v1/gateways/{gateway}/heartbeat", cloudd_token(gateway), "POST", beat)
         assert status == 200, doc
 
 
@@ -66,7 +67,7 @@ def _points(page, selector: str) -> int:
 @pytest.mark.timeout(600)
 def test_dashboard_fleet_and_live_job(tmp_path):
     shots = DOCS if os.environ.get("EDGEFED_UPDATE_SCREENSHOTS") == "1" else tmp_path
-    server = start_jobs_cloudd(tmp_path / "c", gateways=GATEWAYS)
+    server = start_cloudd(tmp_path / "c", gateways=GATEWAYS)
     try:
         _heartbeat_fleet(server.url)
         status, job = call(f"{server.url}/v1/jobs", OP, "POST", {"epochs": 4, "nproc": 2, "log_every": 1})
@@ -79,17 +80,23 @@ def test_dashboard_fleet_and_live_job(tmp_path):
                 assert "token=" not in page.url  # moved into localStorage, out of the address bar
                 page.wait_for_selector("#chart-loss svg", timeout=240_000)
                 first = _points(page, "#chart-loss svg")
-                deadline = time.monotonic() + 240
-                while _points(page, "#chart-loss svg") <= first and time.monotonic() < deadline:
-                    page.wait_for_timeout(500)
-                grown = _points(page, "#chart-loss svg")
-                assert grown > first, "the loss chart did not grow while the job ran"
+                grew = (
+                    f"() => Number(document.querySelector('#chart-loss svg')?.dataset.points || 0) > {first}"
+                )
+                try:  # the browser checks it on every animation frame
+                    page.wait_for_function(grew, timeout=240_000)
+                except playwright.TimeoutError:
+                    raise AssertionError(
+                        f"the loss chart stayed at {first} points while the job ran"
+                    ) from None
                 assert _points(page, "#chart-throughput svg") > 0 and _points(page, "#chart-timeline svg") > 0
                 assert "no compression in this job" in page.inner_text("#chart-compression")
                 assert "no federated rounds" in page.inner_text("#panel-rounds")
                 page.wait_for_selector("#job-state .state-succeeded", timeout=300_000)
                 page.wait_for_selector("#chart-accuracy svg", timeout=10_000)
-                page.wait_for_timeout(800)
+                page.wait_for_timeout(
+                    800
+                )  # not a wait before an assert: lets the charts settle for the picture
                 page.screenshot(path=str(shots / "dashboard-job.png"))
 
                 page.goto(f"{server.url}/#/fleet")
@@ -110,7 +117,7 @@ def test_dashboard_fleet_and_live_job(tmp_path):
                 page.fill("#fleet-filter", "")
                 page.click("#fleet-table th[data-key='backlog_records']")
                 page.click("#fleet-table th[data-key='backlog_records']")  # descending: biggest backlog first
-                page.wait_for_timeout(300)
+                page.wait_for_timeout(300)  # not a wait before an assert: the sorted table, for the picture
                 page.screenshot(path=str(shots / "dashboard-fleet.png"))
 
                 page.goto(f"{server.url}/#/federated")

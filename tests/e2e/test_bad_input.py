@@ -4,8 +4,14 @@ running, and everything accepted before and after reaches the cloud."""
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 
-from gwtest_util import Gatewayd, publish, telemetry, wait_until, write_config
+from protocol.batch import encode_batch, idempotency_key
+from protocol.records import telemetry_record
+from tests.harness.gatewayd import Gatewayd, telemetry, write_config
+from tests.harness.mqtt import publish
+from tests.harness.poll import wait_until
 
 TOPIC = "edgefed/gw1/devices/sensor-1/telemetry"
 
@@ -46,12 +52,6 @@ def test_each_bad_message_is_counted_and_nothing_accepted_is_lost(mosquitto, clo
 
 
 def test_batch_with_wrong_token_is_refused_and_nothing_stored(cloudd):
-    import urllib.error
-    import urllib.request
-
-    from protocol.batch import encode_batch, idempotency_key
-    from protocol.records import telemetry_record
-
     body = encode_batch("gw1", "ab" * 8, [(1, telemetry_record("sensor-1", 1.0, telemetry("sensor-1", 0)))])
     request = urllib.request.Request(
         f"{cloudd.url}/v1/gateways/gw1/batches",

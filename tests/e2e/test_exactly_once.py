@@ -11,9 +11,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from gwtest_util import Gatewayd, wait_until, write_config
 
 from devices.sensors import SensorRun, SentRecord, run_sensors
+from tests.harness.gatewayd import Gatewayd, write_config
+from tests.harness.poll import wait_until
 
 SENSORS, MESSAGES = 3, 1000
 
@@ -51,7 +52,15 @@ def _assert_exactly_once(sent: SentRecord, stored: list) -> None:
     assert duplicated == {}, f"{len(duplicated)} records stored more than once"
 
 
-@pytest.mark.parametrize("crash", ["none", "cloudd", "gatewayd"])
+# the crash variants SIGKILL a daemon halfway (slow); the plain run stays in `make test-fast`
+@pytest.mark.parametrize(
+    "crash",
+    [
+        "none",
+        pytest.param("cloudd", marks=pytest.mark.slow),
+        pytest.param("gatewayd", marks=pytest.mark.slow),
+    ],
+)
 def test_three_sensors_exactly_once(crash: str, mosquitto, cloudd, tmp_path: Path) -> None:
     config, port = write_config(
         tmp_path,

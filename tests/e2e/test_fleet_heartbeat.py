@@ -3,19 +3,15 @@ it heartbeats; offline once it stops."""
 
 from __future__ import annotations
 
-import json
-import urllib.request
-
-from conftest import CLOUDD_OPERATOR_TOKEN
-from gwtest_util import Gatewayd, wait_until, write_config
+from tests.harness.cloud_http import call
+from tests.harness.gatewayd import Gatewayd, write_config
+from tests.harness.poll import wait_until
 
 
 def fleet(cloudd) -> dict:
-    request = urllib.request.Request(
-        f"{cloudd.url}/v1/fleet", headers={"Authorization": f"Bearer {CLOUDD_OPERATOR_TOKEN}"}
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return {g["id"]: g for g in json.loads(response.read())["gateways"]}
+    status, doc = call(f"{cloudd.url}/v1/fleet", cloudd.operator_token)
+    assert status == 200, doc
+    return {g["id"]: g for g in doc["gateways"]}
 
 
 def test_gateway_heartbeats_show_in_the_fleet(mosquitto, cloudd, tmp_path):

@@ -6,18 +6,17 @@ gateway's over-the-air path swaps it in and serves inference with it."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import cloudd_token, free_port
-from gwtest_util import Gatewayd, wait_until, write_config
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "camera"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
-from camtest_util import DevicesimCamera
-from jobtest_util import call, cloudctl, start_jobs_cloudd
+from tests.harness.camera import DevicesimCamera
+from tests.harness.cloud_http import call
+from tests.harness.cloudd import cloudd_token, start_cloudd
+from tests.harness.gatewayd import Gatewayd, write_config
+from tests.harness.poll import wait_until
+from tests.harness.processes import free_port
 
 BATCH, MICROBATCHES, STEPS = 8, 2, 4
 FRAMES = 16  # committed frames wanted before training: a minibatch left after the held-out fifth
@@ -44,9 +43,10 @@ def uploaded_frames(cloud) -> list[dict[str, Any]]:
     return [e for e in camera_events(cloud) if "blob" in e and (blobs / e["blob"]["id"]).is_file()]
 
 
+@pytest.mark.slow  # torchrun
 @pytest.mark.timeout(600)  # three daemons, a camera and torchrun on 2 shared cores
 def test_job_on_gateway_camera_uploads_reaches_the_gateway(tmp_path: Path, mosquitto) -> None:
-    cloud = start_jobs_cloudd(tmp_path / "c", gateways=("gw1",), extra_args=("--broker", mosquitto.url))
+    cloud = start_cloudd(tmp_path / "c", gateways=("gw1",), extra_args=("--broker", mosquitto.url))
     camera = DevicesimCamera(free_port(), tmp_path / "truth.jsonl", seed=3, fps=4.0)
     config, http_port = write_config(
         tmp_path,
@@ -65,8 +65,7 @@ def test_job_on_gateway_camera_uploads_reaches_the_gateway(tmp_path: Path, mosqu
         wait_until(lambda: len(uploaded_frames(cloud)) >= FRAMES, 90, f"{FRAMES} frames uploaded to cloudd")
         assert engine()["active_version"] == "1"  # the artifact shipped with the code
 
-        result = cloudctl(
-            cloud,
+        result = cloud.ctl(
             "train",
             "--model",
             "scene_cnn",
@@ -108,7 +107,7 @@ def test_job_on_gateway_camera_uploads_reaches_the_gateway(tmp_path: Path, mosqu
         assert sum(lineage["labels"].values()) == lineage["frames"] == rows  # the frames it names, all
 
         # cloudctl status: the finished job with a full progress bar and the version it registered
-        shown = cloudctl(cloud, "status")
+        shown = cloud.ctl("status")
         assert shown.returncode == 0, shown.stderr
         done = f"job-00001  succeeded  scene_cnn  [{'#' * 30}]  {STEPS}/{STEPS}"
         assert any(

@@ -19,7 +19,6 @@ from pathlib import Path
 import aiohttp
 import pytest
 import torch
-from conftest import Cloudd, start_cloudd
 
 from cloud.federated.layout import build_model
 from gateway.federated.client import FederatedClient, load_weights
@@ -33,8 +32,10 @@ from protocol.batch import encode_batch, idempotency_key
 from protocol.config import UplinkConfig
 from protocol.federated import FederatedJob, ModelArch, RoundConfig, TensorEntry, parse_global_model
 from protocol.records import Record, encode_record
+from tests.harness.cloudd import Cloudd, start_cloudd
+from tests.harness.poll import eventually
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]  # ten gateways train to a target accuracy
 
 N_GATEWAYS = 10
 GATEWAYS = tuple(f"gw{i}" for i in range(N_GATEWAYS))
@@ -152,14 +153,9 @@ async def post_batch(cloudd: Cloudd, gateway: str, log_id: str, entries: list[tu
         return await response.json()
 
 
-async def wait_for(predicate, timeout: float, what: str, cloudd: Cloudd) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = fed_status(cloudd)
-        if predicate(status):
-            return status
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}: {json.dumps(fed_status(cloudd))[:2000]}")
+def status_of(cloudd: Cloudd):
+    """A probe for ``eventually``: the federated status, fetched off the event loop."""
+    return lambda: asyncio.to_thread(fed_status, cloudd)
 
 
 def update_record(update_id: str, payload: bytes, version: int, tensors: list[TensorEntry]) -> bytes:
@@ -221,32 +217,50 @@ async def test_ten_gateways_reach_centralised_accuracy(tmp_path: Path) -> None:
 
         # Dropouts: gw3 loses its link but keeps training (its updates wait in its log); gw7 goes away
         # entirely (its process "dies": logs closed) and comes back from its files.
-        await wait_for(lambda s: s["version"] >= 5, 60, "version 5", cloudd)
+        await eventually(status_of(cloudd), 60, "version 5", check=lambda s: s["version"] >= 5)
         await gateways[3].stop_uplink()
         await gateways[7].stop_all()
-        await wait_for(lambda s: s["version"] >= 12, 60, "version 12 without gw3 and gw7", cloudd)
+        await eventually(
+            status_of(cloudd), 60, "version 12 without gw3 and gw7", check=lambda s: s["version"] >= 12
+        )
         await gateways[3].start_uplink()
         await gateways[7].open_logs()
         await gateways[7].start_uplink()
         await gateways[7].start_client()
 
-        deadline = time.monotonic() + DEADLINE_S
-        version, acc = global_accuracy(cloudd, split)
-        while time.monotonic() < deadline:
+        def progress() -> dict:
             version, acc = global_accuracy(cloudd, split)
-            status = fed_status(cloudd)
-            back = {p["gateway"]: p for p in status["participants"]}
-            rejoined = all((back.get(g, {}).get("last_applied_version") or 0) > 12 for g in ("gw3", "gw7"))
-            if acc >= central_acc - 0.02 and rejoined:
-                break
-            await asyncio.sleep(1.0)
-        assert acc >= central_acc - 0.02, f"global {acc:.4f} (version {version}) vs central {central_acc:.4f}"
-        assert rejoined, f"gw3/gw7 did not contribute after coming back: {status['participants']}"
+            back = {p["gateway"]: p for p in fed_status(cloudd)["participants"]}
+            rejoined = {g: back.get(g, {}).get("last_applied_version") for g in ("gw3", "gw7")}
+            return {"version": version, "accuracy": acc, "central": central_acc, "rejoined": rejoined}
+
+        await eventually(
+            lambda: asyncio.to_thread(progress),
+            DEADLINE_S,
+            "the global model within 2 points of centralised training, with updates of gw3 and gw7 "
+            "applied after version 12",
+            check=lambda p: (
+                p["accuracy"] >= central_acc - 0.02 and all((v or 0) > 12 for v in p["rejoined"].values())
+            ),
+            interval_s=1.0,
+        )
 
         for gateway in gateways:
             await gateway.stop_client()
-        await asyncio.sleep(1.0)  # let uplinks deliver what is in their logs
-        status = fed_status(cloudd)
+        # quiet: every update in the gateways' logs stored by cloudd and read by its coordinator (an
+        # update read later could still fill FedBuff's buffer and be applied under the checks below)
+        await eventually(
+            lambda: all(g.uplink is None or g.uplink.backlog == 0 for g in gateways),
+            30,
+            "every uplink log delivered (backlog 0)",
+        )
+        stored_updates = sum(r.record["kind"] == "update" for r in cloudd.records())
+        status = await eventually(
+            status_of(cloudd),
+            30,
+            f"the coordinator to have read all {stored_updates} stored updates",
+            check=lambda s: s["updates"]["received"] == stored_updates,
+        )
         assert status["staleness"]["max"] >= 1  # asynchronous: some updates were applied late
         assert sum(h["updates"] for h in status["history"]) <= status["updates"]["applied"]
         assert status["updates"]["applied"] == sum(p["applied"] for p in status["participants"])
@@ -261,11 +275,11 @@ async def test_ten_gateways_reach_centralised_accuracy(tmp_path: Path) -> None:
         assert ack["duplicates"] == 1 and ack["stored"] == 0
         ack = await post_batch(cloudd, "gw1", "feedface" * 4, [(1, data)])
         assert ack["stored"] == 1
-        after = await wait_for(
-            lambda s: s["updates"]["duplicates"] > before["updates"]["duplicates"],
+        after = await eventually(
+            status_of(cloudd),
             20,
             "the re-logged update counted as duplicate",
-            cloudd,
+            check=lambda s: s["updates"]["duplicates"] > before["updates"]["duplicates"],
         )
         assert after["updates"]["applied"] == before["updates"]["applied"]
 
@@ -291,14 +305,14 @@ async def test_ten_gateways_reach_centralised_accuracy(tmp_path: Path) -> None:
             "c0ffee00" * 4,
             [(1, json.dumps(malformed, separators=(",", ":")).encode()), (2, oversized)],
         )
-        final = await wait_for(
-            lambda s: (
+        final = await eventually(
+            status_of(cloudd),
+            20,
+            "both refusals counted",
+            check=lambda s: (
                 s["updates"]["refused"].get("too_large", 0) >= 1
                 and s["updates"]["refused"].get("digest_mismatch", 0) >= 1
             ),
-            20,
-            "both refusals counted",
-            cloudd,
         )
         assert final["updates"]["applied"] == before["updates"]["applied"]
         assert final["bytes"]["payload"] > 0 and final["rounds"] == final["version"] >= 12

@@ -9,15 +9,11 @@ updates go up and cloudd applies them. The decision and its reason are in /statu
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
 import json
 import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import cloudd_token, start_cloudd
-from gwtest_util import Gatewayd, retained, wait_until, write_config
 
 from gateway.federated.runner import open_sample_log
 from gateway.federated.samples import sample_record
@@ -25,8 +21,13 @@ from models.digits import load_digits_split
 from protocol.config import TrainingConfig
 from protocol.federated import FederatedJob, ModelArch, RoundConfig
 from protocol.topics import service_topic
+from tests.harness.cloudd import cloudd_token, start_cloudd
+from tests.harness.gatewayctl import broker_args, ctl_json
+from tests.harness.gatewayd import Gatewayd, write_config
+from tests.harness.mqtt import retained
+from tests.harness.poll import wait_until
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]  # gatewayd loads torch and trains rounds
 N_SAMPLES = 120
 EXTRA = """[placement]
 probe_interval_s = 0.3
@@ -40,13 +41,7 @@ decide_interval_s = 0.5
 
 
 def gatewayctl(broker_url: str, *args: str) -> dict:
-    from gateway.ctl import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(["--broker", broker_url, "--gateway", "gw1", "--timeout", "10", *args, "--json"])
-    assert code == 0, (code, out.getvalue(), err.getvalue())
-    return json.loads(out.getvalue())
+    return ctl_json(*broker_args(broker_url, timeout_s=10), *args)
 
 
 def operator(cloudd, method: str, path: str, body: bytes | None = None) -> dict:

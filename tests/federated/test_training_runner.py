@@ -6,12 +6,9 @@ whatever the link; disabled -> nothing runs. Each decision and its reason shows 
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 
 import torch
-from conftest import free_port
 
 from gateway.federated.forward import RawForwarder
 from gateway.federated.runner import TrainingRunner, open_sample_log
@@ -20,18 +17,12 @@ from gateway.placement.cost import LinkView
 from gateway.storage.epoch_log import EpochLog
 from protocol.config import TrainingConfig
 from protocol.control import TrainingSettings
+from tests.harness.poll import eventually
+from tests.harness.processes import free_port
 
 N_SAMPLES = 40
 GOOD = LinkView("up", 0.02, 2_000_000.0)
 DOWN = LinkView("down", 0.02, 2_000_000.0)
-
-
-async def wait_until(predicate, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def read_all(log: EpochLog) -> list[bytes]:
@@ -76,18 +67,22 @@ async def test_choice_is_made_shown_and_acted_on(tmp_path: Path) -> None:
         status = runtime.status()
         assert status["mode"] == "upload_raw" and "fits the link" in status["reason"]
         assert status["state"] == "forwarding_raw" and status["trigger"] == "config"
-        await wait_until(lambda: runtime.status()["forwarder"]["forwarded"] == N_SAMPLES, "raw samples sent")
+        await eventually(
+            lambda: runtime.status()["forwarder"]["forwarded"] == N_SAMPLES, 20, "raw samples sent"
+        )
         assert await read_all(uplink_log) == samples  # the samples themselves, byte for byte, once
         assert wakes and runtime.status()["client"]["rounds"] == 0
 
         link[0] = DOWN  # what a new placement plan reports; the daemon's plan callback pokes
         runtime.poke()
-        await wait_until(lambda: runtime.status()["state"] == "training", "re-decided on the link")
+        await eventually(lambda: runtime.status()["state"] == "training", 20, "re-decided on the link")
         status = runtime.status()
         assert status["reason"].startswith("link down") and status["trigger"] == "link"
         assert status["state"] == "training" and status["torch_loaded"]
         assert [d["mode"] for d in status["decisions"]] == ["upload_raw", "train_locally"]
-        await wait_until(lambda: runtime.status()["client"]["fetch_failures"] >= 1, "a round ran (no cloud)")
+        await eventually(
+            lambda: runtime.status()["client"]["fetch_failures"] >= 1, 20, "a round ran (no cloud)"
+        )
         assert runtime.status()["last_error"]
 
         link[0] = GOOD
@@ -99,9 +94,14 @@ async def test_choice_is_made_shown_and_acted_on(tmp_path: Path) -> None:
         assert applied.state == "stopped" and runtime.status()["state"] == "stopped"
         assert runtime.status()["mode"] is None
 
+        passes = runtime.status()["forwarder"]["passes"]
         await runtime.apply(TrainingSettings(enabled=True, private=False))  # raw again: nothing resent
-        await asyncio.sleep(0.3)
+        # a pass starts after the one before it has ended: two new passes mean one whole pass ran
+        await eventually(
+            lambda: runtime.status()["forwarder"]["passes"] >= passes + 2, 20, "a whole forwarder pass"
+        )
         assert runtime.status()["state"] == "forwarding_raw"
+        assert runtime.status()["forwarder"]["forwarded"] == N_SAMPLES
         assert len(await read_all(uplink_log)) == N_SAMPLES
         metrics = runtime.metrics()
         assert metrics["mode_raw"] == 1.0 and metrics["raw_forwarded"] == N_SAMPLES

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
-
-from gwtest_util import REPO, Gatewayd, publish, telemetry, wait_until, write_config
 
 from gateway.storage.epoch_log import EpochLog
 from protocol.records import decode_record
 from protocol.telemetry import MAX_TELEMETRY_BYTES
+from tests.harness.gatewayd import Gatewayd, telemetry, write_config
+from tests.harness.mqtt import publish
+from tests.harness.poll import wait_until
+from tests.harness.processes import run_module
 
 
 async def log_records(data_dir) -> list[tuple[int, bytes]]:
@@ -112,21 +112,8 @@ def test_sigterm_flushes_acks_and_publishes_offline(mosquitto, tmp_path):
     config, http_port = write_config(tmp_path, mosquitto.url)
     gw = Gatewayd(config, http_port).wait_ready()
     try:
-        status = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "gateway.ctl",
-                "--broker",
-                mosquitto.url,
-                "--gateway",
-                "gw1",
-                "status",
-                "--json",
-            ],
-            cwd=REPO,
-            capture_output=True,
-            timeout=20,
+        status = run_module(
+            "gateway.ctl", ["--broker", mosquitto.url, "--gateway", "gw1", "status", "--json"]
         )
         assert status.returncode == 0, status.stderr
         assert json.loads(status.stdout)["state"] == "online"
@@ -137,22 +124,7 @@ def test_sigterm_flushes_acks_and_publishes_offline(mosquitto, tmp_path):
         assert rc == 0, err
     finally:
         gw.kill()
-    offline = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gateway.ctl",
-            "--broker",
-            mosquitto.url,
-            "--gateway",
-            "gw1",
-            "status",
-            "--json",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        timeout=20,
-    )
+    offline = run_module("gateway.ctl", ["--broker", mosquitto.url, "--gateway", "gw1", "status", "--json"])
     assert json.loads(offline.stdout)["state"] == "offline"
 
 
@@ -162,14 +134,9 @@ def test_second_daemon_on_the_same_data_dir_is_refused(mosquitto, tmp_path):
     try:
         second_config = tmp_path / "second.toml"
         second_config.write_text(config.read_text().replace(f":{http_port}", ":1"))
-        second = subprocess.run(
-            [sys.executable, "-m", "gateway.daemon", "--config", str(second_config)],
-            cwd=REPO,
-            capture_output=True,
-            timeout=20,
-        )
+        second = run_module("gateway.daemon", ["--config", str(second_config)], timeout_s=20)
         assert second.returncode == 2
-        assert b"in use by another gatewayd" in second.stderr
+        assert "in use by another gatewayd" in second.stderr
         assert gw.proc.poll() is None
     finally:
         gw.kill()
@@ -178,12 +145,7 @@ def test_second_daemon_on_the_same_data_dir_is_refused(mosquitto, tmp_path):
 def test_invalid_config_names_the_field(tmp_path):
     config = tmp_path / "bad.toml"
     config.write_text('gateway_id = "gw1"\ndata_dir = "d"\n[log]\nflush_interval_ms = -5\n')
-    result = subprocess.run(
-        [sys.executable, "-m", "gateway.daemon", "--config", str(config)],
-        cwd=REPO,
-        capture_output=True,
-        timeout=20,
-    )
+    result = run_module("gateway.daemon", ["--config", str(config)], timeout_s=20)
     assert result.returncode == 2
-    lines = result.stderr.decode().strip().splitlines()
+    lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "log.flush_interval_ms" in lines[0]

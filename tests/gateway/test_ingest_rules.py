@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import logging
 
-from gwtest_util import telemetry
-
 from gateway.ingest.sensors import judge_message
 from gateway.ratelimit import RateLimitedLog
 from protocol.records import decode_record
+from tests.harness.gatewayd import telemetry
 
 
 def judge(topic: str, payload: bytes, allow=("*",)):

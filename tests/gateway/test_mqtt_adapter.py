@@ -4,13 +4,35 @@ from __future__ import annotations
 
 import asyncio
 
-from gwtest_util import publish
-
 from gateway.mqtt.adapter import MqttAdapter, MqttSettings
+from tests.harness.mqtt import publish
+from tests.harness.poll import eventually
+
+# Retained on the broker before the adapter subscribes: the broker sends it in answer to each SUBSCRIBE
+# to t/#, so its arrival tells the test that the subscription exists (publishing earlier would lose
+# messages to a subscription still in flight).
+MARKER = "t/subscribed"
 
 
 def settings(url: str, bound: int = 10_000) -> MqttSettings:
     return MqttSettings(url=url, client_id="edgefed-test", inbound_bound=bound, backoff_max_s=0.5)
+
+
+async def started_adapter(broker, bound: int = 10_000) -> MqttAdapter:
+    await asyncio.to_thread(publish, broker.port, [(MARKER, b"marker")], retain=True)
+    adapter = MqttAdapter(settings(broker.url, bound))
+    adapter.subscribe("t/#", qos=1)
+    await adapter.start()
+    await adapter.wait_connected(10)
+    return adapter
+
+
+async def until_subscribed(adapter: MqttAdapter) -> None:
+    """Take the retained marker the broker sends once it has made the subscription."""
+    message = await adapter.receive(timeout_s=10)
+    assert message is not None, "no retained marker: the broker made no subscription to t/#"
+    assert message.topic == MARKER, message
+    assert adapter.ack(message)
 
 
 async def receive_all(adapter: MqttAdapter, n: int) -> list[bytes]:
@@ -24,18 +46,11 @@ async def receive_all(adapter: MqttAdapter, n: int) -> list[bytes]:
 
 
 async def test_full_inbound_queue_pauses_reading_and_loses_nothing(mosquitto):
-    adapter = MqttAdapter(settings(mosquitto.url, bound=5))
-    adapter.subscribe("t/#", qos=1)
-    await adapter.start()
+    adapter = await started_adapter(mosquitto, bound=5)
     try:
-        await adapter.wait_connected(10)
-        await asyncio.sleep(0.2)  # let the SUBACK arrive
+        await until_subscribed(adapter)
         await asyncio.to_thread(publish, mosquitto.port, [("t/x", b"%d" % i) for i in range(60)])
-        for _ in range(200):
-            if adapter.counters.paused:
-                break
-            await asyncio.sleep(0.05)
-        assert adapter.counters.paused >= 1
+        await eventually(lambda: adapter.counters.paused, 10, "the adapter to pause reading (queue full)")
         assert await receive_all(adapter, 60) == [b"%d" % i for i in range(60)]
         assert adapter.stats()["reading_paused"] == 0
     finally:
@@ -43,18 +58,15 @@ async def test_full_inbound_queue_pauses_reading_and_loses_nothing(mosquitto):
 
 
 async def test_reconnects_and_resubscribes_after_a_broker_restart(mosquitto):
-    adapter = MqttAdapter(settings(mosquitto.url))
-    adapter.subscribe("t/#", qos=1)
-    await adapter.start()
+    adapter = await started_adapter(mosquitto)
     try:
-        await adapter.wait_connected(10)
+        await until_subscribed(adapter)
         await asyncio.to_thread(mosquitto.restart)
-        for _ in range(400):
-            if adapter.counters.reconnects and adapter.connected:
-                break
-            await asyncio.sleep(0.05)
+        await eventually(
+            lambda: adapter.counters.reconnects and adapter.connected, 20, "the adapter to reconnect"
+        )
         assert adapter.counters.reconnects == 1
-        await asyncio.sleep(0.2)
+        await until_subscribed(adapter)  # the marker again: the adapter subscribed anew
         await asyncio.to_thread(publish, mosquitto.port, [("t/y", b"after restart")])
         assert await receive_all(adapter, 1) == [b"after restart"]
     finally:

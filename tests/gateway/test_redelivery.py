@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-from gwtest_util import Gatewayd, publish, telemetry, wait_until, write_config
-
 from gateway.ingest.recent_samples import RecentSamples
+from tests.harness.gatewayd import Gatewayd, telemetry, write_config
+from tests.harness.mqtt import publish
+from tests.harness.poll import wait_until
 
 
 def test_window_forgets_oldest_first():

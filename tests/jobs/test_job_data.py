@@ -4,9 +4,6 @@ uploaded datasets, camera frames and their lineage, and bad specs refused with t
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,8 +16,7 @@ from cloud.training.jobfile import JobError, load_job
 from cloud.training.run import check_loss_fits, loss_function, tensor_file_stream
 from models.anomaly import anomaly_autoencoder
 from models.scene import scene_cnn
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.harness.processes import run_module
 
 
 def write_job(folder, data: str, train: str = "batch_size = 8\nmicrobatches = 2\n"):
@@ -104,13 +100,7 @@ def test_tensor_files_that_do_not_fit_the_job_are_refused(tmp_path, tensors, los
 def test_a_bad_data_file_fails_the_job_with_exit_2_and_an_error_line(tmp_path):
     torch.save({"x": torch.randn(32, 48)}, tmp_path / "d.pt")
     path = write_job(tmp_path, 'dataset = "tensor_file"\npath = "d.pt"\nloss = "mse"')
-    run = subprocess.run(
-        [sys.executable, "-m", "cloud.training.run", "--job", str(path)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = run_module("cloud.training.run", ["--job", str(path)], timeout_s=120)
     assert run.returncode == 2, run.stdout + run.stderr
     last = json.loads((tmp_path / "progress.jsonl").read_text().splitlines()[-1])
     assert last["event"] == "error" and last["code"] == 2 and "needs 'y'" in last["message"]
@@ -172,6 +162,7 @@ def test_cloudctl_status_shows_a_progress_bar_per_live_job():
     assert lines[-1] == "jobs: 1 running, 0 queued"
 
 
+@pytest.mark.slow  # trains a model for real (cloud.training.run in a subprocess)
 def test_a_regression_job_reports_held_out_loss_without_accuracy(tmp_path):
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(40, 48, generator=generator)
@@ -183,13 +174,7 @@ def test_a_regression_job_reports_held_out_loss_without_accuracy(tmp_path):
     )
     model = 'name = "tests.jobs.test_job_data:tiny_regressor"'
     path.write_text(path.read_text() + f"[model]\n{model}\n")
-    run = subprocess.run(
-        [sys.executable, "-m", "cloud.training.run", "--job", str(path)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = run_module("cloud.training.run", ["--job", str(path)], timeout_s=120)
     assert run.returncode == 0, run.stdout + run.stderr
     events = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
     evals = [e for e in events if e["event"] == "eval"]

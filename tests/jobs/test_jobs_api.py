@@ -8,9 +8,11 @@ import urllib.error
 import urllib.request
 
 import pytest
-from jobtest_util import call, heartbeat, start_jobs_cloudd, telemetry_batch, upload_telemetry
 
-OP = "operator-secret"
+from tests.harness.cloud_http import call, heartbeat, telemetry_batch, upload_telemetry
+from tests.harness.cloudd import OPERATOR_TOKEN as OP
+from tests.harness.cloudd import start_cloudd
+from tests.harness.poll import wait_until
 
 OPERATOR_ROUTES = [
     ("GET", "/v1/fleet"),
@@ -23,23 +25,35 @@ OPERATOR_ROUTES = [
 ]
 
 
+# max-running-jobs 0: jobs stay queued, so these tests start no torchrun
+LIMITS = ("--max-running-jobs", "0", "--max-queued-jobs", "2", "--max-job-nproc", "3")
+
+
 @pytest.fixture
 def server(tmp_path):
-    # max-running-jobs 0: jobs stay queued, so these tests start no torchrun
-    limits = ("--max-running-jobs", "0", "--max-queued-jobs", "2", "--max-job-nproc", "3")
-    cloudd = start_jobs_cloudd(tmp_path / "c", extra_args=limits)
+    """A cloudd of this test's own (the tests that change its state)."""
+    cloudd = start_cloudd(tmp_path / "c", extra_args=LIMITS)
+    yield cloudd
+    cloudd.stop()
+
+
+@pytest.fixture(scope="module")
+def untouched(tmp_path_factory):
+    """One cloudd for the tests that only read from it or are refused by it: nothing they do changes
+    its state (a refusal that did would be the bug they look for)."""
+    cloudd = start_cloudd(tmp_path_factory.mktemp("untouched"), extra_args=LIMITS)
     yield cloudd
     cloudd.stop()
 
 
 @pytest.mark.parametrize("method,path", OPERATOR_ROUTES)
-def test_operator_routes_refuse_missing_wrong_and_gateway_tokens(server, method, path):
+def test_operator_routes_refuse_missing_wrong_and_gateway_tokens(untouched, method, path):
     body = {} if method == "POST" else None
-    status, doc = call(server.url + path, None, method, body)
+    status, doc = call(untouched.url + path, None, method, body)
     assert (status, doc["error"]) == (401, "unauthorized") and "operator token" in doc["detail"]
-    status, doc = call(server.url + path, "not-a-token", method, body)
+    status, doc = call(untouched.url + path, "not-a-token", method, body)
     assert (status, doc["error"]) == (401, "unauthorized") and "not the operator token" in doc["detail"]
-    status, doc = call(server.url + path, server.token_for("gw1"), method, body)
+    status, doc = call(untouched.url + path, untouched.token_for("gw1"), method, body)
     assert (status, doc["error"]) == (403, "forbidden") and "gw1" in doc["detail"]
 
 
@@ -61,6 +75,7 @@ def test_heartbeat_refusals_and_fleet(server):
     assert (status, doc["error"]) == (400, "gateway_mismatch")
 
     beat = heartbeat("gw1", interval_s=0.5, backlog=42, cloud_tasks=("detect",))
+    beat_sent = time.monotonic()
     status, doc = call(url, token, "POST", beat)
     assert status == 200 and doc == {"ok": True, "offline_after_s": 1.5}
     assert (
@@ -79,9 +94,14 @@ def test_heartbeat_refusals_and_fleet(server):
     assert rows["gw1"]["link"]["rtt_ms"] == 40.0
     assert [p["where"] for p in rows["gw1"]["placement"]] == ["gateway", "gateway", "cloud"]
     assert not rows["gw3"]["online"] and rows["gw3"]["last_seen"] is None
-    time.sleep(1.7)  # three of gw1's 0.5 s intervals without a heartbeat: offline
-    rows = {g["id"]: g for g in call(f"{server.url}/v1/fleet", OP)[1]["gateways"]}
-    assert not rows["gw1"]["online"] and rows["gw2"]["online"]
+    rows = wait_until(
+        lambda: {g["id"]: g for g in call(f"{server.url}/v1/fleet", OP)[1]["gateways"]},
+        10,
+        "gw1 offline after three of its 0.5 s intervals without a heartbeat",
+        check=lambda rows: not rows["gw1"]["online"],
+    )
+    assert time.monotonic() - beat_sent >= 1.5  # not before the third interval has passed
+    assert rows["gw2"]["online"]
 
 
 def test_ingest_with_another_gateways_token_is_refused(server):
@@ -159,13 +179,13 @@ def test_events_of_a_finished_job_end(server):
     assert text.endswith("event: end\ndata: {}\n\n")
 
 
-def test_openapi_documents_every_v1_route(server):
-    status, doc = call(f"{server.url}/v1/openapi.json")
+def test_openapi_documents_every_v1_route(untouched):
+    status, doc = call(f"{untouched.url}/v1/openapi.json")
     assert status == 200 and doc["openapi"].startswith("3.")
     from cloud.config import CloudConfig
     from cloud.server import build_app
 
-    app = build_app(CloudConfig(data_dir=server.data_dir.parent / "unused"))
+    app = build_app(CloudConfig(data_dir=untouched.data_dir.parent / "unused"))
     served = {
         (r.method.lower(), r.resource.canonical)
         for r in app.router.routes()
@@ -178,22 +198,22 @@ def test_openapi_documents_every_v1_route(server):
     assert "JobSpec" in doc["components"]["schemas"] and "GatewayHeartbeat" in doc["components"]["schemas"]
 
 
-def test_models_listing_and_upload_refusals(server):
-    status, doc = call(f"{server.url}/v1/models")
+def test_models_listing_and_upload_refusals(untouched):
+    status, doc = call(f"{untouched.url}/v1/models")
     assert status == 200 and doc == {"models": []}
-    status, doc = call(f"{server.url}/v1/models?name=bad%20name")
+    status, doc = call(f"{untouched.url}/v1/models?name=bad%20name")
     assert status == 400
-    status, doc = call(f"{server.url}/v1/models/digits", None, "POST", b"x")
+    status, doc = call(f"{untouched.url}/v1/models/digits", None, "POST", b"x")
     assert status == 401 and doc["error"]
-    status, doc = call(f"{server.url}/v1/models/digits", server.token_for("gw1"), "POST", b"x")
+    status, doc = call(f"{untouched.url}/v1/models/digits", untouched.token_for("gw1"), "POST", b"x")
     assert status == 403 and doc["error"]
 
 
-def test_dashboard_is_served_without_cdn(server):
-    with urllib.request.urlopen(f"{server.url}/", timeout=10) as response:
+def test_dashboard_is_served_without_cdn(untouched):
+    with urllib.request.urlopen(f"{untouched.url}/", timeout=10) as response:
         html = response.read().decode()
     assert '<script src="/web/app.js"></script>' in html and "http" not in html.replace("http-equiv", "")
     for asset in ("app.js", "api.js", "charts.js", "pages.js", "job.js", "style.css"):
-        with urllib.request.urlopen(f"{server.url}/web/{asset}", timeout=10) as response:
+        with urllib.request.urlopen(f"{untouched.url}/web/{asset}", timeout=10) as response:
             text = response.read().decode()
         assert "https://" not in text and "cdn" not in text.lower()

@@ -6,21 +6,24 @@ from __future__ import annotations
 import json
 
 import pytest
-from jobtest_util import call, cloudctl, start_jobs_cloudd, upload_telemetry
 
-OP = "operator-secret"
+from tests.harness.cloud_http import call, upload_telemetry
+from tests.harness.cloudd import OPERATOR_TOKEN as OP
+from tests.harness.cloudd import start_cloudd
+
+pytestmark = pytest.mark.slow  # torchrun jobs
 
 
 @pytest.fixture
 def server(tmp_path):
-    cloudd = start_jobs_cloudd(tmp_path / "c")
+    cloudd = start_cloudd(tmp_path / "c")
     yield cloudd
     cloudd.stop()
 
 
 @pytest.mark.timeout(600)
 def test_cloudctl_train_digits_registers_a_version_with_lineage(server):
-    result = cloudctl(server, "train", "--model", "digits_cnn", "--nproc", "2", "--epochs", "1", "--wait")
+    result = server.ctl("train", "--model", "digits_cnn", "--nproc", "2", "--epochs", "1", "--wait")
     assert result.returncode == 0, result.stdout + result.stderr + server.log_text()[-3000:]
     lines = result.stdout.splitlines()
     assert lines[0] == "job-00001"
@@ -34,17 +37,17 @@ def test_cloudctl_train_digits_registers_a_version_with_lineage(server):
     status, metadata = call(f"{server.url}/v1/models/digits/job-00001")
     assert metadata["notes"]["test_accuracy"] > 0.1 and metadata["postprocess"] == "softmax_labels"
 
-    listing = json.loads(cloudctl(server, "jobs", "--json").stdout)
+    listing = json.loads(server.ctl("jobs", "--json").stdout)
     job = listing["jobs"][0]
     assert job["state"] == "succeeded" and job["progress"]["step"] == job["progress"]["total_steps"] == 22
     assert job["model"]["version"] == "job-00001"
-    assert "digits  job-00001" in cloudctl(server, "models").stdout
+    assert "digits  job-00001" in server.ctl("models").stdout
 
     server.restart()  # the history is in SQLite: a new cloudd shows the same job
     status, again = call(f"{server.url}/v1/jobs/job-00001", OP)
     assert status == 200 and again["state"] == "succeeded" and again["lineage"] == job["lineage"]
     assert again["progress"]["step"] == 22  # read back from the job's progress file
-    watch = cloudctl(server, "watch", "job-00001")
+    watch = server.ctl("watch", "job-00001")
     assert watch.returncode == 0 and "state: succeeded" in watch.stdout
 
 
@@ -56,8 +59,7 @@ def test_job_on_gateway_uploads_trains_the_anomaly_model(server):
             assert upload_telemetry(server, "gw1", "0123abcd", device, start, 40)[0] == 200
     assert upload_telemetry(server, "gw2", "0123abcd", "soil-7", 1, 40)[0] == 200
 
-    result = cloudctl(
-        server,
+    result = server.ctl(
         "train",
         "--model",
         "anomaly_autoencoder",

@@ -4,17 +4,10 @@ it: upload/list/download round trip, notice over a real broker, pin/unpin, a tam
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 
 import aiohttp
-import paho.mqtt.client as paho
 from aiohttp import web
-from conftest import free_port
-from paho.mqtt.enums import CallbackAPIVersion
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "camera"))
-from camtest_util import relabel, scene_artifact
 
 from cloud.api.registry import setup_model_routes
 from gateway.camera.inference import InferenceEngine
@@ -22,6 +15,11 @@ from gateway.camera.ota import ModelUpdater
 from models.artifact import ModelArtifact, sha256_hex
 from protocol.events import ModelNotice
 from protocol.topics import model_notice_topic
+from tests.harness.camera import relabel, scene_artifact
+from tests.harness.mqtt import client as mqtt_client
+from tests.harness.mqtt import publish, subscribe
+from tests.harness.poll import eventually
+from tests.harness.processes import free_port
 
 OPERATOR_TOKEN = "op-secret"
 
@@ -97,7 +95,7 @@ async def test_ota_notice_pin_unpin_and_tampered_model(tmp_path: Path, mosquitto
         engine, name="scene", cloud_url=url, store_dir=tmp_path / "gw-models", poll_interval_s=3600
     )  # only notices and explicit checks in this test
     loop = asyncio.get_running_loop()
-    subscriber = paho.Client(CallbackAPIVersion.VERSION2)
+    subscriber = mqtt_client()
     subscriber.on_message = lambda _c, _u, msg: loop.call_soon_threadsafe(updater.on_notice, msg.payload)
     try:
         async with aiohttp.ClientSession() as http:
@@ -105,23 +103,17 @@ async def test_ota_notice_pin_unpin_and_tampered_model(tmp_path: Path, mosquitto
             assert (await engine.start(scene_artifact("1"))).ok
             await updater.start()
             subscriber.connect(mosquitto.host, mosquitto.port)
-            subscriber.subscribe(model_notice_topic("gw1", "scene"), qos=1)
             subscriber.loop_start()
+            await asyncio.to_thread(subscribe, subscriber, model_notice_topic("gw1", "scene"))
             # a new version and its retained notice: the gateway swaps to it
             v2 = scene_artifact("2")
             assert (await upload(http, url, v2))[0] == 201
             notice = ModelNotice(name="scene", version="2", sha256=v2.metadata.sha256, size=v2.metadata.size)
-            publisher = paho.Client(CallbackAPIVersion.VERSION2)
-            publisher.connect(mosquitto.host, mosquitto.port)
-            publisher.loop_start()
-            publisher.publish(
-                model_notice_topic("gw1", "scene"), notice.model_dump_json(), qos=1, retain=True
-            ).wait_for_publish(10)
-            for _ in range(200):
-                if engine.active_version == "2":
-                    break
-                await asyncio.sleep(0.05)
-            assert engine.active_version == "2" and updater.counters.notices >= 1
+            topic = model_notice_topic("gw1", "scene")
+            message = notice.model_dump_json().encode()
+            await asyncio.to_thread(publish, mosquitto.port, [(topic, message)], retain=True)
+            await eventually(lambda: engine.active_version == "2", 10, "the updater swapping to version 2")
+            assert updater.counters.notices >= 1
             # pin the old version; a newer upload does not move a pinned gateway; unpin does
             assert (await updater.pin("1")).ok and engine.active_version == "1"
             assert (await upload(http, url, scene_artifact("3")))[0] == 201
@@ -136,8 +128,6 @@ async def test_ota_notice_pin_unpin_and_tampered_model(tmp_path: Path, mosquitto
             assert (outcome.ok, outcome.reason) == (False, "hash_mismatch")
             assert engine.active_version == "3" and updater.counters.refused == 1
             assert (await updater.check()).reason == "refused_before"  # not fetched again
-            publisher.loop_stop()
-            publisher.disconnect()
     finally:
         subscriber.loop_stop()
         subscriber.disconnect()

@@ -8,7 +8,9 @@ import time
 import aiohttp
 import pytest
 from aiohttp import web
-from faultproxy import FaultProxy, Mode
+
+from tests.harness.faultproxy import FaultProxy, Mode
+from tests.harness.poll import eventually
 
 
 @pytest.fixture
@@ -92,10 +94,12 @@ async def test_reset_closes_open_and_new_connections(proxy):
 async def test_flap_alternates(proxy):
     await proxy.set_mode("flap", period_s=0.2, down="reset")
     seen = set()
-    deadline = time.monotonic() + 5.0
-    while len(seen) < 2 and time.monotonic() < deadline:
+
+    def both_seen() -> bool:
         seen.add(proxy.mode.kind)
-        await asyncio.sleep(0.05)
+        return len(seen) == 2
+
+    await eventually(both_seen, 5, "both flap phases", interval_s=0.05)
     assert seen == {"pass", "reset"}
 
 
@@ -104,13 +108,13 @@ async def test_trace_plays_phases_in_order(proxy):
     await proxy.play(
         [(1.0, "slow", {"delay_s": 0.01}), (1.0, "blackhole", {}), (1.0, "up", {})], time_scale=0.2
     )
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline:
+
+    def back_to_pass() -> bool:  # records each change of mode it sees
         if not kinds or kinds[-1] != proxy.mode.kind:
             kinds.append(proxy.mode.kind)
-        if kinds[-1:] == ["pass"] and "blackhole" in kinds:
-            break
-        await asyncio.sleep(0.01)
+        return kinds[-1:] == ["pass"] and "blackhole" in kinds
+
+    await eventually(back_to_pass, 5, "the trace through blackhole and back to pass", interval_s=0.01)
     await proxy.wait_trace(timeout=5.0)
     assert kinds == ["pass", "blackhole", "pass"]
 

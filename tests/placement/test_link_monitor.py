@@ -183,9 +183,8 @@ def test_suspect_listener_called_while_link_still_believed_up():
 
 async def test_prober_confirms_a_suspect_failure_before_its_interval():
     """A failed real upload brings the next probe forward: the outage is seen in about a second."""
-    import asyncio
-
     from gateway.placement.probe import LinkProber
+    from tests.harness.poll import eventually
 
     mon = LinkMonitor(down_after_failures=2)
     prober = LinkProber(
@@ -193,9 +192,8 @@ async def test_prober_confirms_a_suspect_failure_before_its_interval():
     )
     await prober.start()
     try:
-        async with asyncio.timeout(30):  # a broken confirm would wait for the 60 s interval
-            while mon.snapshot().state != "down":  # first probe fails (port 9): suspect, confirmed
-                await asyncio.sleep(0.01)
+        # the first probe fails (port 9): suspect, then confirmed; a broken confirm would wait 60 s
+        await eventually(lambda: mon.snapshot().state == "down", 30, "the link down", interval_s=0.01)
     finally:
         await prober.stop()
     assert prober.confirm_probes >= 1 and prober.probes >= 2

@@ -3,12 +3,8 @@ server, watched by LinkProber + LinkMonitor + PlacementController; asserted from
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import pytest
 from aiohttp import web
-from faultproxy import FaultProxy
 
 from gateway.placement import (
     Budgets,
@@ -19,8 +15,10 @@ from gateway.placement import (
     PlacementPlanner,
 )
 from gateway.taskgraphs import Task, TaskGraph, sensor_graph
+from tests.harness.faultproxy import FaultProxy
+from tests.harness.poll import eventually
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]  # a scripted connectivity trace, played out
 
 # A camera whose inference is slow on the gateway (1 s) and fast in the cloud: on a fast link it
 # belongs in the cloud, on a slow one at the edge.
@@ -105,12 +103,13 @@ async def test_placement_follows_connectivity_trace(cloud):
     try:
         await proxy.play(TRACE)
         await proxy.wait_trace(timeout=60)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:  # the final "up" is seen once the flaps leave the window
-            d = planner.decisions[-1]
-            if d.link_state == "up" and _infer(d) == "cloud":
-                break
-            await asyncio.sleep(0.1)
+        await eventually(  # the final "up" is seen once the flaps leave the window
+            lambda: planner.decisions[-1],
+            15,
+            "the final decision: link up, camera/infer in the cloud",
+            check=lambda d: d.link_state == "up" and _infer(d) == "cloud",
+            interval_s=0.1,
+        )
     finally:
         await controller.stop()
         await prober.stop()

@@ -3,8 +3,10 @@
 Prints, flushing each line: ``READY <durable lsn>`` after open, ``D <lsn>`` when the epoch ending
 at <lsn> is notified durable, ``T <lsn>`` when a trim to <lsn> has returned.
 
-    python tests/storage/crash_writer.py DIR SEED          one writer, lines on stdout
-    python tests/storage/crash_writer.py --zygote          many writers, forked on request
+    python -m tests.storage.crash_writer DIR SEED          one writer, lines on stdout
+    python -m tests.storage.crash_writer --zygote          many writers, forked on request
+
+(from the repository root, as tests/storage/test_kill9.py runs it).
 
 The zygote saves the interpreter start per trial: it reads ``RUN DIR SEED OUTFILE`` and answers
 ``PID <pid>`` (the forked writer prints its lines into OUTFILE, written unbuffered, which a kill
@@ -18,15 +20,10 @@ import os
 import random
 import signal
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from storagetest_workload import payload
 
 from gateway.storage.epoch_log import EpochLog
 from gateway.storage.log_format import RECORD_HEADER_BYTES
+from tests.storage.storagetest_workload import payload
 
 _out_fd = 1
 BUFFER_BYTES = 2 << 20

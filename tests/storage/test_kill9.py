@@ -16,13 +16,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from storagetest_workload import check_prefix
+import pytest
 
 from gateway.storage.epoch_log import EpochLog
 from gateway.storage.filelayer import OsFileLayer
 from gateway.storage.recovery import recover_all
+from tests.harness.poll import wait_until
+from tests.harness.processes import REPO, repo_env
+from tests.storage.storagetest_workload import check_prefix
 
-SCRIPT = Path(__file__).with_name("crash_writer.py")
+pytestmark = pytest.mark.slow  # a crash sweep: 200 writers killed with SIGKILL
+
+WRITER = [sys.executable, "-m", "tests.storage.crash_writer"]
 TRIALS = int(os.environ.get("EDGEFED_KILL_TRIALS", "200"))
 PARALLEL = 4
 SPAWNED = 3  # per worker: trials with a fresh interpreter; the rest are forked by a zygote
@@ -42,7 +47,9 @@ def _spawned_trial(directory: Path, seed: int) -> str | None:
     """A fresh interpreter writing to stdout, killed with SIGKILL at a random moment."""
     rng = random.Random(seed)
     proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), str(directory), str(seed)],
+        [*WRITER, str(directory), str(seed)],
+        cwd=REPO,
+        env=repo_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -51,7 +58,7 @@ def _spawned_trial(directory: Path, seed: int) -> str | None:
         ready = proc.stdout.readline()  # type: ignore[union-attr]
         if not ready.startswith("READY"):
             return f"writer did not start: {ready!r}"
-        time.sleep(rng.uniform(0.0, 0.25))
+        time.sleep(rng.uniform(0.0, 0.25))  # the scenario: a kill at a random moment of the writing
         os.kill(proc.pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=30)
     finally:
@@ -68,7 +75,9 @@ class _Zygote:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(SCRIPT), "--zygote"],
+            [*WRITER, "--zygote"],
+            cwd=REPO,
+            env=repo_env(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -93,15 +102,16 @@ def _forked_trial(zygote: _Zygote, directory: Path, seed: int, out_file: Path) -
     rng = random.Random(seed)
     pid = int(zygote.ask(f"RUN {directory} {seed} {out_file}").split()[1])
     if rng.random() < 0.1:  # sometimes kill it while it is still recovering
-        time.sleep(rng.uniform(0.0, 0.05))
+        time.sleep(rng.uniform(0.0, 0.05))  # the scenario: a random moment of the recovery
     else:
-        deadline = time.monotonic() + 30
-        while not out_file.exists() or not out_file.read_text().startswith("READY"):
-            if time.monotonic() > deadline:
-                zygote.ask(f"KILL {pid}")
-                return "writer did not start within 30 s"
-            time.sleep(0.005)
-        time.sleep(rng.uniform(0.0, 0.1))
+        try:
+            wait_until(
+                lambda: out_file.read_text().startswith("READY"), 30, "the writer's READY", interval_s=0.005
+            )
+        except TimeoutError:
+            zygote.ask(f"KILL {pid}")
+            return "writer did not start within 30 s"
+        time.sleep(rng.uniform(0.0, 0.1))  # the scenario: a kill at a random moment of the writing
     if zygote.ask(f"KILL {pid}") != f"DEAD {pid}":
         return "zygote did not confirm the kill"
     return _check(directory, out_file.read_text() if out_file.exists() else "")

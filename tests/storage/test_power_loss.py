@@ -13,13 +13,15 @@ import random
 from pathlib import Path
 
 import pytest
-from storagetest_crash import build_crash_state
-from storagetest_workload import check_prefix, payload
 
 from gateway.storage import epoch_writer
 from gateway.storage.epoch_log import EpochLog
 from gateway.storage.filelayer import OsFileLayer, RecordingFileLayer
 from gateway.storage.recovery import recover_all
+from tests.storage.storagetest_crash import build_crash_state
+from tests.storage.storagetest_workload import check_prefix, payload
+
+pytestmark = pytest.mark.slow  # a crash sweep: hundreds of power-loss states, each recovered
 
 STATES = int(os.environ.get("EDGEFED_CRASH_STATES", "250"))
 TRACES = 4

@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import errno
 import threading
-import time
 from pathlib import Path
 
 from gateway.storage.epoch_log import EpochLog
 from gateway.storage.filelayer import OsFileLayer
 from gateway.storage.log_format import RECORD_HEADER_BYTES
 from gateway.storage.recovery import recover_all
+from tests.harness.poll import eventually
 
 BUFFER = 64 * 1024
 RECORD = 1024
@@ -37,15 +37,6 @@ class StallingFileLayer(OsFileLayer):
             if not self.gate.wait(30):
                 raise OSError(errno.EIO, "test gate never opened")
         super().fsync(fd)
-
-
-async def _until(condition, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.005)
-    return True
 
 
 def _record(lsn: int) -> bytes:
@@ -76,7 +67,12 @@ async def test_stalled_fsync_does_not_hold_up_appends(tmp_path: Path) -> None:
         await log.flush(wait=True)
         layer.armed = True
         first = await _epoch(log, BUFFER // 2)
-        assert await _until(lambda: layer.stalled.is_set() and log.stats()["buffered_bytes"] == 0)
+        await eventually(
+            lambda: layer.stalled.is_set() and log.stats()["buffered_bytes"] == 0,
+            10,
+            "the epoch's bytes written and its fsync stuck at the gate",
+            interval_s=0.005,
+        )
         # its bytes are in the file and their fsync is stuck: buffer space is free, durability is not
         assert log.durable_lsn == 1 and first > 1
         waits = log.stats()["buffer_waits"]

@@ -6,12 +6,12 @@ import copy
 
 import torch
 import torch.distributed as dist
-from _common import init, write_result
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from cloud.training.sync.engine import EngineConfig
 from cloud.training.sync.scheduler import SyncScheduler
+from tests.harness.torchrun import init_worker, write_result
 
 STEPS, BATCH, LR = 12, 8, 0.1
 
@@ -30,7 +30,7 @@ def batches(rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def main() -> None:
-    rank, _ = init()
+    rank, _ = init_worker()
     data = batches(rank)
     loss_fn = nn.CrossEntropyLoss()
     initial = make_model()

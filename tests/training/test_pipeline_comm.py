@@ -3,7 +3,6 @@ capacity is learned per slot, with messages that shrink, grow past it, and chang
 
 from __future__ import annotations
 
-import socket
 from datetime import timedelta
 
 import torch
@@ -11,6 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from cloud.training import comm
+from tests.harness.processes import free_port
 
 # One slot (same tag every round), as a pipeline schedule repeats its messages every step: the first
 # round has no capacity yet, the third outgrows it, the fourth is shorter than it, the last is empty.
@@ -47,9 +47,7 @@ def _exchange(rank: int, port: int, failures) -> None:
 
 
 def test_eager_payloads_survive_shrinking_and_growing_messages():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     context = mp.get_context("spawn")
     failures = context.SimpleQueue()
     mp.start_processes(_exchange, args=(port, failures), nprocs=2, start_method="spawn")

@@ -10,20 +10,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pipetest_util import (
+
+from cloud.jobs.torchrun import kill_job, launch_job, read_progress
+from models.digits import accuracy, digits_cnn, load_digits_split, train_single_process
+from tests.harness.pipeline_reference import (
     max_relative_difference,
     merged_checkpoint,
     reference_grad_accumulation,
     reference_pipedream,
-    run_job,
-    wait_for_event,
-    write_job,
 )
+from tests.harness.torchrun import run_job, wait_for_event, write_job
 
-from cloud.jobs.torchrun import kill_job, launch_job, read_progress
-from models.digits import accuracy, digits_cnn, load_digits_split, train_single_process
-
-pytestmark = pytest.mark.timeout(400)  # torch imports crawl on 2 shared, loaded cores
+# torchrun; and torch imports crawl on 2 shared, loaded cores
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 
 @pytest.mark.parametrize(
@@ -93,7 +92,7 @@ def test_one_f_one_b_stash_trains_digits_like_single_process(tmp_path):
         epochs=epochs,
         stages=[(0, 3), (4, 8)],
     )
-    events = run_job(job, 2, timeout=200)
+    events = run_job(job, 2, timeout_s=200)
     final = [e for e in events if e["event"] == "eval"][-1]
     # Weight stashing trains on weights up to a window stale (PipeDream's rule, checked exactly by
     # test_stash_schedule_follows_pipedreams_update_rule): it ends 1-2 pp under synchronous SGD here.
@@ -114,7 +113,7 @@ def test_killed_job_resumes_from_last_complete_checkpoint(tmp_path):
     )
     proc = launch_job(job, 2, tmp_path)
     try:
-        first = wait_for_event(tmp_path / "progress.jsonl", "checkpoint", timeout=120, proc=proc)
+        first = wait_for_event(tmp_path / "progress.jsonl", "checkpoint", timeout_s=120, proc=proc)
     finally:
         kill_job(proc)  # SIGKILL torchrun and its workers' process groups
     assert not any(e["event"] == "done" for e in read_progress(tmp_path / "progress.jsonl"))

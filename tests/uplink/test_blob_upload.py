@@ -14,7 +14,6 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from faultproxy import FaultProxy
 
 from gateway.storage.epoch_log import EpochLog
 from gateway.uplink.blobs import BlobSpool, BlobUploader, blob_record
@@ -22,6 +21,8 @@ from gateway.uplink.drain import TokenBucket
 from gateway.uplink.sender import Uplink
 from protocol.config import UplinkConfig
 from protocol.records import Record, encode_record
+from tests.harness.faultproxy import FaultProxy
+from tests.harness.poll import eventually
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -40,14 +41,6 @@ def metric(url: str, name: str) -> float:
 
 def committed_blob(cloudd, blob_id: str) -> bytes:
     return (cloudd.data_dir / "blobs" / "gw1" / blob_id).read_bytes()
-
-
-async def until(predicate, timeout_s: float) -> None:
-    for _ in range(int(timeout_s / 0.02)):
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    raise TimeoutError(f"condition not met within {timeout_s}s")
 
 
 async def test_http_contract(cloudd):
@@ -118,11 +111,16 @@ async def test_resets_mid_upload_resume_at_the_clouds_offset(cloudd, tmp_path):
     try:
         assert uplink.blobs is not None
         for cut in (4, 10):  # reset every connection once this many chunks have gone
-            await until(lambda cut=cut: uplink.blobs.counters["chunks_sent"] >= cut, 30)
+            await eventually(
+                lambda cut=cut: uplink.blobs.counters["chunks_sent"] >= cut,
+                30,
+                f"{cut} chunks sent",
+                interval_s=0.02,
+            )
             await proxy.set_mode("reset")
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.3)  # the scenario: the link resets every connection for 0.3 s
             await proxy.set_mode("pass", bandwidth_Bps=200_000)
-        await until(lambda: uplink.acknowledged(2), 60)
+        await eventually(lambda: uplink.acknowledged(2), 60, "the blob's record acknowledged")
     finally:
         await uplink.stop()
         await log.close()
@@ -146,7 +144,7 @@ async def test_partial_upload_survives_a_cloudd_kill(cloudd, tmp_path):
     uploader = BlobUploader(spool, cloudd.url, "gw1", cloudd.token_for("gw1"), chunk_bytes=CHUNK, bucket=slow)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
         task = asyncio.create_task(uploader.upload(session, ref))
-        await until(lambda: uploader.counters["chunks_sent"] >= 4, 30)
+        await eventually(lambda: uploader.counters["chunks_sent"] >= 4, 30, "4 chunks sent", interval_s=0.02)
         await asyncio.to_thread(cloudd.kill)  # SIGKILL: no shutdown of any kind
         first = await asyncio.wait_for(task, 30)
         assert first.kind in ("connection", "timeout")

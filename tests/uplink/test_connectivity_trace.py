@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from faultproxy import FaultProxy
-from gwtest_util import Gatewayd, write_config
 
 from devices.sensors import SensorRun, SentRecord, run_sensors
+from tests.harness.faultproxy import FaultProxy
+from tests.harness.gatewayd import Gatewayd, write_config
+from tests.harness.poll import eventually
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # a scripted 18 s trace, four real processes
 
 TIME_SCALE = 0.05
 TRACE = [  # field time (seconds), played at TIME_SCALE
@@ -87,27 +87,39 @@ async def test_trace_loses_nothing_duplicates_nothing_and_placement_follows_it(
     )
     sensors = threading.Thread(target=lambda: sent.append(run_sensors(run, stop_sensors)), name="sensors")
     sensors.start()
+
+    def gateway_status():
+        return asyncio.to_thread(gateway.status)
+
+    def fast_link_in_the_cloud(status: dict) -> bool:
+        decisions = status["placement"]["decisions"]
+        return decisions[-1]["link_state"] == "up" and _infer(decisions[-1]) == "cloud"
+
     try:
-        await asyncio.sleep(1.5)  # the first goodput probes show a fast link
+        # the trace starts from a fast link: the first goodput probes have put camera/infer in the cloud
+        await eventually(
+            gateway_status, 30, "camera/infer in the cloud on a fast link", check=fast_link_in_the_cloud
+        )
         await proxy.play(TRACE, time_scale=TIME_SCALE)
         await proxy.wait_trace(timeout=60)
         stop_sensors.set()
         await asyncio.to_thread(sensors.join, 30)
         assert not sensors.is_alive()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # the final "up" is believed once the flaps leave the window
-            status = await asyncio.to_thread(gateway.status)
-            decisions = status["placement"]["decisions"]
-            if decisions[-1]["link_state"] == "up" and _infer(decisions[-1]) == "cloud":
-                break
-            await asyncio.sleep(0.2)
+        # the final "up" is believed once the flaps leave the window
+        await eventually(
+            gateway_status,
+            30,
+            "the link up again, camera/infer back in the cloud",
+            check=fast_link_in_the_cloud,
+        )
         expected = sent[0].total
-        deadline = time.monotonic() + 40
-        while time.monotonic() < deadline:
-            status = await asyncio.to_thread(gateway.status)
-            if status["uplink"]["backlog"] == 0 and len(cloudd.records("gw1")) >= expected:
-                break
-            await asyncio.sleep(0.2)
+        status = await eventually(
+            gateway_status,
+            40,
+            f"the uplink drained and {expected} records in the cloud",
+            check=lambda s: s["uplink"]["backlog"] == 0 and len(cloudd.records("gw1")) >= expected,
+            interval_s=0.2,
+        )
     finally:
         stop_sensors.set()
         await asyncio.to_thread(gateway.kill)

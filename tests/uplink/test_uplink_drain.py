@@ -9,7 +9,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import Cloudd, free_port
 
 from gateway.placement import LinkMonitor
 from gateway.storage.epoch_log import EpochLog
@@ -17,6 +16,8 @@ from gateway.uplink.drain import classify
 from gateway.uplink.sender import Uplink
 from protocol.config import UplinkConfig
 from protocol.records import Record, encode_record
+from tests.harness.cloudd import make_cloudd
+from tests.harness.poll import eventually
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -63,14 +64,6 @@ def config(url: str, token: str, **kw) -> UplinkConfig:
         "backlog_threshold_records": 5,
     }
     return UplinkConfig(cloud_url=url, token=token, **{**base, **kw})
-
-
-async def until(predicate, timeout_s: float) -> None:
-    for _ in range(int(timeout_s / 0.05)):
-        if predicate():
-            return
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"condition not met within {timeout_s}s")
 
 
 async def test_backlog_drains_by_class_and_trims_only_the_acknowledged_prefix(cloudd, tmp_path):
@@ -122,13 +115,13 @@ async def test_a_backlog_does_not_hold_up_live_records(cloudd, tmp_path):
     )
     await uplink.start()
     try:
-        await until(lambda: uplink.counters["backlog_batches"] >= 1, 60)
+        await eventually(lambda: uplink.counters["backlog_batches"] >= 1, 60, "a first backlog batch sent")
         first_live = log.durable_lsn + 1
         for i in range(50):  # live records, appended at once while most of the backlog still waits
             await log.append(record(first_live + i, n=2))
         await log.flush(wait=True)
         uplink.wake()
-        await until(lambda: uplink.backlog == 0, 60)
+        await eventually(lambda: uplink.backlog == 0, 60, "the backlog and the live records drained")
         assert log.trimmed_lsn == log.durable_lsn
     finally:
         await uplink.stop()
@@ -142,34 +135,30 @@ async def test_a_backlog_does_not_hold_up_live_records(cloudd, tmp_path):
 
 
 async def test_retry_as_soon_as_the_link_returns_and_the_monitor_hears_uploads(tmp_path):
-    port = free_port()
+    cloud = make_cloudd(tmp_path / "cloud")  # its port is chosen, nothing listens on it yet
     log = await filled_log(tmp_path / "log", 3)
     monitor = LinkMonitor(down_after_failures=1, min_goodput_bytes=1)
     uplink = Uplink(
         log,
         "gw1",
-        config(f"http://127.0.0.1:{port}", "token-gw1", backoff_initial_s=60.0, backoff_max_s=60.0),
+        config(cloud.url, cloud.token_for("gw1"), backoff_initial_s=60.0, backoff_max_s=60.0),
         monitor=monitor,
     )
     monitor.add_listener(lambda up: uplink.link_up() if up else None)
     await uplink.start()
-    cloud = None
     try:
-        await until(lambda: uplink.failures["connection"] >= 1, 20)
+        await eventually(lambda: uplink.failures["connection"] >= 1, 20, "a failed upload (nothing listens)")
         assert monitor.snapshot().state == "down"  # the failed upload was reported
-        (tmp_path / "cloud").mkdir()
-        cloud = Cloudd(tmp_path / "cloud" / "data", port, ("gw1",), None, tmp_path / "cloud" / "log")
         await asyncio.to_thread(cloud.start)
         # a probe says the link is back: the uplink must not sleep out its 30-60 s backoff
         monitor.observe_probe(0.01)
-        await until(lambda: log.trimmed_lsn == 3, 20)
+        await eventually(lambda: log.trimmed_lsn == 3, 20, "the 3 records uploaded and trimmed")
         assert uplink.counters["link_up_wakeups"] >= 1
         assert monitor.snapshot().goodput_measured  # real uploads fed the goodput estimate
     finally:
         await uplink.stop()
         await log.close()
-        if cloud is not None:
-            await asyncio.to_thread(cloud.stop)
+        await asyncio.to_thread(cloud.stop)
 
 
 async def test_bandwidth_cap_throttles(cloudd, tmp_path):
@@ -188,7 +177,7 @@ async def test_bandwidth_cap_throttles(cloudd, tmp_path):
     )
     await uplink.start()
     try:
-        await until(lambda: log.trimmed_lsn == 40, 60)
+        await eventually(lambda: log.trimmed_lsn == 40, 60, "all 40 records uploaded and trimmed")
         assert uplink.counters["throttled_s"] > 0
     finally:
         await uplink.stop()

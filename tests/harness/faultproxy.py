@@ -17,7 +17,8 @@ Invariant: the proxy owns every task it starts (one listener, two pumps per conn
 one schedule task) and ``stop`` cancels and awaits them all; each pump queue is bounded, so a slow
 side pushes back on the fast one instead of buffering without limit.
 
-CLI: ``python tests/faultproxy.py --listen 9000 --upstream 8700 --mode slow --delay 0.2 --bandwidth 50000``
+CLI, from the repository root:
+``python -m tests.harness.faultproxy --listen 9000 --upstream 8700 --mode slow --delay 0.2 --bandwidth 50000``
 or ``--trace trace.json`` (a JSON list of [duration_s, kind, {params}]).
 """
 

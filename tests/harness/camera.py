@@ -1,21 +1,17 @@
-"""Helpers for camera tests: a real `devicesim camera` process, the committed scene artifact, and
-ground-truth matching."""
+"""Camera tests' tools: a real ``devicesim camera`` process (MJPEG over HTTP, ground truth to a file),
+a recorded video, the committed scene model and relabelled copies of it, ground-truth matching."""
 
 from __future__ import annotations
 
 import bisect
 import json
-import os
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
-from conftest import stop_process, wait_for_port
-
 from models.artifact import ModelArtifact, build_metadata, load_artifact
+from tests.harness.processes import REPO, kill_process, run_module, start_module, stop_process, wait_for_port
 
-REPO = Path(__file__).resolve().parents[2]
 SCENE_ARTIFACT = REPO / "models" / "artifacts" / "scene"
 
 
@@ -36,69 +32,34 @@ def relabel(artifact: ModelArtifact, version: str, onnx_bytes: bytes | None = No
 
 
 class DevicesimCamera:
-    """`devicesim camera` serving MJPEG on ``port``, ground truth to ``truth``."""
+    """`devicesim camera` serving MJPEG on ``port``, ground truth to ``truth``; listening on return."""
 
     def __init__(
         self, port: int, truth: Path, *, seed: int = 0, fps: float = 10.0, extra: list[str] | None = None
     ) -> None:
         self.port, self.truth = port, truth
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "devices.cli",
-                "camera",
-                "--port",
-                str(port),
-                "--truth",
-                str(truth),
-                "--seed",
-                str(seed),
-                "--fps",
-                str(fps),
-                *(extra or []),
-            ],
-            cwd=REPO,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
+        args = ["camera", "--port", str(port), "--truth", str(truth), "--seed", str(seed), "--fps", str(fps)]
+        self.proc: subprocess.Popen = start_module(
+            "devices.cli", [*args, *(extra or [])], truth.with_suffix(".camera.log")
         )
-        wait_for_port(port, timeout=20, proc=self.proc)
+        wait_for_port(port, timeout_s=20, proc=self.proc)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/stream.mjpg"
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+        kill_process(self.proc)
 
     def stop(self) -> None:
         stop_process(self.proc)
 
 
 def write_video(path: Path, truth: Path, frames: int, seed: int = 0) -> None:
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "devices.cli",
-            "camera",
-            "--out",
-            str(path),
-            "--truth",
-            str(truth),
-            "--frames",
-            str(frames),
-            "--seed",
-            str(seed),
-        ],
-        cwd=REPO,
-        check=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    """A video file of ``frames`` synthetic frames, its ground truth in ``truth``."""
+    args = ["camera", "--out", str(path), "--truth", str(truth), "--frames", str(frames), "--seed", str(seed)]
+    done = run_module("devices.cli", args, timeout_s=120)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 class GroundTruth:

@@ -1,0 +1,176 @@
+"""The Mosquitto broker of one test: a plain one (``start_broker``) and the secure one built from
+deploy/mosquitto/ (``start_secure_broker``: TLS, passwords, the generated ACL, a throwaway CA).
+
+Each broker has its own port and its own persistence directory, so sessions and retained messages
+survive ``restart`` as they do in the field.
+"""
+
+from __future__ import annotations
+
+import getpass
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.harness.processes import REPO, free_port, stop_process, wait_for_port
+
+DEPLOY = REPO / "deploy" / "mosquitto"
+# the secure broker's accounts (deploy/mosquitto/make_passwd.sh makes its passwd file from these)
+USERS = {"operator": "op-secret", "gw1": "gw1-secret", "sensor-1": "dev-secret", "gw2": "gw2-secret"}
+
+
+def need(tool: str) -> None:
+    if shutil.which(tool) is None:
+        pytest.fail(f"{tool} is not installed; the broker tests need it (apt-get install mosquitto openssl)")
+
+
+@dataclass
+class Broker:
+    host: str
+    port: int
+    proc: subprocess.Popen
+    config: Path
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://{self.host}:{self.port}"
+
+    def restart(self) -> None:
+        stop_process(self.proc)
+        self.proc = _start_mosquitto(self.config, self.port)
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
+def _start_mosquitto(config: Path, port: int) -> subprocess.Popen:
+    """mosquitto with ``config``, its output appended to mosquitto.log beside the config."""
+    with open(config.parent / "mosquitto.log", "ab") as log:
+        proc = subprocess.Popen(["mosquitto", "-c", str(config)], stdout=log, stderr=subprocess.STDOUT)
+    wait_for_port(port, proc=proc)
+    return proc
+
+
+def start_broker(directory: Path) -> Broker:
+    """A private broker on a free port, its persistence in ``directory`` (created)."""
+    need("mosquitto")
+    directory.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    config = directory / "mosquitto.conf"
+    # mosquitto started as root drops to user "mosquitto", which could not save its persistence here
+    config.write_text(
+        f"user {getpass.getuser()}\nlistener {port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
+        f"persistence_location {directory}/\nmax_queued_messages 100000\nmax_inflight_messages 1000\n"
+    )
+    return Broker("127.0.0.1", port, _start_mosquitto(config, port), config)
+
+
+@dataclass
+class SecureBroker:
+    broker: Broker
+    port: int
+    mtls_port: int
+    etc: Path
+
+    @property
+    def url(self) -> str:
+        return f"mqtts://127.0.0.1:{self.port}"
+
+    @property
+    def ca(self) -> Path:
+        return self.etc / "ca.pem"
+
+    def password_file(self, user: str) -> Path:
+        path = self.etc / f"{user}.password"
+        path.write_text(USERS[user] + "\n")
+        return path
+
+    def ctl_args(self, user: str = "operator", gateway: str = "gw1") -> list[str]:
+        """gatewayctl's connection arguments for ``user``."""
+        return [
+            "--broker",
+            self.url,
+            "--gateway",
+            gateway,
+            "--username",
+            user,
+            "--password-file",
+            str(self.password_file(user)),
+            "--ca-file",
+            str(self.ca),
+            "--timeout",
+            "5",
+        ]
+
+    def stop(self) -> None:
+        self.broker.stop()
+
+
+def start_secure_broker(tmp: Path) -> SecureBroker:
+    """mosquitto from deploy/mosquitto/mosquitto.conf with the recipe's passwd and the generated ACL."""
+    need("mosquitto")
+    need("mosquitto_passwd")
+    etc = tmp / "broker-etc"
+    etc.mkdir()
+    make_certs(etc)
+    (etc / "users.txt").write_text("".join(f"{u}:{p}\n" for u, p in USERS.items()))
+    subprocess.run(
+        ["sh", str(DEPLOY / "make_passwd.sh"), str(etc / "users.txt"), str(etc / "passwd")],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    acl_args = ["--operator", "operator", "--gateway", "gw1", "--gateway", "gw2", "--device", "gw1:sensor-1"]
+    acl = subprocess.run(
+        [sys.executable, str(DEPLOY / "make_acl.py"), *acl_args],
+        check=True,
+        capture_output=True,
+        timeout=60,
+        text=True,
+    )
+    (etc / "acl").write_text(acl.stdout)
+    port, mtls_port = free_port(), free_port()
+    conf = (DEPLOY / "mosquitto.conf").read_text()
+    conf = conf.replace("/etc/mosquitto/edgefed/", f"{etc}/").replace("/var/lib/mosquitto/", f"{etc}/")
+    conf = conf.replace("listener 8883", f"listener {port} 127.0.0.1")
+    conf = conf.replace("listener 8884", f"listener {mtls_port} 127.0.0.1")
+    # mosquitto started as root drops to user "mosquitto", which cannot read this test's 0600 files
+    conf = f"user {getpass.getuser()}\n" + conf
+    config = etc / "mosquitto.conf"
+    config.write_text(conf)
+    broker = Broker("127.0.0.1", port, _start_mosquitto(config, port), config)
+    return SecureBroker(broker, port, mtls_port, etc)
+
+
+def make_certs(directory: Path) -> None:
+    """A throwaway CA, a broker certificate for 127.0.0.1, and a client certificate for gw1 (openssl CLI)."""
+    need("openssl")
+
+    def run(*cmd: str) -> None:
+        subprocess.run(cmd, cwd=directory, check=True, capture_output=True, timeout=60)
+
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    run(
+        "openssl",
+        "req",
+        "-x509",
+        *ec,
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=edgefed-test-ca",
+    )
+    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for name, cn in (("server", "127.0.0.1"), ("gw1", "gw1")):
+        run("openssl", "req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={cn}")
+        sign = ["-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", f"{name}.pem", "-days", "2"]
+        extensions = ["-extfile", "san.ext"] if name == "server" else []
+        run("openssl", "x509", "-req", "-in", f"{name}.csr", *sign, *extensions)

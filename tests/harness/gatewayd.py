@@ -1,0 +1,133 @@
+"""gatewayd, the real gateway daemon, as a subprocess: its config files (plain broker or the secure
+one), the process (``Gatewayd``), its HTTP status, and the telemetry a device publishes to it.
+
+The daemon's output goes to ``<config stem>.log`` beside its config; ``terminate`` returns what this
+run of the daemon wrote there.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from tests.harness.broker import SecureBroker
+from tests.harness.poll import wait_until
+from tests.harness.processes import (
+    LogFile,
+    ProcessExited,
+    free_port,
+    kill_process,
+    start_module,
+    wait_for_port,
+)
+
+
+def write_config(
+    tmp: Path,
+    broker_url: str,
+    gateway_id: str = "gw1",
+    extra: str = "",
+    http_port: int | None = None,
+    cloud_url: str = "http://127.0.0.1:9",
+    token: str = "t0k3n",
+) -> tuple[Path, int]:
+    """``<tmp>/<gateway_id>.toml`` for a gateway on ``broker_url``; ``extra`` lands inside [uplink]
+    (start it with a table header for anything else). Returns the file and the HTTP port."""
+    port = http_port or free_port()
+    config = tmp / f"{gateway_id}.toml"
+    config.write_text(
+        f'gateway_id = "{gateway_id}"\ndata_dir = "data-{gateway_id}"\n'
+        f'[mqtt]\nbroker = "{broker_url}"\n[http]\nlisten = "127.0.0.1:{port}"\n'
+        f'[uplink]\ncloud_url = "{cloud_url}"\ntoken = "{token}"\nbackoff_max_s = 1.0\n{extra}'
+    )
+    return config, port
+
+
+def write_secure_config(
+    tmp: Path,
+    sb: SecureBroker,
+    http_port: int | None = None,
+    extra: str = "",
+    mtls: bool = False,
+    flush_ms: int = 20,
+) -> tuple[Path, int]:
+    """gw1's config for the secure broker: its password over TLS, or its client certificate (mTLS)."""
+    port = http_port or free_port()
+    config = tmp / "gw1.toml"
+    broker = f"mqtts://127.0.0.1:{sb.mtls_port}" if mtls else sb.url
+    cert = f'cert_file = "{sb.etc}/gw1.pem"\nkey_file = "{sb.etc}/gw1.key"\n' if mtls else ""
+    config.write_text(
+        f'gateway_id = "gw1"\ndata_dir = "data-gw1"\n{extra}'
+        f'[mqtt]\nbroker = "{broker}"\nusername = "gw1"\npassword_file = "{sb.password_file("gw1")}"\n'
+        f'ca_file = "{sb.ca}"\n{cert}'
+        f"[log]\nflush_interval_ms = {flush_ms}\n"
+        f'[http]\nlisten = "127.0.0.1:{port}"\n'
+        f'[uplink]\ncloud_url = "http://127.0.0.1:9"\ntoken = "t"\nbackoff_max_s = 1.0\n'
+    )
+    return config, port
+
+
+class Gatewayd:
+    """One run of gatewayd with ``config``; started at construction, ``wait_ready`` before use."""
+
+    def __init__(self, config: Path, http_port: int) -> None:
+        self.config = config
+        self.http_port = http_port
+        self.log = LogFile(config.with_suffix(".log"))
+        self.proc = start_module("gateway.daemon", ["--config", str(config)], self.log.path)
+
+    def wait_ready(self, timeout_s: float = 20.0) -> Gatewayd:
+        """Until its HTTP port answers and its MQTT connection is up."""
+        wait_for_port(self.http_port, timeout_s=timeout_s, proc=self.proc)
+        self.wait_status(lambda s: s["mqtt"]["connected"] == 1, timeout_s, "gatewayd connected to the broker")
+        return self
+
+    def get(self, path: str) -> bytes:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}", timeout=5) as response:
+            return response.read()
+
+    def status(self) -> dict[str, Any]:
+        """GET /status."""
+        return json.loads(self.get("/status"))
+
+    def wait_status(self, check: Any, timeout_s: float, what: str) -> dict[str, Any]:
+        """Poll /status until ``check(status)`` holds; returns that status. Fails at once if the
+        daemon has exited."""
+
+        def status() -> dict[str, Any]:
+            if self.proc.poll() is not None:
+                raise ProcessExited(f"gatewayd exited with {self.proc.returncode}: {self.output()[-2000:]}")
+            return self.status()
+
+        return wait_until(status, timeout_s, what, check=check)
+
+    def output(self) -> str:
+        """What this run of the daemon has logged so far."""
+        return self.log.text()
+
+    def terminate(self, timeout_s: float = 15.0) -> tuple[int, str]:
+        """SIGTERM and wait for the exit; returns (exit code, its log)."""
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout_s)
+        return self.proc.returncode, self.output()
+
+    def kill(self) -> None:
+        """SIGKILL if still running (no flush, no ack), and reap it."""
+        kill_process(self.proc)
+
+
+def telemetry(device: str, seq: int, **overrides: Any) -> bytes:
+    """A device's telemetry message (edgefed/<gw>/devices/<device>/telemetry), fields overridable."""
+    body = {
+        "v": 1,
+        "device": device,
+        "seq": seq,
+        "ts": 1764489600.0 + seq,
+        "readings": {"temperature_c": 21.5},
+        "status": "ok",
+    }
+    body.update(overrides)
+    return json.dumps(body).encode()
