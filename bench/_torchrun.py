@@ -1,4 +1,8 @@
-"""Run a benchmark's worker under torchrun (2 processes, gloo) and read rank 0's figures back."""
+"""Run a benchmark's worker under torchrun (2 processes, gloo) and read rank 0's figures back.
+
+Workers start as ``python -m bench.<name> --worker ...`` (torchrun's ``-m``), from the repository
+root and with it on PYTHONPATH, as ``make bench`` starts the benchmark itself.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +25,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch(script: Path, args: list[str], nproc: int = 2, timeout_s: float = 300.0) -> dict:
+def launch(module: str, args: list[str], nproc: int = 2, timeout_s: float = 300.0) -> dict:
+    """Run ``module`` (e.g. "bench.hetero") with ``--worker`` and ``args`` on ``nproc`` ranks; the
+    dict rank 0 passed to ``write_rank_result``."""
     with tempfile.TemporaryDirectory() as out:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "BENCH_OUT": out}
         torchrun = Path(sys.executable).with_name("torchrun")
@@ -35,7 +41,8 @@ def launch(script: Path, args: list[str], nproc: int = 2, timeout_s: float = 300
             "c10d",
             "--rdzv-endpoint",
             f"127.0.0.1:{_free_port()}",
-            str(script),
+            "-m",
+            module,
             "--worker",
             *args,
         ]

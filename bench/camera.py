@@ -2,7 +2,7 @@
 inference) versus onnxruntime alone on the same decoded frames; uploaded bytes with change
 detection versus uploading every frame.
 
-    python bench/camera.py [--quick]   -> bench/results/camera.json
+    python -m bench.camera [--quick]   -> bench/results/camera.json
 
 Ratios: pipeline_vs_raw_inference = pipeline frames/s / raw-inference frames/s (higher is better);
 bytes_vs_all_frames = bytes of every frame as JPEG / bytes the change-detected path uploads.
@@ -12,38 +12,33 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import cv2
+import numpy as np
 
-import cv2  # noqa: E402
-import numpy as np  # noqa: E402
-
-from gateway.camera.change import ChangeConfig  # noqa: E402
-from gateway.camera.inference import (  # noqa: E402
+from bench._common import Results
+from gateway.camera.change import ChangeConfig
+from gateway.camera.inference import (
     InferenceEngine,
     InferenceInput,
     build_inputs,
     feed_from_camera,
     load_and_probe,
 )
-from gateway.camera.source import CameraSource, CameraSourceConfig  # noqa: E402
-from models.artifact import load_artifact  # noqa: E402
-from models.synthetic_scene import SceneSynth  # noqa: E402
+from gateway.camera.source import CameraSource, CameraSourceConfig
+from models.artifact import load_artifact
+from models.synthetic_scene import SceneSynth
 
+REPO = Path(__file__).resolve().parents[1]
 JPEG_QUALITY = 80
 
 
 def write_scene(path: Path, frames: int, fps: float, seed: int) -> None:
     synth = SceneSynth(seed=seed, fps=fps, n_frames=frames)
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), fps, (synth.width, synth.height))
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), fps, (synth.width, synth.height))
     for index in range(frames):
         writer.write(synth.frame(index))
     writer.release()
@@ -125,39 +120,17 @@ def main() -> int:
         ("upload every frame", "upload_bytes", all_bytes),
         ("upload changed frames", "upload_bytes", ours["jpeg_bytes"]),
     ]
-    rows = [
-        {"case": case, "system": system, "metric": metric, "value": float(value)}
-        for system, metric, value in measured
-    ]
-    ratios = {
-        "pipeline_vs_raw_inference": ours["fps"] / raw_fps,
-        "bytes_vs_all_frames": all_bytes / max(1, ours["jpeg_bytes"]),
-    }
+    results = Results("camera", args.quick)
+    for system, metric, value in measured:
+        results.add(case, system, metric, value)
+    results.ratios["pipeline_vs_raw_inference"] = ours["fps"] / raw_fps
+    results.ratios["bytes_vs_all_frames"] = all_bytes / max(1, ours["jpeg_bytes"])
     print(f"{'system':40} {'metric':16} {'value':>14}")
-    for row in rows:
+    for row in results.rows:
         print(f"{row['system']:40} {row['metric']:16} {row['value']:14.1f}")
-    for name, value in ratios.items():
+    for name, value in results.ratios.items():
         print(f"{name:57} {value:14.2f}")
-    torch_version = "none"
-    try:
-        from importlib.metadata import version
-
-        torch_version = version("torch").split("+")[0]
-    except Exception:
-        pass
-    result = {
-        "bench": "camera",
-        "quick": args.quick,
-        "python": platform.python_version(),
-        "torch": torch_version,
-        "cpus": os.cpu_count(),
-        "rows": rows,
-        "ratios": ratios,
-    }
-    out = REPO / "bench" / "results" / "camera.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {out}")
+    results.write(table=False)
     return 0
 
 

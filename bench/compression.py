@@ -20,7 +20,7 @@ The adaptive cases use the controller's default settings (window of 20 steps, ti
 further than m4: see cloud/training/compression/controller.py), as a job would.
 Torch runs with one thread: on the 2 shared cores, two OpenMP threads contend badly.
 
-Usage: python bench/compression.py [--quick]
+    python -m bench.compression [--quick]   -> bench/results/compression.json
 """
 
 from __future__ import annotations
@@ -30,14 +30,10 @@ import multiprocessing
 import os
 import resource
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.common import Results, parse_args  # noqa: E402
+from bench._common import Results, parse_args
 
 CASES = [
     "fp32",
@@ -248,17 +244,15 @@ def main() -> int:
             )
     for name in ("saved_bytes_reduction", "accuracy_drop_pp", "step_time_vs_fp32"):
         results.ratios[name] = results.ratios[f"{HEADLINE}_{name}"]
-    path = results.write()
-    document = json.loads(path.read_text())
-    document["headline"] = {
+    results.extra["headline"] = {
         "model": HEADLINE,
         "setting": "gist+adaptive",
         "note": f"unprefixed ratios are the {HEADLINE} CNN's; digits_* and scene_* are both reported",
     }
-    document["accuracies_per_seed"] = {
+    results.extra["accuracies_per_seed"] = {
         f"{task}/{case}": row["accuracies"] for (task, case), row in measured.items()
     }
-    path.write_text(json.dumps(document, indent=1))
+    results.write()
     print(f"total {time.perf_counter() - started:.0f}s")
     return 0
 

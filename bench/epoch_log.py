@@ -11,7 +11,7 @@ single pair says little. Its rows also split the writer's wall time (Linux sched
 preempted (runnable, waiting for a core: machine load) and blocked (asleep: waiting for buffer
 space or the GIL, i.e. for the log). Blocked time is the coupling to the disk this log avoids.
 
-    python bench/epoch_log.py [--quick]
+    python -m bench.epoch_log [--quick]   -> bench/results/epoch_log.json
 """
 
 from __future__ import annotations
@@ -20,14 +20,12 @@ import asyncio
 import os
 import sqlite3
 import statistics
-import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.common import Results, parse_args
+from bench._common import Results, parse_args
 from gateway.storage.epoch_log import EpochLog
 from gateway.storage.filelayer import OsFileLayer
 from gateway.storage.recovery import recover_all
@@ -56,13 +54,18 @@ def _schedstat() -> tuple[float, float] | None:
         return None
 
 
+def _durable_after(latencies: list[float], t0: float, _done: object) -> None:
+    """A flush's durable future completed: its flush->durable latency."""
+    latencies.append(time.perf_counter() - t0)
+
+
 async def _log_run(
     directory: Path, size: int, per_epoch: int, records: int, sync: bool, latencies: list[float] | None = None
 ) -> dict[str, float]:
     log = EpochLog(directory, segment_bytes=64 << 20, max_bytes=64 << 30, file_layer=OsFileLayer(sync=sync))
     await log.open()
     record = os.urandom(size)
-    latencies = [] if latencies is None else latencies
+    sink: list[float] = [] if latencies is None else latencies
     append, flush = log.append, log.flush
     sched = _schedstat()
     started = time.perf_counter()
@@ -72,7 +75,7 @@ async def _log_run(
             await append(record)
         t0 = time.perf_counter()
         last = await flush()
-        last.durable.add_done_callback(lambda _f, t0=t0: latencies.append(time.perf_counter() - t0))
+        last.durable.add_done_callback(partial(_durable_after, sink, t0))
     written = time.perf_counter() - started
     sched_after = _schedstat()
     await last  # type: ignore[misc]
@@ -83,8 +86,8 @@ async def _log_run(
         "records_per_s": n / written,
         "mb_per_s": n * size / written / 1e6,
         "records_per_s_durable": n / durable,
-        "p50_ms": _percentile(latencies, 0.5) * 1e3,
-        "p99_ms": _percentile(latencies, 0.99) * 1e3,
+        "p50_ms": _percentile(sink, 0.5) * 1e3,
+        "p99_ms": _percentile(sink, 0.99) * 1e3,
     }
     if sched is not None and sched_after is not None:
         on_cpu, preempted = sched_after[0] - sched[0], sched_after[1] - sched[1]

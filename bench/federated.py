@@ -11,6 +11,8 @@ centralised training (``train_single_process``), one epoch per "round".
 Ratios: ``update_bytes_vs_fp32`` = fp32 update bytes / compressed update bytes over the same run
 (payload bytes; record bytes are in the rows), ``accuracy_drop_pp`` = fp32 accuracy - compressed
 accuracy in percentage points (the mean over the last 5 versions: non-IID runs oscillate).
+
+    python -m bench.federated [--quick]   -> bench/results/federated.json
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.common import Results, parse_args
+from bench._common import Results, parse_args
 from cloud.federated.decode import decode_update
 from cloud.federated.layout import Layout, build_model
 from cloud.federated.strategies import ClientUpdate, FedBuff

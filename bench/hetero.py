@@ -15,24 +15,22 @@ Two workloads, global batch 1024 each:
 - ``mlp`` (``vs_uniform_mlp``): 64-512-512-10, 300k parameters: the per-iteration cost no split
   can balance away (all-reduce of 1.2 MB, barrier, optimizer step: ~1.5 ms of ~15 ms) caps it
   near 1.43 on an idle box.
+
+    python -m bench.hetero [--quick]   -> bench/results/hetero.json
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from bench._common import Results
 from bench._torchrun import launch, leave_together, write_rank_result
-from bench.common import Results
 from cloud.training.sync.balancer import Balancer, weighted_allreduce
 from models.digits import digits_cnn
 
@@ -106,7 +104,7 @@ def main() -> None:
     if args.worker:
         worker(args.quick)
         return
-    figures = launch(Path(__file__).resolve(), ["--quick"] if args.quick else [])
+    figures = launch("bench.hetero", ["--quick"] if args.quick else [])
     results = Results("hetero", args.quick)
     for workload, measured in figures["workloads"].items():
         case = f"{workload}, global batch {GLOBAL_BATCH}, rank1 at 1/2 speed"

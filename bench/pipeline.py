@@ -4,35 +4,35 @@ and against torch.distributed.pipelining's Schedule1F1B on the same 2-stage part
 The model is an MLP of wide Linear layers, so each stage is compute-bound. Each pipeline rank runs
 with 1 intra-op thread; the single-process baseline runs with 1 thread (the ratio's baseline) and
 2 threads (reported beside it). Also prints the schedule simulator's predicted bubble fraction for
-4 to 16 stages. Writes bench/results/pipeline.json.
+4 to 16 stages.
 
-    .venv/bin/python bench/pipeline.py --quick
+    python -m bench.pipeline [--quick]   -> bench/results/pipeline.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
+from functools import partial
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from bench._common import Results
 from cloud.training.executor import StageExecutor
 from cloud.training.partition import partition
 from cloud.training.profiler import profile_layers
-from cloud.training.schedules import Topology, build_schedule, predicted_bubble
+from cloud.training.schedules import ScheduleName, Topology, build_schedule, predicted_bubble
 
-OURS = ("gpipe", "1f1b-flush", "1f1b-stash")
+OURS: tuple[ScheduleName, ...] = ("gpipe", "1f1b-flush", "1f1b-stash")
+# the simulator's bubble rows: (schedule, microbatches), each for 4 to 16 stages
+SIMULATED: tuple[tuple[ScheduleName, int], ...] = (("gpipe", 16), ("1f1b-flush", 16), ("1f1b-stash", 64))
 
 
 def wide_mlp(width: int, depth: int) -> nn.Sequential:
@@ -82,10 +82,12 @@ def _timed(rank: int, cfg: dict, step) -> float:
 
 def _stage_module(cfg: dict, rank: int) -> nn.Sequential:
     first, last = cfg["stages"][rank]
-    return wide_mlp(cfg["width"], cfg["depth"])[first : last + 1]
+    stage = wide_mlp(cfg["width"], cfg["depth"])[first : last + 1]
+    assert isinstance(stage, nn.Sequential)  # a slice of a Sequential is one
+    return stage
 
 
-def _ours(rank: int, cfg: dict, name: str) -> float:
+def _ours(rank: int, cfg: dict, name: ScheduleName) -> float:
     module = _stage_module(cfg, rank)
     optimizer = torch.optim.SGD(module.parameters(), lr=1e-3)
     topology = Topology((1, 1))
@@ -119,7 +121,7 @@ def _torch_1f1b(rank: int, cfg: dict) -> float:
     return _timed(rank, cfg, step)
 
 
-def _worker(rank: int, cfg: dict, port: int, results) -> None:
+def _worker(rank: int, cfg: dict, port: int, queue: Any) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=120)
@@ -129,12 +131,12 @@ def _worker(rank: int, cfg: dict, port: int, results) -> None:
         # Rounds interleave the systems and keep each one's best, so that a burst of load from other
         # processes on the cores does not land on one system only.
         for _ in range(cfg["rounds"]):
-            runs = {"torch_pipelining_1f1b": lambda: _torch_1f1b(rank, cfg)}
-            runs.update({f"ours_{name}": (lambda name=name: _ours(rank, cfg, name)) for name in OURS})
+            runs: dict[str, Callable[[], float]] = {"torch_pipelining_1f1b": partial(_torch_1f1b, rank, cfg)}
+            runs.update({f"ours_{name}": partial(_ours, rank, cfg, name) for name in OURS})
             for system, run in runs.items():
                 measured[system] = max(measured.get(system, 0.0), run())
         if rank == 0:
-            results.put(measured)
+            queue.put(measured)
     finally:
         dist.destroy_process_group()
 
@@ -155,61 +157,47 @@ def main() -> None:
     # bubble of every synchronous schedule here, torch's included, is then 1/17 of a step.
     quick = {"width": 768, "depth": 8, "batch": 512, "microbatches": 16, "steps": 3, "rounds": 2}
     full = {"width": 1024, "depth": 8, "batch": 512, "microbatches": 16, "steps": 10, "rounds": 3}
-    cfg = quick if args.quick else full
+    cfg: dict[str, Any] = dict(quick if args.quick else full)  # gains the partition's stages
     model, (x, _) = wide_mlp(cfg["width"], cfg["depth"]), make_data(cfg)
     costs = profile_layers(model, x[: cfg["batch"] // cfg["microbatches"]], threads=1, repeats=3)
     plan = partition(costs, 2, 1e9, straight=True)  # the partitioner picks the split both peers use
     cfg["stages"] = [(s.first, s.last) for s in plan.stages]
-    rows, case = [], f"mlp {cfg['depth']}x{cfg['width']} batch {cfg['batch']} m={cfg['microbatches']}"
+    results = Results("pipeline", args.quick)
+    case = f"mlp {cfg['depth']}x{cfg['width']} batch {cfg['batch']} m={cfg['microbatches']}"
     single = {t: max(single_process(cfg, t) for _ in range(cfg["rounds"])) for t in (1, 2)}
     torch.set_num_threads(1)
     context = mp.get_context("spawn")
-    results = context.SimpleQueue()
+    queue = context.SimpleQueue()
     os.environ["OMP_NUM_THREADS"] = "1"
-    mp.start_processes(_worker, args=(cfg, _free_port(), results), nprocs=2, start_method="spawn")
-    measured = results.get()
+    mp.start_processes(_worker, args=(cfg, _free_port(), queue), nprocs=2, start_method="spawn")
+    measured = queue.get()
     systems = {"single_process_1thread": single[1], "single_process_2threads": single[2], **measured}
     for system, value in systems.items():
-        rows.append({"case": case, "system": system, "metric": "samples_per_s", "value": round(value, 2)})
+        results.add(case, system, "samples_per_s", round(value, 2))
     for stages in (4, 8, 12, 16):
-        for name, m in (("gpipe", 16), ("1f1b-flush", 16), ("1f1b-stash", 64)):
-            rows.append(
-                {
-                    "case": f"{stages} stages m={m}",
-                    "system": f"simulator_{name}",
-                    "metric": "bubble_fraction",
-                    "value": round(predicted_bubble(name, stages, m), 4),
-                }
-            )
+        for name, m in SIMULATED:
+            bubble = round(predicted_bubble(name, stages, m), 4)
+            results.add(f"{stages} stages m={m}", f"simulator_{name}", "bubble_fraction", bubble)
     best = max(measured[f"ours_{n}"] for n in OURS)
     peer = measured["torch_pipelining_1f1b"]
-    ratios = {
-        "vs_single_process": round(best / single[1], 3),
-        "vs_single_process_2threads": round(best / single[2], 3),
-        "vs_torch_pipelining_1f1b": round(measured["ours_1f1b-flush"] / peer, 3),
-        "best_vs_torch_pipelining_1f1b": round(best / peer, 3),
-    }
+    results.ratios.update(
+        {
+            "vs_single_process": round(best / single[1], 3),
+            "vs_single_process_2threads": round(best / single[2], 3),
+            "vs_torch_pipelining_1f1b": round(measured["ours_1f1b-flush"] / peer, 3),
+            "best_vs_torch_pipelining_1f1b": round(best / peer, 3),
+        }
+    )
     print(f"partition: {plan.text()}")
     print(f"{'case':<40} {'system':<28} {'metric':<16} value")
-    for row in rows:
+    for row in results.rows:
         print(f"{row['case']:<40} {row['system']:<28} {row['metric']:<16} {row['value']}")
-    print("ratios:", ratios)
+    print("ratios:", results.ratios)
     print(
         f"load average during the run: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus "
         "(other processes on the cores skew every figure)"
     )
-    out = {
-        "bench": "pipeline",
-        "quick": args.quick,
-        "python": platform.python_version(),
-        "torch": torch.__version__.split("+")[0],
-        "cpus": os.cpu_count(),
-        "rows": rows,
-        "ratios": ratios,
-    }
-    path = Path(__file__).resolve().parent / "results" / "pipeline.json"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    results.write(table=False)
 
 
 if __name__ == "__main__":

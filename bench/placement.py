@@ -22,6 +22,8 @@ for a link that the plan gave up on).
 Latency: input -> result produced (the service's last non-delivery task); delivery into the cloud
 is store-and-forward and reported as ``delivery_lag``. Selectivities are seeded coin flips.
 Costs come from the service definitions (gateway/taskgraphs/catalog.py).
+
+    python -m bench.placement [--quick] [--seed N]   -> bench/results/placement.json
 """
 
 from __future__ import annotations
@@ -29,18 +31,11 @@ from __future__ import annotations
 import argparse
 import bisect
 import heapq
-import importlib.metadata
-import json
-import os
-import platform
 import random
 import statistics
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+from bench._common import Results
 from gateway.placement.cost import Budgets, LinkView
 from gateway.placement.link import LinkMonitor
 from gateway.placement.planner import PlacementPlanner, plan_placement
@@ -300,7 +295,8 @@ class Sim:
             self.stats.misses[s.name] = self.stats.misses.get(s.name, 0) + (lat > s.latency_target_s)
         self.push(self.now, "stage", s, i + 1, loc, born)
 
-    def _upload(self, s: TaskGraph, i: int, born: float, size: int, delivery: bool) -> None:
+    def _upload(self, s: TaskGraph | None, i: int, born: float, size: int, delivery: bool) -> None:
+        """Queue an upload; ``s`` is None for a goodput probe (bytes on the wire, no task after)."""
         self.up_queue.append((s, i, born, size, delivery))
         self._up_start()
 
@@ -345,7 +341,7 @@ class Sim:
                 keep.append(item)
         self.up_queue = keep
 
-    def _on_up_done(self, s: TaskGraph, i: int, born: float, size: int, started: float) -> None:
+    def _on_up_done(self, s: TaskGraph | None, i: int, born: float, size: int, started: float) -> None:
         self.up_busy = False
         self.stats.uplink_bytes += size
         rtt = self.link.at(self.now).rtt_s
@@ -356,13 +352,6 @@ class Sim:
         else:  # a goodput probe: as LinkProber, its own sample is not a real upload's
             self.samples_seen = self.monitor.large_goodput_samples
         self._up_start()
-
-
-def _torch_version() -> str | None:
-    try:  # the version only: this benchmark never imports torch
-        return importlib.metadata.version("torch").split("+")[0]
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def bench_services() -> tuple[TaskGraph, ...]:
@@ -394,7 +383,7 @@ def main() -> None:
     def norm_mean(st: Stats) -> float:  # mean over services of mean(latency / target)
         return statistics.mean(statistics.mean(st.latency[s.name]) / s.latency_target_s for s in services)
 
-    rows = []
+    out = Results("placement", args.quick)
     print(f"trace {link.end:.0f} s, services {[s.name for s in services]}, seed {args.seed}")
     print(
         f"{'system':13} {'service':9} {'results':>7} {'mean_s':>9} {'p95_s':>9} {'misses':>7} {'deliv_s':>9}"
@@ -414,40 +403,25 @@ def main() -> None:
                 ("deadline_misses", st.misses.get(s.name, 0)),
                 ("delivery_lag_s", dl),
             ):
-                rows.append({"case": s.name, "system": name, "metric": metric, "value": float(value)})
-        rows.append(
-            {"case": "mix", "system": name, "metric": "mean_normalised_latency", "value": norm_mean(st)}
-        )
-        rows.append({"case": "mix", "system": name, "metric": "uplink_bytes", "value": st.uplink_bytes})
-        rows.append({"case": "mix", "system": name, "metric": "replans", "value": st.replans})
+                out.add(s.name, name, metric, value)
+        out.add("mix", name, "mean_normalised_latency", norm_mean(st))
+        out.add("mix", name, "uplink_bytes", st.uplink_bytes)
+        out.add("mix", name, "replans", st.replans)
         print(
             f"{name:13} mix: normalised latency {norm_mean(st):.4f}, uplink {st.uplink_bytes / 1e6:.1f} MB, "
             f"replans {st.replans}"
         )
     raw = raw_bytes(services, link.end)
-    rows.append({"case": "mix", "system": "raw-upload", "metric": "uplink_bytes", "value": raw})
+    out.add("mix", "raw-upload", "uplink_bytes", raw)
     ours = norm_mean(results["planner"])
-    ratios = {
-        "latency_vs_best_static": min(norm_mean(results["always-edge"]), norm_mean(results["always-cloud"]))
-        / ours,
-        "latency_vs_oracle": norm_mean(results["oracle"]) / ours,
-        "bytes_vs_raw": raw / results["planner"].uplink_bytes,
-    }
+    best_static = min(norm_mean(results["always-edge"]), norm_mean(results["always-cloud"]))
+    out.ratios["latency_vs_best_static"] = best_static / ours
+    out.ratios["latency_vs_oracle"] = norm_mean(results["oracle"]) / ours
+    out.ratios["bytes_vs_raw"] = raw / results["planner"].uplink_bytes
     print(f"raw upload would send {raw / 1e6:.1f} MB")
-    for k, v in ratios.items():
+    for k, v in out.ratios.items():
         print(f"{k}: {v:.2f}")
-    out = {
-        "bench": "placement",
-        "quick": args.quick,
-        "python": platform.python_version(),
-        "torch": _torch_version(),
-        "cpus": os.cpu_count(),
-        "rows": rows,
-        "ratios": ratios,
-    }
-    path = Path(__file__).resolve().parent / "results" / "placement.json"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    out.write(table=False)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 #!/bin/bash
-# Run one benchmark command with its processes favoured by the scheduler on a shared machine:
-#   bench/quiet.sh .venv/bin/python bench/pipeline.py --quick
+# Run one benchmark command with its processes favoured by the scheduler on a shared machine. From
+# the repository root (benchmarks are modules of the bench package):
+#   bench/quiet.sh .venv/bin/python -m bench.pipeline --quick
 # With the kernel's autogroup scheduling (the default on desktop and many server kernels), plain
 # `nice` only ranks processes within their own session, so the command runs in a new session whose
 # autogroup gets nice -20 (root only). torchrun starts workers in sessions of their own; their

@@ -26,6 +26,8 @@ per-layer step, the next forward; the engine sends the layers the next forward n
 Figure: median wall time per iteration after warm-up (forward + backward + step); ratio ``vs_ddp``
 = ddp_default / sync_scheduler per round, reported as the median over rounds with its min and
 max; ``vs_ddp_layer_buckets`` likewise.
+
+    python -m bench.sync [--quick] [--link MB/s,ms]   -> bench/results/sync.json
 """
 
 from __future__ import annotations
@@ -33,19 +35,16 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from bench._common import Results
 from bench._torchrun import launch, leave_together, write_rank_result
-from bench.common import Results
 from cloud.training.sync.link import CommThread, LinkDelay
 from cloud.training.sync.scheduler import SyncScheduler
 
@@ -108,7 +107,7 @@ class System:
         if name.startswith("ddp"):
             self.comm = CommThread(dist.new_group(backend="gloo"), link)
             layer_mb = WIDTH * WIDTH * 4 / 2**20
-            options = {"bucket_cap_mb": layer_mb} if name == "ddp_layer_buckets" else {}
+            options: dict[str, Any] = {"bucket_cap_mb": layer_mb} if name == "ddp_layer_buckets" else {}
             self.model = DistributedDataParallel(self.model, **options)
             self.model.register_comm_hook(self.comm, ddp_hook)
         self.optimizer = make_optimizer(list(self.model.parameters()))
@@ -175,6 +174,7 @@ def worker(quick: bool, link: LinkDelay) -> None:
     for system in systems:
         system.run(warmup)
     ours = next(system for system in systems if system.name == "sync_scheduler")
+    assert ours.sync is not None
     settling = settle(ours, min_windows=3, max_iterations=60 if quick else 200)
     decisions_settled = len(ours.sync.engine.decisions)
     medians: dict[str, list[float]] = {system.name: [] for system in systems}
@@ -226,7 +226,7 @@ def main() -> None:
         worker(args.quick, link)
         return
     started = time.perf_counter()
-    figures = launch(Path(__file__).resolve(), ["--link", args.link] + (["--quick"] if args.quick else []))
+    figures = launch("bench.sync", ["--link", args.link] + (["--quick"] if args.quick else []))
     medians = figures["medians"]
     name = "sync" if args.link == LINK_OF_RECORD else "sync_link_" + args.link.replace(",", "_")
     results = Results(name, args.quick)

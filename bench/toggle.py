@@ -25,22 +25,20 @@ skip), target 0.985 validation accuracy, near what this model converges to at th
 reached by one uniform seed in four within 40 epochs). Ratio ``samples_vs_uniform`` = mean
 uniform samples / mean ours over the seeds where an arm reached the target (higher is better), with
 its per-seed range.
+
+    python -m bench.toggle [--quick]   -> bench/results/toggle.json
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.common import Results
+from bench._common import Results
 from cloud.training.data.sampler import ToggleSampler
 from cloud.training.data.toggle import ToggleTracker
 from models.digits import accuracy, digits_cnn, load_digits_split

@@ -11,6 +11,8 @@ Live delay: from the record being durable in the log to the cloud's acknowledgem
 through than behind a FIFO drain; ``live_p95_no_backlog_over_priority`` and
 ``live_p50_no_backlog_over_priority``, live delay with no backlog (the baseline, same run) over
 live delay while the backlog drains: 1.0 means draining costs live data nothing.
+
+    python -m bench.uplink [--quick] [--backlog N]   -> bench/results/uplink.json
 """
 
 from __future__ import annotations
@@ -25,9 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import Results, parse_args
+from bench._common import Results, parse_args
 from gateway.storage.epoch_log import EpochLog
 from gateway.uplink.sender import Uplink
 from protocol.config import UplinkConfig

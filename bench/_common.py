@@ -1,7 +1,13 @@
 """What every benchmark shares: the ``--quick`` flag, the result table and its JSON file.
 
+Benchmarks are modules of the ``bench`` package, run from the repository root as
+``python -m bench.<name> [--quick]``; helpers (this file, ``_torchrun.py``) start with "_" so that
+``make bench`` skips them.
+
 Invariant: every figure printed is also in bench/results/<name>.json, and every ratio there is
-ours over a baseline measured in the same run (higher is better).
+ours over a baseline measured in the same run (higher is better). The file's form:
+``{"bench", "quick", "python", "torch", "cpus", "rows": [{"case", "system", "metric", "value"}],
+"ratios": {name: value}}``, then any ``extra`` keys a benchmark adds.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ class Results:
     quick: bool
     rows: list[dict] = field(default_factory=list)
     ratios: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)  # more keys, after the house form's
 
     def add(self, case: str, system: str, metric: str, value: float) -> None:
         self.rows.append({"case": case, "system": system, "metric": metric, "value": float(value)})
@@ -38,24 +45,24 @@ class Results:
         self.ratios[name] = value
         return value
 
-    def write(self) -> Path:
-        self._print()
+    def write(self, table: bool = True) -> Path:
+        """Write bench/results/<bench>.json; print the rows and ratios first unless the benchmark
+        printed its own table (``table=False``)."""
+        if table:
+            self._print()
         RESULTS.mkdir(parents=True, exist_ok=True)
         path = RESULTS / f"{self.bench}.json"
-        path.write_text(
-            json.dumps(
-                {
-                    "bench": self.bench,
-                    "quick": self.quick,
-                    "python": platform.python_version(),
-                    "torch": _torch_version(),
-                    "cpus": os.cpu_count(),
-                    "rows": self.rows,
-                    "ratios": self.ratios,
-                },
-                indent=1,
-            )
-        )
+        document = {
+            "bench": self.bench,
+            "quick": self.quick,
+            "python": platform.python_version(),
+            "torch": _torch_version(),
+            "cpus": os.cpu_count(),
+            "rows": self.rows,
+            "ratios": self.ratios,
+            **self.extra,
+        }
+        path.write_text(json.dumps(document, indent=1) + "\n")
         print(f"wrote {path}")
         return path
 
@@ -71,6 +78,7 @@ class Results:
 
 
 def _torch_version() -> str | None:
+    """The installed torch's version (without a local "+cpu" suffix), read without importing it."""
     try:
         from importlib.metadata import version
 
