@@ -7,8 +7,9 @@ from dataclasses import replace
 import pytest
 
 from cloud.training.sync.barrier import LayerWindow, SyncPolicy, WindowTable
-from cloud.training.sync.engine import EngineConfig, judge, propose
+from cloud.training.sync.engine import judge
 from cloud.training.sync.predict import Cost, LinkModel, best_plan, candidates, predict_iteration_s
+from cloud.training.sync.rules import EngineConfig, propose
 
 NAMES = ("0", "2", "4", "6", "8", "10", "12")
 LAYER_BYTES, OUTPUT_BYTES = 2_362_368, 30_760  # the benchmark's Linear(768, 768) and Linear(768, 10)

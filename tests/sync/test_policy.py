@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from cloud.training.sync.barrier import LayerWindow, SyncPolicy, WindowTable
-from cloud.training.sync.engine import EngineConfig, PolicyEngine, judge, propose
+from cloud.training.sync.engine import PolicyEngine, judge
+from cloud.training.sync.rules import EngineConfig, propose
 
 ORDER = ("0", "2", "4", "6")
 KB = 1024

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from cloud.training.sync.engine import EngineConfig
+from cloud.training.sync.rules import EngineConfig
 from cloud.training.sync.scheduler import SyncScheduler
 from tests.harness.torchrun import init_worker, write_result
 

@@ -14,8 +14,8 @@ import os
 import torch
 from torch import nn
 
-from cloud.training.sync.engine import EngineConfig
 from cloud.training.sync.link import LinkDelay
+from cloud.training.sync.rules import EngineConfig
 from cloud.training.sync.scheduler import SyncScheduler
 from tests.harness.torchrun import init_worker, write_result
 

@@ -36,8 +36,9 @@ import torch.distributed as dist
 from torch import nn
 
 from cloud.training.sync.barrier import LayerWindow, SyncPolicy, WindowTable
-from cloud.training.sync.engine import EngineConfig, PolicyEngine
+from cloud.training.sync.engine import PolicyEngine
 from cloud.training.sync.link import CommThread, LinkDelay, PendingSync, SharedWire
+from cloud.training.sync.rules import EngineConfig
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
