@@ -308,7 +308,7 @@ def parse_graphs(text: str) -> tuple[TaskGraph, ...]:
         elif words[0] == "task" and head is not None and len(words) >= 2:
             f = _fields(words[2:], {"edge", "cloud", "out", "sel", "after", "pin", "raw", "delivery"}, where)
             pin = f.get("pin")
-            if pin not in (None, "edge", "cloud"):
+            if not (pin is None or pin in SIDES):
                 raise TaskGraphError(f"{where}: pin must be edge or cloud, not {pin!r}")
             tasks.append(
                 Task(
@@ -318,7 +318,7 @@ def parse_graphs(text: str) -> tuple[TaskGraph, ...]:
                     output_bytes=int(_float(f, "out", where)),
                     selectivity=_float(f, "sel", where, 1.0),
                     after=tuple(a for a in f.get("after", "").split(",") if a),
-                    pin=pin,  # type: ignore[arg-type]
+                    pin=pin,
                     raw=_yes(f.get("raw", "no"), where),
                     delivery=_yes(f.get("delivery", "no"), where),
                 )
