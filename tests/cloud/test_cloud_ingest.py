@@ -9,6 +9,7 @@ import pytest
 
 from protocol.batch import MAX_BATCH_BYTES, idempotency_key
 from tests.harness.cloud_http import batch_body, http_json_body, post, raw_http, upload
+from tests.harness.cloudd import start_cloudd
 
 LOG = "abcdef12"
 
@@ -34,6 +35,16 @@ def metric(cloudd, line_prefix):
         text = response.read().decode()
     values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(line_prefix)]
     return values[0] if values else 0.0
+
+
+@pytest.fixture(scope="module")
+def untouched(tmp_path_factory):
+    """One cloudd for the tests it refuses: nothing they send may change its state, and each checks
+    that (``assert_alive_and_empty``), so a refusal that stored anything fails there. The tests that
+    store, or count a rejection, have a cloudd of their own (the ``cloudd`` fixture)."""
+    cloudd = start_cloudd(tmp_path_factory.mktemp("untouched"))
+    yield cloudd
+    cloudd.stop()
 
 
 def test_batch_stored_and_counted(cloudd):
@@ -79,22 +90,22 @@ def test_partial_overlap_and_out_of_order(cloudd):
 
 
 @pytest.mark.parametrize("token", [None, "wrong"])
-def test_wrong_or_missing_token_is_401(cloudd, token):
-    status, body = up(cloudd, [1, 2], token=token)
+def test_wrong_or_missing_token_is_401(untouched, token):
+    status, body = up(untouched, [1, 2], token=token)
     assert status == 401 and body["error"] == "unauthorized" and "gw1" in body["detail"]
-    assert_alive_and_empty(cloudd)
+    assert_alive_and_empty(untouched)
 
 
-def test_another_gateways_token_is_403(cloudd):
-    status, body = up(cloudd, [1, 2], token="token-gw2")
+def test_another_gateways_token_is_403(untouched):
+    status, body = up(untouched, [1, 2], token="token-gw2")
     assert status == 403 and body["error"] == "forbidden" and "gw2" in body["detail"]
-    assert_alive_and_empty(cloudd)
+    assert_alive_and_empty(untouched)
 
 
-def test_unknown_gateway_is_refused(cloudd):
-    status, body = upload(cloudd.url, "token-gw1", "gw9", LOG, [1])  # gw1's token, not gw9's path
+def test_unknown_gateway_is_refused(untouched):
+    status, body = upload(untouched.url, "token-gw1", "gw9", LOG, [1])  # gw1's token, not gw9's path
     assert status == 403 and body["error"] == "forbidden"
-    status, body = upload(cloudd.url, "no-such-token", "gw9", LOG, [1])
+    status, body = upload(untouched.url, "no-such-token", "gw9", LOG, [1])
     assert status == 401 and body["error"] == "unauthorized"
 
 
@@ -120,37 +131,37 @@ def bad_post(cloudd, body: bytes, key: str = "gw1:abcdef12:1-1"):
         (b'{"v":1,"gateway":"gw1","log_id":"abcdef12","records":[]}', "invalid", "records"),
     ],
 )
-def test_malformed_bodies_are_400_naming_the_problem(cloudd, body, error, names):
-    status, answer = bad_post(cloudd, body)
+def test_malformed_bodies_are_400_naming_the_problem(untouched, body, error, names):
+    status, answer = bad_post(untouched, body)
     assert status == 400 and answer["error"] == error and names in answer["detail"]
-    assert_alive_and_empty(cloudd)
+    assert_alive_and_empty(untouched)
 
 
-def test_lsns_not_increasing_is_400(cloudd):
+def test_lsns_not_increasing_is_400(untouched):
     body = batch_body("gw1", LOG, [3, 2])
-    status, answer = bad_post(cloudd, body, key="gw1:abcdef12:3-2")
+    status, answer = bad_post(untouched, body, key="gw1:abcdef12:3-2")
     assert status == 400 and answer["error"] == "invalid" and "increasing" in answer["detail"]
 
 
-def test_mismatched_gateway_is_400(cloudd):
-    status, body = up(cloudd, [1], gateway="gw2", token=cloudd.token_for("gw1"), path_gateway="gw1")
+def test_mismatched_gateway_is_400(untouched):
+    status, body = up(untouched, [1], gateway="gw2", token=untouched.token_for("gw1"), path_gateway="gw1")
     assert status == 400 and body["error"] == "gateway_mismatch" and "gw2" in body["detail"]
-    assert_alive_and_empty(cloudd)
+    assert_alive_and_empty(untouched)
 
 
-def test_idempotency_key_must_match(cloudd):
-    status, body = up(cloudd, [1, 2], key=idempotency_key("gw1", LOG, 1, 3))
+def test_idempotency_key_must_match(untouched):
+    status, body = up(untouched, [1, 2], key=idempotency_key("gw1", LOG, 1, 3))
     assert status == 400 and body["error"] == "idempotency_key_mismatch"
-    status, body = bad_post(cloudd, batch_body("gw1", LOG, [1]), key="")
+    status, body = bad_post(untouched, batch_body("gw1", LOG, [1]), key="")
     assert status == 400 and body["error"] == "idempotency_key_mismatch"
     status, body = post(
-        f"{cloudd.url}/v1/gateways/gw1/batches",
+        f"{untouched.url}/v1/gateways/gw1/batches",
         batch_body("gw1", LOG, [1]),
-        {"Authorization": f"Bearer {cloudd.token_for('gw1')}"},
+        {"Authorization": f"Bearer {untouched.token_for('gw1')}"},
     )
     assert status == 400 and body["error"] == "missing_idempotency_key"
     assert "Idempotency-Key" in body["detail"]
-    assert_alive_and_empty(cloudd)
+    assert_alive_and_empty(untouched)
 
 
 def _head(cloudd, extra: str) -> bytes:
@@ -161,20 +172,24 @@ def _head(cloudd, extra: str) -> bytes:
     ).encode()
 
 
-def test_oversize_declared_body_is_413_before_reading(cloudd):
-    response = raw_http(cloudd.port, _head(cloudd, f"Content-Length: {MAX_BATCH_BYTES + 1}\r\n") + b'{"v":1')
+def test_oversize_declared_body_is_413_before_reading(untouched):
+    response = raw_http(
+        untouched.port, _head(untouched, f"Content-Length: {MAX_BATCH_BYTES + 1}\r\n") + b'{"v":1'
+    )
     status, body = http_json_body(response)
     assert status == 413 and body["error"] == "too_large" and "Content-Length" in body["detail"]
-    assert_alive_and_empty(cloudd)
+    assert_alive_and_empty(untouched)
 
 
-def test_oversize_chunked_body_is_413(cloudd):
+def test_oversize_chunked_body_is_413(untouched):
     chunk = b"x" * (1 << 20)
     chunks = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(MAX_BATCH_BYTES // len(chunk) + 1))
-    response = raw_http(cloudd.port, _head(cloudd, "Transfer-Encoding: chunked\r\n") + chunks + b"0\r\n\r\n")
+    response = raw_http(
+        untouched.port, _head(untouched, "Transfer-Encoding: chunked\r\n") + chunks + b"0\r\n\r\n"
+    )
     status, body = http_json_body(response)
     assert status == 413 and body["error"] == "too_large"
-    assert_alive_and_empty(cloudd)
+    assert_alive_and_empty(untouched)
 
 
 def test_truncated_upload_stores_nothing(cloudd):
@@ -189,10 +204,10 @@ def test_truncated_upload_stores_nothing(cloudd):
     assert up(cloudd, [1, 2])[0] == 200  # and the server still stores the retry
 
 
-def test_errors_are_json_everywhere(cloudd):
+def test_errors_are_json_everywhere(untouched):
     def get(path: str) -> tuple[int, dict]:
         request = f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
-        return http_json_body(raw_http(cloudd.port, request))
+        return http_json_body(raw_http(untouched.port, request))
 
     status, body = get("/v1/nope")
     assert status == 404 and body["error"] == "not_found"
@@ -200,10 +215,10 @@ def test_errors_are_json_everywhere(cloudd):
     assert status == 405 and body["error"] == "method_not_allowed"
 
 
-def test_status_requires_operator_token(cloudd):
+def test_status_requires_operator_token(untouched):
     for headers in ({}, {"Authorization": "Bearer nope"}):
-        request = urllib.request.Request(f"{cloudd.url}/v1/status", headers=headers)
+        request = urllib.request.Request(f"{untouched.url}/v1/status", headers=headers)
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(request, timeout=10)
         assert info.value.code == 401 and json.loads(info.value.read())["error"] == "unauthorized"
-    assert cloudd.status()["v"] == 1
+    assert untouched.status()["v"] == 1
