@@ -21,15 +21,10 @@ import numpy as np
 
 from bench._common import Results
 from gateway.camera.change import ChangeConfig
-from gateway.camera.inference import (
-    InferenceEngine,
-    InferenceInput,
-    build_inputs,
-    feed_from_camera,
-    load_and_probe,
-)
+from gateway.camera.inference import InferenceEngine, feed_from_camera
 from gateway.camera.source import CameraSource, CameraSourceConfig
 from models.artifact import load_artifact
+from models.inference import InferenceInput, build_inputs, load_and_probe
 from models.synthetic_scene import SceneSynth
 
 REPO = Path(__file__).resolve().parents[1]

@@ -23,10 +23,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gateway.camera.inference import InferenceEngine, InferenceResult
+from gateway.camera.inference import InferenceEngine
 from gateway.mqtt.adapter import MqttAdapter, MqttError
 from gateway.storage.interface import LogFailed, LogFull, RecordLog
 from gateway.uplink.blobs import BlobRef, BlobSpool, blob_record
+from models.inference import Inferred
 from protocol.config import CameraConfig
 from protocol.records import Record, encode_record
 
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 DURABLE_WAIT_S = 30.0
 
 
-def event_body(result: InferenceResult) -> dict[str, Any]:
+def event_body(result: Inferred) -> dict[str, Any]:
     """The InferenceEvent and which frame it came from (the JPEG itself travels as a blob)."""
     jpeg = result.item.payload
     return {
@@ -110,7 +111,7 @@ class CameraEventRecorder:
             if result is None and self._draining:
                 return
 
-    async def _record(self, result: InferenceResult) -> int:
+    async def _record(self, result: Inferred) -> int:
         """Log and publish one result; 1 if a record was appended."""
         body = event_body(result)
         camera_id, now = self.config.camera_id, time.time()

@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from gateway.camera.change import ChangeConfig
-from gateway.camera.inference import InferenceEngine, InferenceInput, feed_from_camera
+from gateway.camera.inference import InferenceEngine, feed_from_camera
 from gateway.camera.source import CameraSource, CameraSourceConfig
 from models.anomaly import INPUT_SPEC as ANOMALY_INPUT
 from models.anomaly import anomaly_autoencoder
 from models.artifact import ArtifactError, ModelArtifact, artifact_from_bytes, load_artifact, save_artifact
 from models.export import export_artifact
+from models.inference import InferenceInput
 from tests.harness.camera import relabel, scene_artifact, write_video
 from tests.harness.poll import eventually
 
