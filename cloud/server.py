@@ -22,14 +22,17 @@ from pathlib import Path
 
 from aiohttp import web
 
+import models
 from cloud.api import blobs, federated, fleet, health, ingest, jobs, openapi, probe, registry, status
-from cloud.api.context import CONFIG, METRICS, REGISTRY, STORE
+from cloud.api.blobs import BLOBS
+from cloud.api.context import CONFIG, METRICS, REGISTRY, STORE, TASKS
 from cloud.api.errors import json_errors
 from cloud.config import CloudConfig, ConfigError, load_tokens_file, parse_token_arg
 from cloud.metrics import CloudMetrics
 from cloud.notify import ModelNotifier, NotifyConfig, add_notify_arguments, parse_notify_args
 from cloud.store import StoreLocked
 from cloud.store.writer import AsyncStoreWriter
+from cloud.tasks.runner import TaskRunner, TaskRunnerConfig
 from cloud.web import routes as web_routes
 
 log = logging.getLogger("cloudd")
@@ -75,7 +78,27 @@ def build_app(
     app.cleanup_ctx.append(_store_lifetime)
     for setup in (*ROUTE_GROUPS, *extra_routes):
         setup(app)
+    if config.tasks_enabled:
+        runner = TaskRunner(
+            app[STORE],
+            app[BLOBS].store,
+            app.get(REGISTRY),
+            data_dir=config.data_dir,
+            factory_dir=Path(models.__file__).resolve().parent / "artifacts",
+            config=TaskRunnerConfig(poll_interval_s=config.tasks_poll_interval_s),
+        )
+        runner.register_metrics(app[METRICS].registry)
+        app[TASKS] = runner
+        app.cleanup_ctx.append(_tasks_lifetime)  # last: starts after everything it reads, stops first
     return app
+
+
+async def _tasks_lifetime(app: web.Application) -> AsyncIterator[None]:
+    await app[TASKS].start()
+    try:
+        yield
+    finally:
+        await app[TASKS].stop()
 
 
 class CloudServer:
@@ -175,6 +198,10 @@ def parse_args(argv: Sequence[str] | None = None) -> CloudConfig:
     parser.add_argument("--max-running-jobs", type=int, default=1, help="torchrun jobs at once")
     parser.add_argument("--max-queued-jobs", type=int, default=16, help="waiting jobs before 429")
     parser.add_argument("--max-job-nproc", type=int, default=4, help="largest nproc a job may ask for")
+    parser.add_argument("--no-tasks", action="store_true", help="run none of the tasks plans give the cloud")
+    parser.add_argument(
+        "--tasks-poll-interval", type=float, default=0.5, help="seconds between the task runner's reads"
+    )
     parser.add_argument("--log-level", default="INFO")
     add_notify_arguments(parser)
     args = parser.parse_args(argv)
@@ -193,6 +220,8 @@ def parse_args(argv: Sequence[str] | None = None) -> CloudConfig:
         max_running_jobs=args.max_running_jobs,
         max_queued_jobs=args.max_queued_jobs,
         max_job_nproc=args.max_job_nproc,
+        tasks_enabled=not args.no_tasks,
+        tasks_poll_interval_s=args.tasks_poll_interval,
     )
 
 

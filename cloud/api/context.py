@@ -10,6 +10,7 @@ from cloud.jobs.manager import JobManager
 from cloud.metrics import CloudMetrics
 from cloud.registry import ModelRegistry
 from cloud.store.writer import AsyncStoreWriter
+from cloud.tasks.runner import TaskRunner
 
 CONFIG = web.AppKey("config", CloudConfig)
 METRICS = web.AppKey("metrics", CloudMetrics)
@@ -18,3 +19,4 @@ STORE = web.AppKey("store", AsyncStoreWriter)
 REGISTRY = web.AppKey("registry", ModelRegistry)
 JOBS = web.AppKey("jobs", JobManager)
 FLEET = web.AppKey("fleet", FleetView)
+TASKS = web.AppKey("tasks", TaskRunner)  # set by build_app when config.tasks_enabled

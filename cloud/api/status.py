@@ -1,7 +1,8 @@
 """GET /v1/status: what each gateway and device has uploaded (JSON, for cloudctl and dashboards).
 
 Shape: ``{"v":1, "gateways":[{id,last_seen,records,batches,duplicates}],
-"devices":[{gateway,device,records,last_ts}], "totals":{records,batches}}``. Gateways that have a
+"devices":[{gateway,device,records,last_ts}], "totals":{records,batches}, "tasks":{...}}``
+(``tasks``, when cloudd runs its task runner: ``cloud.tasks.runner.TaskRunner.status``). Gateways that have a
 token but never uploaded are listed with zero counts and ``last_seen: null``. When an operator
 token is configured it is required (401 ``unauthorized`` otherwise).
 """
@@ -13,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from cloud.api.context import CONFIG, STORE
+from cloud.api.context import CONFIG, STORE, TASKS
 from cloud.api.errors import bearer_token, token_ok, unauthorized
 from cloud.store.dataset import StoreCounts
 
@@ -44,4 +45,7 @@ async def get_status(request: web.Request) -> web.Response:
     if config.operator_token is not None and not token_ok(bearer_token(request), config.operator_token):
         return unauthorized(request, "Authorization: Bearer operator token required for /v1/status")
     counts = await request.app[STORE].counts()
-    return web.json_response(status_document(counts, sorted(config.gateway_tokens)))
+    document = status_document(counts, sorted(config.gateway_tokens))
+    if TASKS in request.app:
+        document["tasks"] = request.app[TASKS].status()
+    return web.json_response(document)

@@ -233,6 +233,36 @@ class DatasetStore:
                     self.corrupt_lines += 1
                     log.error("corruption: %s offset %d: committed line is not a record", path, offset)
 
+    def read_from(
+        self, gateway: str, position: tuple[int, int], limit: int
+    ) -> tuple[list[StoredRecord], tuple[int, int]]:
+        """Up to ``limit`` committed records of ``gateway`` stored at or after ``position`` (segment
+        seq, byte offset; ``(0, 0)`` is the start), and the position after the last one returned:
+        a reader that follows the store as it grows (cloud/tasks). Committed bytes never change, so a
+        position stays valid for ever."""
+        conn = self._reader()
+        try:
+            snapshot = meta.segments(conn, gateway)
+        finally:
+            conn.close()
+        out: list[StoredRecord] = []
+        for _, seq, committed_len in snapshot:
+            if seq < position[0]:
+                continue
+            path = segments.segment_path(self.datasets_dir, gateway, seq)
+            start = position[1] if seq == position[0] else 0
+            for offset, line in segments.read_lines(path, committed_len, start):
+                if len(out) >= limit:
+                    return out, position
+                position = (seq, offset + len(line))
+                try:
+                    row = segments.decode_line(line)
+                    out.append(StoredRecord(gateway, row["log_id"], row["lsn"], row["data"]))
+                except (ValueError, KeyError, TypeError):
+                    self.corrupt_lines += 1
+                    log.error("corruption: %s offset %d: committed line is not a record", path, offset)
+        return out, position
+
     def counts(self) -> StoreCounts:
         conn = self._reader()
         try:

@@ -98,12 +98,14 @@ def recover(path: Path, committed_len: int) -> SegmentRecovery:
     return SegmentRecovery(path, missing_bytes=committed_len - size)
 
 
-def read_lines(path: Path, committed_len: int) -> Iterator[tuple[int, bytes]]:
-    """Yield (offset, line) for each committed line; stops at the committed length or at EOF."""
+def read_lines(path: Path, committed_len: int, start: int = 0) -> Iterator[tuple[int, bytes]]:
+    """Yield (offset, line) for each committed line from ``start`` (a line's first byte); stops at
+    the committed length or at EOF."""
     if not path.exists():
         return
     with open(path, "rb") as f:
-        offset = 0
+        f.seek(start)
+        offset = start
         while offset < committed_len:
             line = f.readline(committed_len - offset)
             if not line:

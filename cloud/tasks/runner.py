@@ -1,0 +1,297 @@
+"""TaskRunner: cloudd runs the tasks a gateway's placement plan gave the cloud (docs/placement.md,
+"Executing the plan"; docs/cloud.md, "Task runner").
+
+One asyncio task, owned here (``start`` / ``stop``), every ``poll_interval_s``:
+1. follows each gateway's dataset segments from where it stopped (``DatasetStore.read_from``), and
+   offers every record of a gateway log to that log's ``LogReplay`` (the logs this runner writes
+   itself, ``derived_log_id(log_id, task)``, are skipped);
+2. advances each log over its contiguous LSNs, which makes sensor results and camera summaries;
+3. infers the waiting ``FrameForCloud`` records whose blob has arrived (one worker thread);
+4. stores the results through cloudd's ``AsyncStoreWriter``, each as a record of kind ``"event"``
+   under ``(gateway, derived_log_id(log_id, task))`` at its input's LSN, so making it twice stores it
+   once and it shows in the gateway's datasets like the events the gateway sends;
+5. saves the cursors (cloud/tasks/cursor.py).
+
+Invariant: a cursor is saved only after every result made below its ``next_lsn`` is stored (a
+store refusal ends the pass before the save, and the next pass makes them again), so no result is
+lost by a crash or a busy store, and none is stored twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from cloud.registry import ModelRegistry
+from cloud.store.blobs import BlobStore
+from cloud.store.dataset import DatasetStore, StoredRecord
+from cloud.store.writer import AsyncStoreWriter, StoreBusy
+from cloud.tasks.camera import CAMERA_TASK, BlobNotYet, Failed, FrameInference, Made, failure_body
+from cloud.tasks.cursor import LogCursor, load_cursors, save_cursors
+from cloud.tasks.replay import LogReplay
+from cloud.tasks.sensor import AGGREGATE_TASK, DETECT_TASK, Result
+from protocol.batch import MAX_BATCH_RECORDS, BatchEntry, UploadBatch
+from protocol.derived import FrameForCloud, derived_log_id
+from protocol.records import Record
+from runtime.tasks import cancel_and_wait
+
+log = logging.getLogger(__name__)
+
+RESULT_TASKS = (AGGREGATE_TASK, DETECT_TASK, CAMERA_TASK)  # the tasks whose results are stored here
+
+
+@dataclass(frozen=True)
+class TaskRunnerConfig:
+    poll_interval_s: float = 0.5
+    read_chunk: int = 5000  # records read from the store per call
+    max_buffered: int = 50_000  # per log: records held ahead of a hole
+    model_cache: int = 4  # model versions kept loaded
+
+
+class TaskRunner:
+    def __init__(
+        self,
+        writer: AsyncStoreWriter,
+        blobs: BlobStore,
+        registry: ModelRegistry | None,
+        *,
+        data_dir: Path,
+        factory_dir: Path,
+        config: TaskRunnerConfig | None = None,
+    ) -> None:
+        self.writer = writer
+        self.config = config or TaskRunnerConfig()
+        self.cursor_dir = Path(data_dir) / "tasks"
+        self.inference = FrameInference(blobs, registry, factory_dir, cache_size=self.config.model_cache)
+        self._logs: dict[tuple[str, str], LogReplay] = {}
+        self._derived: set[str] = set()  # the log ids this runner writes to
+        self._positions: dict[str, tuple[int, int]] = {}  # gateway -> where its reading goes on
+        self._rescan_from: dict[str, tuple[int, int]] = {}  # gateway -> read again from here
+        self._lag: dict[tuple[str, str], int] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self.counters: dict[str, int] = {"passes": 0, "pass_errors": 0, "store_busy": 0, "stored": 0}
+        self.made: dict[str, int] = dict.fromkeys(RESULT_TASKS, 0)
+        self.failures: dict[str, int] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._task is not None:
+            raise RuntimeError("TaskRunner already started")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cloud-tasks")
+        await asyncio.to_thread(self._reset)
+        self._task = asyncio.create_task(self._run(), name="cloud-tasks")
+
+    async def stop(self) -> None:
+        """Cancel the loop (a pass stops between steps; its cursor was not saved, so the next start
+        makes its results again), then end the worker thread."""
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            await asyncio.to_thread(executor.shutdown, wait=True)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.run_pass()
+            except Exception:
+                self.counters["pass_errors"] += 1
+                log.exception("cloud task pass failed: resuming from the saved cursors")
+                await asyncio.to_thread(self._reset)
+            await asyncio.sleep(self.config.poll_interval_s)
+
+    def _reset(self) -> None:
+        """Forget what this process made since the cursors were last saved and read every gateway
+        again: the results made since are made again (and stored once)."""
+        self._logs.clear()
+        self._positions.clear()
+        self._rescan_from.clear()
+        for cursor in load_cursors(self.cursor_dir).values():
+            self._add_log(cursor)
+
+    # -- one pass -------------------------------------------------------------------------------
+
+    async def run_pass(self) -> None:
+        self.counters["passes"] += 1
+        store = self.writer.store
+        counts = await asyncio.to_thread(store.counts)
+        for gateway in (g.id for g in counts.gateways):
+            await self._follow(store, gateway)
+        await self._infer_waiting()
+        await asyncio.to_thread(self._measure_lag, store)
+        await asyncio.to_thread(save_cursors, self.cursor_dir, [r.cursor() for r in self._logs.values()])
+
+    async def _follow(self, store: DatasetStore, gateway: str) -> None:
+        while True:
+            start = self._positions.get(gateway, (0, 0))
+            records, position = await asyncio.to_thread(
+                store.read_from, gateway, start, self.config.read_chunk
+            )
+            touched: set[LogReplay] = set()
+            for stored in records:
+                replay = self._replay_for(stored)
+                if replay is not None:
+                    replay.offer(stored.lsn, stored.record)
+                    touched.add(replay)
+                    if replay.overflowed:
+                        self._rescan_from.setdefault(gateway, start)
+            for replay in touched:
+                await self._store([(replay, result) for result in replay.advance()])
+            self._positions[gateway] = position
+            self._maybe_rescan(gateway)
+            if len(records) < self.config.read_chunk:
+                return
+
+    def _maybe_rescan(self, gateway: str) -> None:
+        """Once every overflowed log of ``gateway`` has processed what it held, read again from where
+        the first record was left out."""
+        again = self._rescan_from.get(gateway)
+        overflowed = [r for (gw, _), r in self._logs.items() if gw == gateway and r.overflowed]
+        if again is None or any(r.buffered for r in overflowed):
+            return
+        for replay in overflowed:
+            replay.overflowed = False
+        self._positions[gateway] = again
+        del self._rescan_from[gateway]
+
+    def _replay_for(self, stored: StoredRecord) -> LogReplay | None:
+        if stored.log_id in self._derived:
+            return None
+        key = (stored.gateway, stored.log_id)
+        replay = self._logs.get(key)
+        if replay is None:
+            replay = self._add_log(LogCursor(stored.gateway, stored.log_id))
+        return replay
+
+    def _add_log(self, cursor: LogCursor) -> LogReplay:
+        replay = LogReplay(cursor, max_buffered=self.config.max_buffered)
+        self._logs[(cursor.gateway, cursor.log_id)] = replay
+        self._derived.update(derived_log_id(cursor.log_id, task) for task in RESULT_TASKS)
+        return replay
+
+    async def _infer_waiting(self) -> None:
+        for replay in list(self._logs.values()):
+            for lsn, waiting in sorted(replay.waiting.items()):
+                frame = FrameForCloud.model_validate(waiting.body)
+                outcome = await self._in_worker(self.inference.infer, replay.gateway, lsn, frame)
+                if isinstance(outcome, BlobNotYet):
+                    continue
+                if isinstance(outcome, Made):
+                    body = outcome.event.model_dump(mode="json")
+                else:
+                    body = self._failed(replay, lsn, frame, outcome)
+                await self._store([(replay, Result(CAMERA_TASK, lsn, waiting.device, body))])
+                del replay.waiting[lsn]
+
+    def _failed(self, replay: LogReplay, lsn: int, frame: FrameForCloud, failed: Failed) -> dict[str, Any]:
+        self.failures[failed.reason] = self.failures.get(failed.reason, 0) + 1
+        log.error("%s/%s lsn %d: camera/infer failed: %s", replay.gateway, replay.log_id, lsn, failed.detail)
+        return failure_body(
+            failed.reason, failed.detail, task="camera/infer", input_lsn=lsn, source=frame.source
+        )
+
+    async def _in_worker(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def _store(self, results: list[tuple[LogReplay, Result]]) -> None:
+        """Store results, one batch per derived log (LSNs increasing, each once)."""
+        by_log: dict[tuple[str, str], dict[int, Result]] = {}
+        for replay, result in results:
+            key = (replay.gateway, derived_log_id(replay.log_id, result.task))
+            by_log.setdefault(key, {})[result.lsn] = result
+        now = time.time()
+        for (gateway, log_id), found in by_log.items():
+            entries = [
+                BatchEntry(
+                    lsn=lsn,
+                    data=Record(kind="event", device=result.device, received_ts=now, body=result.body),
+                )
+                for lsn, result in sorted(found.items())
+            ]
+            for i in range(0, len(entries), MAX_BATCH_RECORDS):
+                chunk = entries[i : i + MAX_BATCH_RECORDS]
+                batch = UploadBatch(v=1, gateway=gateway, log_id=log_id, records=chunk)
+                self.counters["stored"] += await self._store_batch(batch)
+            for result in found.values():
+                self.made[result.task] += 1
+
+    async def _store_batch(self, batch: UploadBatch) -> int:
+        """Store one batch, waiting while the store is busy (uploads go first: this is background work)."""
+        while True:
+            try:
+                return (await self.writer.store_batch(batch)).stored
+            except StoreBusy:
+                self.counters["store_busy"] += 1
+                await asyncio.sleep(self.config.poll_interval_s)
+
+    def _measure_lag(self, store: DatasetStore) -> None:
+        for key, replay in self._logs.items():
+            ranges = store.stored_ranges(*key)
+            self._lag[key] = sum(max(0, hi - max(lo, replay.next_lsn) + 1) for lo, hi in ranges)
+
+    # -- what it shows --------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """The ``tasks`` part of /v1/status."""
+        return {
+            "made": dict(self.made),
+            "failures": dict(self.failures),
+            "waiting_blobs": sum(len(r.waiting) for r in self._logs.values()),
+            "lag_records": sum(self._lag.values()),
+            "model_loads": self.inference.loads,
+            **self.counters,
+            "logs": [
+                {
+                    "gateway": gw,
+                    "log_id": log_id,
+                    "next_lsn": replay.next_lsn,
+                    "buffered": replay.buffered,
+                    "waiting_blobs": len(replay.waiting),
+                    "lag_records": self._lag.get((gw, log_id), 0),
+                    **replay.counters,
+                    **replay.sensor.counters,
+                }
+                for (gw, log_id), replay in sorted(self._logs.items())
+            ],
+        }
+
+    def register_metrics(self, registry: CollectorRegistry) -> None:
+        registry.register(_TaskCollector(self))
+
+
+class _TaskCollector(Collector):
+    """The runner's counters as Prometheus metrics, read when scraped (one source of truth)."""
+
+    def __init__(self, runner: TaskRunner) -> None:
+        self.runner = runner
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        status = self.runner.status()
+        made = CounterMetricFamily("cloudd_task_results", "Results the cloud's tasks made", labels=["task"])
+        for task, n in status["made"].items():
+            made.add_metric([task], n)
+        yield made
+        failed = CounterMetricFamily(
+            "cloudd_task_failures", "Inputs a cloud task could not process", labels=["reason"]
+        )
+        for reason, n in status["failures"].items():
+            failed.add_metric([reason], n)
+        yield failed
+        yield GaugeMetricFamily(
+            "cloudd_task_waiting_blobs", "Frames waiting for their blob", value=status["waiting_blobs"]
+        )
+        yield GaugeMetricFamily(
+            "cloudd_task_lag_records", "Stored records not yet processed", value=status["lag_records"]
+        )
