@@ -76,8 +76,9 @@ class TaskRunner:
         self._logs: dict[tuple[str, str], LogReplay] = {}
         self._derived: set[str] = set()  # the log ids this runner writes to
         self._positions: dict[str, tuple[int, int]] = {}  # gateway -> where its reading goes on
-        self._rescan_from: dict[str, tuple[int, int]] = {}  # gateway -> read again from here
+        self._rescan_from: dict[str, tuple[int, int]] = {}  # gateway -> read again from here, once drained
         self._lag: dict[tuple[str, str], int] = {}
+        self._saved: list[LogCursor] = []  # what the cursor file holds
         self._task: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self.counters: dict[str, int] = {"passes": 0, "pass_errors": 0, "store_busy": 0, "stored": 0}
@@ -118,7 +119,8 @@ class TaskRunner:
         self._logs.clear()
         self._positions.clear()
         self._rescan_from.clear()
-        for cursor in load_cursors(self.cursor_dir).values():
+        self._saved = list(load_cursors(self.cursor_dir).values())
+        for cursor in self._saved:
             self._add_log(cursor)
 
     # -- one pass -------------------------------------------------------------------------------
@@ -131,7 +133,10 @@ class TaskRunner:
             await self._follow(store, gateway)
         await self._infer_waiting()
         await asyncio.to_thread(self._measure_lag, store)
-        await asyncio.to_thread(save_cursors, self.cursor_dir, [r.cursor() for r in self._logs.values()])
+        cursors = [r.cursor() for r in self._logs.values()]
+        if cursors != self._saved:  # an fsync per pass only when something moved
+            await asyncio.to_thread(save_cursors, self.cursor_dir, cursors)
+            self._saved = cursors
 
     async def _follow(self, store: DatasetStore, gateway: str) -> None:
         while True:
@@ -146,7 +151,8 @@ class TaskRunner:
                     replay.offer(stored.lsn, stored.record)
                     touched.add(replay)
                     if replay.overflowed:
-                        self._rescan_from.setdefault(gateway, start)
+                        # What it left out may have been read in any earlier chunk: from the start.
+                        self._rescan_from[gateway] = (0, 0)
             for replay in touched:
                 await self._store([(replay, result) for result in replay.advance()])
             self._positions[gateway] = position
@@ -244,7 +250,9 @@ class TaskRunner:
     # -- what it shows --------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        """The ``tasks`` part of /v1/status."""
+        """The ``tasks`` part of /v1/status. A log's ``next_lsn`` is its saved cursor's: every
+        result made below it is stored; ``reading_lsn`` is where its replay is."""
+        saved = {(c.gateway, c.log_id): c for c in self._saved}
         return {
             "made": dict(self.made),
             "failures": dict(self.failures),
@@ -256,7 +264,8 @@ class TaskRunner:
                 {
                     "gateway": gw,
                     "log_id": log_id,
-                    "next_lsn": replay.next_lsn,
+                    "next_lsn": saved[(gw, log_id)].next_lsn if (gw, log_id) in saved else 1,
+                    "reading_lsn": replay.next_lsn,
                     "buffered": replay.buffered,
                     "waiting_blobs": len(replay.waiting),
                     "lag_records": self._lag.get((gw, log_id), 0),

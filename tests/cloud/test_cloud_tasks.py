@@ -146,8 +146,9 @@ def windows_of(aggregates: dict[int, dict]) -> list[tuple[str, float, int, int]]
     )
 
 
-def held_back(cloudd, log_id: str) -> bool:
-    return log_status(cloudd, log_id)["buffered"] > 0
+def held_back(cloudd, log_id: str, hole: int) -> bool:
+    status = log_status(cloudd, log_id)
+    return status["buffered"] > 0 and status["next_lsn"] == hole
 
 
 def wait_processed(cloudd, next_lsn: int, log_id: str = LOG) -> None:
@@ -218,12 +219,11 @@ def test_edge_aggregates_get_their_detection_in_the_cloud_and_a_crashed_window_i
 
 def test_a_hole_holds_processing_until_filled_or_covered_by_a_log_gap(cloudd):
     for log_id in ("aaaa0001", "aaaa0002"):
-        held_here = functools.partial(held_back, cloudd, log_id)
         log = numbered([marker(CLOUD), *sensor_stream(300.0, 3), marker(CLOUD)])
         hole = 12
+        held_here = functools.partial(held_back, cloudd, log_id, hole)
         upload(cloudd, [e for e in log if e[0] != hole], log_id)
         wait_until(held_here, 30, "records held behind the hole")
-        assert log_status(cloudd, log_id)["next_lsn"] == hole
         held = results(cloudd, "sensor/aggregate", log_id)
         assert all(a["window"]["first_lsn"] < hole for a in held.values())
         # Windows the records after the hole would close are not decided yet.
@@ -355,3 +355,18 @@ def test_frames_are_inferred_in_the_cloud_once_their_blob_is_there(cloudd):
     status = tasks_status(cloudd)
     assert status["failures"] == {"frame_undecodable": 1, "model_unavailable": 1}
     assert status["made"]["camera/summarise"] == 4
+
+
+def test_a_full_buffer_keeps_the_lowest_lsns_and_says_it_left_some_out():
+    from cloud.tasks.cursor import LogCursor
+    from cloud.tasks.replay import LogReplay
+
+    replay = LogReplay(LogCursor(GW, LOG), max_buffered=3)
+    records = dict(numbered([marker(CLOUD), *sensor_stream(700.0, 1, devices=("a",))]))
+    for lsn in (5, 4, 3, 2):  # the hole at 1 holds them all
+        replay.offer(lsn, records[lsn].model_dump(mode="json"))
+    assert replay.overflowed and replay.buffered == 3
+    assert replay.advance() == [] and replay.next_lsn == 1
+    replay.offer(1, records[1].model_dump(mode="json"))  # the lowest: it pushes 4 out too
+    replay.advance()
+    assert replay.next_lsn == 4 and replay.buffered == 0  # 4 and 5 must be read again
