@@ -3,11 +3,11 @@
 ``build_app(config)`` makes the aiohttp application: shared state under the typed keys of
 ``cloud.api.context``, the store opened and closed by the app's cleanup context, and the route
 groups of ``ROUTE_GROUPS`` (a later feature adds its module there). ``CloudServer`` is the one
-runner. Invariant: it starts in order (store, then the job manager, then routes, then the
-listening socket) and stops in reverse (stop accepting, end the job event streams, let in-flight
-requests finish for up to ``shutdown_timeout``, stop the job manager (running jobs go back to
-queued), then close the store after its queued writes), so nothing is acknowledged after the
-store closes.
+runner. Invariant: it starts in order (store, then the job manager, then the task runner of
+cloud/tasks, then routes, then the listening socket) and stops in reverse (stop accepting, end the
+job event streams, let in-flight requests finish for up to ``shutdown_timeout``, stop the task
+runner, stop the job manager (running jobs go back to queued), then close the store after its
+queued writes), so nothing is acknowledged or stored after the store closes.
 """
 
 from __future__ import annotations
