@@ -44,12 +44,14 @@ from gateway.ingest.sensors import SensorIngest
 from gateway.metrics import StatsCollector, make_registry
 from gateway.mqtt.adapter import MqttAdapter, Will, settings_from_config
 from gateway.mqtt.types import MqttSettings
+from gateway.placement.execution import EDGE_SIDES, ServiceSides
 from gateway.placement.plan import Plan
 from gateway.placement.runner import PlacementRunner, make_monitor
 from gateway.status import StatusServer
 from gateway.uplink.sender import Uplink, read_token
 from protocol.config import GatewayConfig, load_gateway_config
 from protocol.control import ControlError, Side
+from protocol.derived import PlacedService
 from protocol.errors import ProtocolError
 from protocol.topics import placement_topic, status_topic
 
@@ -67,7 +69,15 @@ def presence_payload(gateway_id: str, state: str, ts: float) -> bytes:
     return json.dumps({"v": 1, "state": state, "gateway": gateway_id, "ts": round(ts, 3)}).encode()
 
 
-RESTART_ONLY = ("gateway_id", "data_dir", "mqtt", "http", "log", "uplink")  # a reload cannot change these
+RESTART_ONLY = (
+    "gateway_id",
+    "data_dir",
+    "mqtt",
+    "http",
+    "log",
+    "uplink",
+    "sensor",
+)  # a reload cannot change these
 CAMERA_LIVE_FIELDS = {"enabled": None, "source": None, "sample_fps": None}  # [camera] fields a reload applies
 TRAINING_LIVE_FIELDS = {"enabled": False, "private": True}  # [training] fields a reload applies
 
@@ -128,6 +138,8 @@ class GatewayRunner:
             config.log.flush_interval_ms,
             on_durable=self.uplink.wake,
             on_fatal=self._on_fatal,
+            sensor_params=config.sensor.params(),
+            sides=lambda: self._sides("sensor"),
         )
         self.recent = recent or RecentErrors()
         self.handlers = HandlerSet()
@@ -174,7 +186,7 @@ class GatewayRunner:
                 "segments",
             },
         )
-        collector.add("ingest", self.ingest.stats, gauges={"awaiting_ack"})
+        collector.add("ingest", self.ingest.stats, gauges={"awaiting_ack", "windows_open"})
         collector.add_labeled_counter(
             "ingest_rejected", "device messages rejected, by reason", "reason", lambda: self.ingest.rejected
         )
@@ -227,7 +239,14 @@ class GatewayRunner:
             on_durable=self.uplink.wake,
             flush_interval_s=config.log.flush_interval_ms / 1000,
             on_fatal=self._on_fatal,
+            sides=lambda: self._sides("camera"),
         )
+
+    def _sides(self, service: PlacedService) -> ServiceSides:
+        """Where the plan runs a service's tasks now; all at the edge when placement is off."""
+        if self.placement is None:
+            return ServiceSides(0, dict(EDGE_SIDES[service]))
+        return self.placement.sides.current(service)
 
     def _make_training(self) -> TrainingRunner:
         """The training runner: cheap until enabled; torch loads only when a local round is to run."""

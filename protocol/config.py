@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from protocol.control import LogLevel, Side
+from protocol.derived import Bounds, CameraParams, SensorParams
 from protocol.errors import ProtocolError
 from protocol.federated import Encoding, ModelKind
 from protocol.telemetry import describe_validation_error
@@ -52,6 +53,29 @@ class MqttConfig(_Section):
 
 class DevicesConfig(_Section):
     allow: list[str] = Field(default_factory=lambda: ["*"], description="glob patterns of device ids")
+
+
+class SensorConfig(_Section):
+    """The sensor service's ``aggregate`` and ``detect`` tasks (models/sensing.py; docs/gateway.md,
+    "Sensor windows"): telemetry is cut into windows of ``window_s`` by receive time; a window whose
+    mean of a reading leaves its ``bounds`` (or that holds a fault) is an alert. Takes effect at the
+    next start; the placement marker carries them, so the cloud runs the tasks with the same."""
+
+    window_s: float = Field(default=1.0, gt=0, le=3600)
+    bounds: dict[str, Bounds] = Field(
+        default_factory=dict, description="per reading, e.g. temperature_c = { low = -10, high = 45 }"
+    )
+
+    @field_validator("bounds")
+    @classmethod
+    def _ordered(cls, value: dict[str, Bounds]) -> dict[str, Bounds]:
+        for name, bounds in value.items():
+            if bounds.low is not None and bounds.high is not None and bounds.low >= bounds.high:
+                raise ValueError(f"{name}: low ({bounds.low}) must be below high ({bounds.high})")
+        return value
+
+    def params(self) -> SensorParams:
+        return SensorParams(window_s=self.window_s, bounds=dict(self.bounds))
 
 
 class LogConfig(_Section):
@@ -161,6 +185,13 @@ class CameraConfig(_Section):
     ota_timeout_s: float = Field(default=10.0, gt=0)
     upload_frames: bool = True  # spool changed frames' JPEGs in uplink.blob_dir (when set) and upload them
     spool_max_frames: int = Field(default=2000, ge=1)  # frames waiting in the spool; beyond: event only
+    # A camera event is an alert (severity "alert", drained first) at or above alert_score, for the
+    # labels in alert_labels (empty: any label); the cloud summarises with the same (the marker says).
+    alert_score: float = Field(default=0.9, ge=0, le=1)
+    alert_labels: list[str] = Field(default_factory=list)
+
+    def alert_params(self) -> CameraParams:
+        return CameraParams(alert_score=self.alert_score, alert_labels=list(self.alert_labels))
 
     @model_validator(mode="after")
     def _enabled_needs_source(self) -> CameraConfig:
@@ -220,6 +251,7 @@ class GatewayConfig(_Section):
     log_level: LogLevel = "INFO"
     mqtt: MqttConfig = Field(default_factory=MqttConfig)
     devices: DevicesConfig = Field(default_factory=DevicesConfig)
+    sensor: SensorConfig = Field(default_factory=SensorConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     uplink: UplinkConfig = Field(default_factory=UplinkConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)

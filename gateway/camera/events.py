@@ -1,16 +1,21 @@
-"""Camera events: what the camera service makes of each inference result.
+"""Camera events: the records the camera service writes, whichever side its tasks run on.
 
     InferenceEngine --consumer task--> frame JPEG -> BlobSpool (optional)
-                                       log record (kind "event") -> flush -> durable -> on_durable()
+                                       CameraEvent (summarise here) or InferenceResult (summarise in
+                                       the cloud) -> log -> flush -> durable -> on_durable()
                                        MQTT event, QoS 0, on edgefed/<gw>/events/<camera_id>
+    router task (routing.py) ---------> PlacementMarker; FrameForCloud + its JPEG in the BlobSpool
 
 Owner: the camera runner (gateway/camera/runner.py) builds one ``CameraEventRecorder`` for its whole
 life, so its counters outlive a camera restart. Each run calls ``start`` with that run's engine and
 MQTT adapter (the consumer task begins), and at its end stops the engine, then calls ``drain``: the
-consumer logs what the engine finished, flushes, and returns.
+consumer logs what the engine finished, flushes, and returns. The router task of the run appends the
+markers and the frames sent to the cloud through ``append_marker``, ``append_for_cloud``,
+``flush_routed``, and waits with ``settle`` for the consumer before a switch.
 
 Invariant: every inference result the consumer takes becomes exactly one event record appended to the
-log, or is counted (``events_log_full``, ``events_log_failed``); its MQTT event is published or counted
+log (a ``CameraEvent`` when its frame's ``summarise`` runs here, an ``InferenceResult`` otherwise), or
+is counted (``events_log_full``, ``events_log_failed``); its MQTT event is published or counted
 (``events_not_published``), never queued: the log holds the truth, MQTT is a best-effort live view.
 """
 
@@ -21,28 +26,57 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.camera.inference import InferenceEngine
 from gateway.mqtt.adapter import MqttAdapter, MqttError
+from gateway.placement.execution import ServiceSides
 from gateway.storage.interface import LogFailed, LogFull, RecordLog
-from gateway.uplink.blobs import BlobRef, BlobSpool, blob_record
+from gateway.uplink.blobs import BlobRef, BlobSpool
 from models.inference import Inferred
+from models.summarise import summarise
 from protocol.config import CameraConfig
+from protocol.control import Side
+from protocol.derived import FrameForCloud, InferenceResult, PlacementMarker
 from protocol.records import Record, encode_record
+from runtime.tasks import wait_event
 
 log = logging.getLogger(__name__)
 
 DURABLE_WAIT_S = 30.0
 
 
-def event_body(result: Inferred) -> dict[str, Any]:
-    """The InferenceEvent and which frame it came from (the JPEG itself travels as a blob)."""
-    jpeg = result.item.payload
-    return {
-        **result.event.model_dump(mode="json"),
-        "frame": {"seq": result.item.seq, "jpeg_bytes": len(jpeg) if jpeg else 0},
-    }
+@dataclass(frozen=True)
+class EdgeFrame:
+    """What a frame inferred here carries through the engine: its JPEG, and where it is summarised."""
+
+    jpeg: bytes | None
+    summarise_at: Side
+
+
+def result_body(result: Inferred, config: CameraConfig, blob: BlobRef | None) -> dict[str, Any]:
+    """The record of one inference made here: summarised (a CameraEvent, with the frame it came from)
+    or handed to the cloud's ``summarise`` (an InferenceResult)."""
+    frame: EdgeFrame = result.item.payload
+    ref = blob.to_body() if blob is not None else None
+    if frame.summarise_at == "cloud":
+        return InferenceResult(inference=result.event, camera=config.alert_params(), blob=ref).model_dump(
+            mode="json", exclude_none=True
+        )
+    event = summarise(
+        result.event,
+        config.alert_params(),
+        infer_at="edge",
+        summarise_at="edge",
+        frame={"seq": result.item.seq, "jpeg_bytes": len(frame.jpeg) if frame.jpeg else 0},
+        blob=ref,
+    )
+    return event.model_dump(mode="json", exclude_none=True)
+
+
+def event_record(device: str, received_ts: float, body: dict[str, Any]) -> bytes:
+    return encode_record(Record(kind="event", device=device, received_ts=received_ts, body=body))
 
 
 class CameraEventRecorder:
@@ -66,9 +100,14 @@ class CameraEventRecorder:
         self._adapter: MqttAdapter | None = None
         self._consumer: asyncio.Task[None] | None = None
         self._draining = False
+        self._recording = False  # the consumer holds a result it has not logged yet
+        self._progress = asyncio.Event()  # the consumer took a turn: ``settle`` looks again
+        self._routed_unflushed = 0  # records the router appended since its last flush
+        self.applied: ServiceSides | None = None  # the sides of this run's last marker
         self.counters = {
             "events_logged": 0,
             "events_log_full": 0,
+            "marker_log_full": 0,
             "events_log_failed": 0,
             "events_published": 0,
             "events_not_published": 0,
@@ -76,12 +115,23 @@ class CameraEventRecorder:
             "frames_spool_full": 0,
             "frames_spool_failed": 0,
             "flushes": 0,
+            "markers": 0,
+            "frames_inferred_here": 0,
+            "frames_for_cloud": 0,
+            "frames_for_cloud_log_full": 0,
+            "frames_cloud_fallback": 0,
+            "alerts": 0,
         }
+
+    @property
+    def can_upload_frames(self) -> bool:
+        return self._spool is not None
 
     def start(self, engine: InferenceEngine, adapter: MqttAdapter) -> None:
         """Take ``engine``'s results from now on; publish their events through ``adapter``."""
         self._adapter = adapter
         self._draining = False
+        self.applied = None  # every run begins with a start marker
         self._consumer = asyncio.create_task(self._consume(engine), name="camera-consumer")
 
     async def drain(self) -> None:
@@ -108,31 +158,88 @@ class CameraEventRecorder:
             if appended and due:
                 await self._flush()
                 appended, last_flush = 0, time.monotonic()
+            self._progress.set()
             if result is None and self._draining:
                 return
 
     async def _record(self, result: Inferred) -> int:
         """Log and publish one result; 1 if a record was appended."""
-        body = event_body(result)
-        camera_id, now = self.config.camera_id, time.time()
-        ref = await self._spool_frame(result.item.payload)
-        if ref is not None:
-            record = blob_record(camera_id, now, ref, **body)
-            body["blob"] = ref.to_body()
-        else:
-            record = encode_record(Record(kind="event", device=camera_id, received_ts=now, body=body))
-        appended = 0
+        self._recording = True
         try:
-            await self._log.append(record)
-            self.counters["events_logged"] += 1
-            appended = 1
+            ref = await self._spool_frame(result.item.payload.jpeg)
+            body = result_body(result, self.config, ref)
+            appended = await self._append(body, "events")
+            self.counters["frames_inferred_here"] += 1
+            self.counters["alerts"] += appended and body.get("severity") == "alert"
+            await self._publish(body)
+            return appended
+        finally:
+            self._recording = False
+
+    async def _append(self, body: dict[str, Any], what: str) -> int:
+        """Append one event record; 1 if appended, 0 if the log refused it (counted under ``what``)."""
+        try:
+            await self._log.append(event_record(self.config.camera_id, time.time(), body))
         except LogFull:
-            self.counters["events_log_full"] += 1
+            self.counters[f"{what}_log_full"] += 1
+            return 0
         except LogFailed as exc:
             self.counters["events_log_failed"] += 1
             self._on_fatal(exc)
-        await self._publish(body)
-        return appended
+            return 0
+        if what == "events":
+            self.counters["events_logged"] += 1
+        return 1
+
+    # --- the router's side (routing.py) ----------------------------------------------------------
+
+    async def settle(self, engine: InferenceEngine) -> None:
+        """Return once every frame submitted to ``engine`` has its record appended (or was counted)."""
+        while engine.pending() or engine.results_waiting() or self._recording:
+            self._progress.clear()  # the consumer sets it at every turn of its loop
+            if not await wait_event(self._progress, DURABLE_WAIT_S):
+                log.error("camera: inference did not settle within %.0fs before a switch", DURABLE_WAIT_S)
+                return
+
+    async def append_marker(self, want: ServiceSides) -> bool:
+        marker = PlacementMarker(
+            service="camera",
+            sides=dict(want.sides),
+            plan=want.plan,
+            reason="start" if self.applied is None else "plan",
+            camera=self.config.alert_params(),
+        )
+        if not await self._append(marker.model_dump(mode="json"), "marker"):
+            return False  # counted; the router tries again before its next frame
+        self.applied = want
+        self.counters["markers"] += 1
+        self._routed_unflushed += 1
+        return True
+
+    async def append_for_cloud(self, frame: Any, model: str, model_version: str) -> bool:
+        """A frame whose ``infer`` runs in the cloud: its JPEG spooled, a FrameForCloud appended.
+        False when it cannot go (no JPEG, the spool full or failing): the caller infers it here."""
+        ref = await self._spool_frame(frame.jpeg)
+        if ref is None:
+            return False
+        body = FrameForCloud(
+            source=frame.camera_id,
+            seq=frame.seq,
+            capture_ts=frame.capture_ts,
+            model=model,
+            model_version=model_version,
+            camera=self.config.alert_params(),
+            blob=ref.to_body(),
+        )
+        if await self._append(body.model_dump(mode="json"), "frames_for_cloud"):
+            self.counters["frames_for_cloud"] += 1
+            self._routed_unflushed += 1
+        return True  # appended, or counted as lost to a full log: either way not inferred here
+
+    async def flush_routed(self) -> None:
+        if self._routed_unflushed:
+            self._routed_unflushed = 0
+            await self._flush()
 
     async def _spool_frame(self, jpeg: bytes | None) -> BlobRef | None:
         spool = self._spool

@@ -90,6 +90,10 @@ class InferenceEngine:
     def pending(self) -> int:
         return len(self._inputs) + self._in_flight
 
+    def results_waiting(self) -> int:
+        """Results made but not yet taken by ``next_result``."""
+        return len(self._results)
+
     async def start(self, artifact: ModelArtifact) -> SwapOutcome:
         """Load the first model and start the worker; a failed first load is returned, not raised."""
         if self._worker is not None:

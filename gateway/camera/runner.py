@@ -1,22 +1,24 @@
-"""The camera service inside gatewayd: one camera source, the inference engine, over-the-air model
+r"""The camera service inside gatewayd: one camera source, the inference engine, over-the-air model
 updates, and the events they produce, started and stopped as one unit (docs/camera.md).
 
-    CameraSource --feed task--> InferenceEngine --consumer task--> log record (kind "event") + MQTT event
+    CameraSource --router task--> InferenceEngine --consumer task--> log record (kind "event") + MQTT event
+                             \--> FrameForCloud log record (infer placed in the cloud; routing.py)
     MQTT notice (edgefed/<gw>/models/<name>) --notice task--> ModelUpdater (+ polling) --swap--> engine
 
 This module is the lifecycle (start, stop, source switches, pins) and the numbers; what becomes of each
-result (the consumer task: log, frame spool, MQTT event, flushes) is gateway/camera/events.py.
+result (the consumer task: log, frame spool, MQTT event, flushes) is gateway/camera/events.py; where
+each frame goes (the router task: the engine, or the cloud) is gateway/camera/routing.py.
 
 Owner: the daemon builds one ``CameraRunner`` when its config has a ``[camera]`` section; the control
 plane's camera and models handlers drive it (``apply_camera``, ``apply_pins``), and the daemon calls
 ``stop()`` before it closes the log. The runner owns its engine, source, updater, its own MQTT
 connection (client id ``<client_id>-camera``, clean session: notices are retained, events are QoS 0)
-and its three tasks (feed, consumer, notices; the consumer through its ``CameraEventRecorder``); it
-starts them in the order notices, consumer, feed and stops them in reverse.
+and its three tasks (router, consumer, notices; the consumer through its ``CameraEventRecorder``); it
+starts them in the order notices, consumer, router and stops them in reverse.
 
 Invariants: every inference result becomes exactly one event record appended to the log, or is counted
 (``events_log_full``, ``events_log_failed``: gateway/camera/events.py); a source change replaces the
-source only after the old one's delivered frames were fed to the engine, so a switch loses no frame
+source only after the old one's delivered frames were routed, so a switch loses no frame
 that was delivered; the engine keeps ``submitted == inferred + dropped + failed + pending``
 (gateway/camera/inference.py). The module imports neither torch nor onnxruntime nor OpenCV: those load in
 threads, when a camera actually runs.
@@ -33,11 +35,13 @@ from typing import Any
 
 from gateway.camera.change import ChangeConfig
 from gateway.camera.events import CameraEventRecorder
-from gateway.camera.inference import InferenceEngine, feed_from_camera
+from gateway.camera.inference import InferenceEngine
 from gateway.camera.ota import ModelUpdater
+from gateway.camera.routing import route_frames
 from gateway.camera.source import CameraSource, CameraSourceConfig
 from gateway.control.handlers import Applied
 from gateway.mqtt.adapter import MqttAdapter, MqttSettings
+from gateway.placement.execution import EDGE_SIDES, ServiceSides
 from gateway.storage.interface import RecordLog
 from gateway.uplink.blobs import BlobSpool
 from models.artifact import ArtifactError, load_artifact
@@ -48,7 +52,7 @@ from runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-STOP_FEED_S = 5.0  # the feed task ends once the stopped source's queue is taken
+STOP_FEED_S = 5.0  # the router task ends once the stopped source's queue is taken
 
 
 def default_artifact_dir(model: str) -> Path:
@@ -102,8 +106,10 @@ class CameraRunner:
         on_durable: Callable[[], None],
         flush_interval_s: float,
         on_fatal: Callable[[BaseException], None],
+        sides: Callable[[], ServiceSides] = lambda: ServiceSides(0, dict(EDGE_SIDES["camera"])),
     ) -> None:
         self.config = config
+        self._sides = sides
         self.gateway_id = gateway_id
         self._mqtt_settings = mqtt_settings
         self._cloud_url, self._token, self._store_dir = cloud_url, token, store_dir
@@ -125,7 +131,7 @@ class CameraRunner:
         self.updater: ModelUpdater | None = None
         self.source: CameraSource | None = None
         self._adapter: MqttAdapter | None = None
-        self._feed: asyncio.Task[int] | None = None
+        self._router: asyncio.Task[int] | None = None
         self._notices: asyncio.Task[None] | None = None
         self._last: dict[str, Any] = {}  # the numbers of the last run, shown while stopped
         self.counters = {"source_switches": 0, "starts": 0, "start_failures": 0}
@@ -256,18 +262,20 @@ class CameraRunner:
         assert self.engine is not None
         self.source = CameraSource(source_config(self.config, settings))
         await self.source.start()
-        self._feed = asyncio.create_task(feed_from_camera(self.source, self.engine), name="camera-feed")
+        self._router = asyncio.create_task(
+            route_frames(self.source, self.engine, self.events, self._sides), name="camera-router"
+        )
 
     async def _stop_source(self) -> None:
         if self.source is not None:
             await self.source.stop()
-        if self._feed is not None:
+        if self._router is not None:
             try:  # the stopped source is finished once its queue is taken: the feed task returns
                 async with asyncio.timeout(STOP_FEED_S):
-                    await self._feed
+                    await self._router
             except TimeoutError:
-                log.error("camera: the feed task did not finish within %.0fs", STOP_FEED_S)
-            self._feed = None
+                log.error("camera: the router task did not finish within %.0fs", STOP_FEED_S)
+            self._router = None
 
     async def _switch_source(self, settings: CameraSettings) -> None:
         """The new source replaces the old one after every frame the old one delivered was fed."""
@@ -341,6 +349,7 @@ class CameraRunner:
             "source": settings.source if settings else None,
             "sample_fps": settings.sample_fps if settings else None,
             "model": self.config.model,
+            "sides": None if self.events.applied is None else self.events.applied.sides,
             **parts,
             "events": self._event_counters(),
             "mqtt": self._adapter.stats() if self._adapter is not None else None,

@@ -1,7 +1,8 @@
 """Sensor ingest: device telemetry from MQTT into the log, acknowledged only once it is durable.
 
 Owns two tasks: *intake* (takes messages from the MQTT adapter, validates them, appends accepted
-ones to the log) and *flusher* (closes a log epoch every ``flush_interval_ms``, or sooner when
+ones to the log, and runs the sensor service's edge tasks on them: gateway/ingest/windows.py) and
+*flusher* (closes a log epoch every ``flush_interval_ms``, or sooner when
 many messages wait, and acknowledges that epoch's messages once the log says it is durable).
 
 Invariant (the ack rule, docs/architecture.md): a QoS 1 message is acknowledged to the broker only
@@ -17,13 +18,17 @@ import asyncio
 import fnmatch
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.ingest.recent_samples import RecentSamples, SampleKey
+from gateway.ingest.windows import SensorWindows
 from gateway.mqtt.adapter import InboundMessage, MqttAdapter
+from gateway.placement.execution import EDGE_SIDES, ServiceSides
 from gateway.ratelimit import RateLimitedLog
 from gateway.storage.interface import LogFailed, LogFull, RecordLog
+from protocol.derived import SensorParams
 from protocol.errors import ProtocolError
 from protocol.records import telemetry_record
 from protocol.telemetry import parse_telemetry
@@ -33,6 +38,7 @@ from runtime.tasks import cancel_and_wait, wait_event
 log = logging.getLogger(__name__)
 
 EAGER_FLUSH_MESSAGES = 1000  # close the epoch early when this many messages wait for their ack
+WINDOW_TICK_S = 0.25  # how often, at most, silent devices' windows are checked for closing
 DURABILITY_WARN_S = 30.0  # an fsync slower than this is logged (and waited for again)
 REJECT_REASONS = (
     "unknown_topic",
@@ -54,6 +60,7 @@ class Verdict:
     reason: str | None = None
     detail: str = ""
     sample: SampleKey | None = None
+    telemetry: dict[str, Any] | None = None  # what the windows need: status and readings
 
 
 def judge_message(
@@ -81,6 +88,7 @@ def judge_message(
     return Verdict(
         telemetry_record(where.device_id, received_ts, payload),
         sample=(telemetry.device, telemetry.seq, telemetry.ts),
+        telemetry={"status": telemetry.status, "readings": telemetry.readings},
     )
 
 
@@ -95,6 +103,8 @@ class SensorIngest:
         on_durable: Callable[[], None] = lambda: None,
         on_fatal: Callable[[BaseException], None] = lambda exc: None,
         clock: Callable[[], float] = time.time,
+        sensor_params: SensorParams | None = None,
+        sides: Callable[[], ServiceSides] = lambda: ServiceSides(0, dict(EDGE_SIDES["sensor"])),
     ) -> None:
         self._adapter = adapter
         self._log = record_log
@@ -118,6 +128,8 @@ class SensorIngest:
         self.epochs = 0
         self.redelivered = 0  # samples already in the log, delivered again by the broker
         self._recent = RecentSamples()
+        self.windows = SensorWindows(record_log, gateway_id, sensor_params or SensorParams(), sides, clock)
+        self._last_tick = 0.0
 
     def set_allow(self, allow: Sequence[str]) -> None:
         """Replace the device allow-list (glob patterns); takes effect from the next message."""
@@ -127,6 +139,7 @@ class SensorIngest:
         newest = max(self._log.trimmed_lsn + 1, self._log.durable_lsn - self._recent.capacity + 1)
         seeded = await self._recent.seed(self._log.read(newest))
         log.info("ingest: %d recent samples known from the log (redeliveries of them are skipped)", seeded)
+        await self._run_windows(self.windows.follow)  # the start marker, before any telemetry
         self._adapter.subscribe(devices_subscription(self.gateway_id), qos=1)
         self._intake = asyncio.create_task(self._intake_loop(), name="ingest-intake")
         self._flusher = asyncio.create_task(self._flusher_loop(), name="ingest-flusher")
@@ -138,6 +151,7 @@ class SensorIngest:
         unacked in the adapter's queue and the broker redelivers them to the next run.
         """
         await cancel_and_wait(self._intake)
+        await self._run_windows(self.windows.close)  # the open windows end with this run
         self._stopping = True
         self._flush_now.set()
         if self._flusher is not None:
@@ -156,27 +170,43 @@ class SensorIngest:
 
     async def _intake_loop(self) -> None:
         while True:
-            message = await self._adapter.receive(timeout_s=1.0)
-            if message is None:
-                continue
-            await self._take(message)
+            message = await self._adapter.receive(timeout_s=WINDOW_TICK_S)
+            await self._run_windows(self.windows.follow)  # a new plan: switch before this input
+            if message is not None:
+                await self._take(message)
+            if self._clock() - self._last_tick >= WINDOW_TICK_S:
+                self._last_tick = self._clock()
+                await self._run_windows(self.windows.tick)
+
+    async def _run_windows(self, step: Callable[[], Awaitable[int]]) -> None:
+        """Run one step of the sensor windows; what it appends is made durable with the next epoch."""
+        if self._failed:
+            return
+        try:
+            self._appended_since_flush += await step()
+        except LogFailed as exc:
+            self._fail(exc)
 
     async def _take(self, message: InboundMessage) -> None:
-        verdict = judge_message(self.gateway_id, self._allow, message.topic, message.payload, self._clock())
+        received_ts = self._clock()
+        verdict = judge_message(self.gateway_id, self._allow, message.topic, message.payload, received_ts)
         if verdict.sample in self._recent:
             self.redelivered += 1  # already durable or in the open epoch: ack it with this epoch
         elif verdict.record is not None and not self._failed:
             try:
-                await self._log.append(verdict.record)
-                self.accepted += 1
-                self._appended_since_flush += 1
-                assert verdict.sample is not None, "a Verdict with a record names its sample"
-                self._recent.remember(verdict.sample)
+                lsn = await self._log.append(verdict.record)
             except LogFull as exc:
                 verdict = Verdict(None, "log_full", f"log full, policy reject: {exc}")
             except LogFailed as exc:
                 self._fail(exc)
                 return  # never acked: the broker keeps it
+            else:
+                self.accepted += 1
+                self._appended_since_flush += 1
+                assert verdict.sample is not None and verdict.telemetry is not None, "a record's Verdict"
+                self._recent.remember(verdict.sample)
+                device, telemetry = verdict.sample[0], verdict.telemetry
+                await self._run_windows(lambda: self.windows.observe(lsn, device, received_ts, telemetry))
         if verdict.reason is not None:
             self.rejected[verdict.reason] = self.rejected.get(verdict.reason, 0) + 1
             self._warn.warning(verdict.reason, "ingest: rejected (%s): %s", verdict.reason, verdict.detail)
@@ -238,4 +268,6 @@ class SensorIngest:
             "redelivered": self.redelivered,
             "epochs": self.epochs,
             "awaiting_ack": len(self._awaiting_ack),
+            "windows_open": len(self.windows.book),
+            **{f"window_{name}": value for name, value in self.windows.counters.items()},
         }

@@ -6,6 +6,7 @@ Math (``model``, ``search``, ``planner.plan_placement``) is pure; mechanism (``p
 
 from gateway.placement.controller import PlacementController
 from gateway.placement.cost import Budgets, LinkView
+from gateway.placement.execution import PlannedSides, ServiceSides, service_sides
 from gateway.placement.link import LinkEstimate, LinkMonitor
 from gateway.placement.plan import Decision, Plan, ServicePlan
 from gateway.placement.planner import Hysteresis, PinError, PlacementPlanner, check_pins, plan_placement
@@ -23,7 +24,10 @@ __all__ = [
     "PlacementController",
     "PlacementPlanner",
     "Plan",
+    "PlannedSides",
     "ServicePlan",
+    "ServiceSides",
     "check_pins",
     "plan_placement",
+    "service_sides",
 ]

@@ -2,8 +2,10 @@
 
 Owns the LinkProber and the PlacementController (the LinkMonitor is made by ``make_monitor`` so
 the uplink can feed it before this starts). Start order: prober, then controller (whose first
-plan is made in its ``start``); stop in reverse. Invariant: ``status()`` always reflects the
-planner's current plan and its last decisions; a new pin set (the control plane's, through
+plan is made in its ``start``); stop in reverse. ``sides`` (a ``PlannedSides``) is updated with
+each new plan before ``on_plan`` is called: the owners of the placed services read it there
+(execution.py). Invariant: ``status()`` always reflects the planner's current plan and its last
+decisions; a new pin set (the control plane's, through
 ``GatewayRunner.set_placement_pins``) is validated whole by the planner first, so a bad pin raises
 ``PinError`` and changes nothing.
 """
@@ -11,12 +13,15 @@ planner's current plan and its last decisions; a new pin set (the control plane'
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 from typing import Any
 
 from gateway.placement.controller import OnPlan, PlacementController
 from gateway.placement.cost import Budgets
+from gateway.placement.execution import PlannedSides
 from gateway.placement.link import LinkMonitor
+from gateway.placement.plan import Plan
 from gateway.placement.planner import Hysteresis, PlacementPlanner
 from gateway.placement.probe import LinkProber
 from gateway.taskgraphs import TaskGraph, default_graphs
@@ -69,8 +74,11 @@ class PlacementRunner:
     ) -> None:
         self.config = config
         self.monitor = monitor
+        graphs = services or default_graphs()
+        self.sides = PlannedSides(graphs)
+        self._on_plan = on_plan
         self.planner = PlacementPlanner(
-            services or default_graphs(),
+            graphs,
             budgets_from(config),
             hysteresis=hysteresis_from(config),
             pins=dict(config.pins),
@@ -88,9 +96,16 @@ class PlacementRunner:
             confirm_after_s=config.confirm_after_s,
         )
         self.controller = PlacementController(
-            self.planner, monitor, on_plan, interval_s=config.replan_interval_s
+            self.planner, monitor, self._new_plan, interval_s=config.replan_interval_s
         )
         self._started: list[str] = []
+
+    async def _new_plan(self, plan: Plan) -> None:
+        self.sides.update(plan)
+        if self._on_plan is not None:
+            result = self._on_plan(plan)
+            if inspect.isawaitable(result):
+                await result
 
     async def start(self) -> None:
         await self.prober.start()
@@ -117,4 +132,6 @@ class PlacementRunner:
             "probes": self.prober.probes,
             "probe_failures": self.prober.failures,
             "callback_errors": self.controller.callback_errors,
+            "sides": self.sides.to_dict(),
+            "sides_changes": self.sides.changes,
         }
