@@ -1,11 +1,11 @@
 """The cloud's half of the camera service: ``summarise`` an edge inference, or ``infer`` a frame the
 gateway uploaded and summarise it, each into the one CameraEvent of its input record.
 
-``summarise`` is pure. ``FrameInference`` does the blocking work (read the blob, decode the JPEG, run
-the model) and is called on a worker thread by the runner. Models come from the registry
-(``DATA_DIR/models/<name>/<version>``), else from the factory artifacts shipped with the code
-(``models/artifacts/<name>``, when its version is the one asked for); each version is loaded and
-probed once and kept in a small LRU cache.
+``summarise`` is ``models.summarise``, the code the gateway runs too. ``FrameInference`` does the
+blocking work (read the blob, decode the JPEG, run the model) and is called on a worker thread by
+the runner. Models come from the registry (``DATA_DIR/models/<name>/<version>``), else from the
+factory artifacts shipped with the code (``models/artifacts/<name>``, when its version is the one
+asked for); each version is loaded and probed once and kept in a small LRU cache.
 
 Outcomes are values: ``Made`` (the event), ``BlobNotYet`` (the frame's blob is not committed: try
 again later, never skip), ``Failed`` (a blob that is corrupt or undecodable, a model that cannot be
@@ -26,37 +26,12 @@ from cloud.registry import ModelRegistry
 from cloud.store.blobs import BlobStore, valid_blob_id
 from models.artifact import ArtifactError, ModelArtifact, load_artifact
 from models.inference import InferenceInput, LoadedModel, load_and_probe, run_batch
-from protocol.control import Side
-from protocol.derived import CameraEvent, CameraParams, FrameForCloud
+from models.summarise import summarise
+from protocol.derived import CameraEvent, FrameForCloud
 from protocol.errors import ProtocolError
-from protocol.events import InferenceEvent
 
 CAMERA_TASK = "camera/summarise"  # the task whose output a CameraEvent is
 FailureReason = Literal["blob_corrupt", "frame_undecodable", "model_unavailable", "inference_failed"]
-
-
-def summarise(
-    inference: InferenceEvent,
-    params: CameraParams,
-    ran_at: dict[Literal["infer", "summarise"], Side],
-    *,
-    input_lsn: int,
-    frame: dict[str, Any] | None = None,
-    blob: dict[str, Any] | None = None,
-) -> CameraEvent:
-    """The ``summarise`` task: the inference with its severity (``alert`` at or above the alert
-    score, for the alert labels or any label when none are set)."""
-    alert = inference.score >= params.alert_score and (
-        not params.alert_labels or inference.label in params.alert_labels
-    )
-    return CameraEvent(
-        **inference.model_dump(),
-        severity="alert" if alert else "info",
-        ran_at=ran_at,
-        input=input_lsn,
-        frame=frame,
-        blob=blob,
-    )
 
 
 def failure_body(
@@ -138,8 +113,9 @@ class FrameInference:
         event = summarise(
             inferred.event,
             frame.camera,
-            {"infer": "cloud", "summarise": "cloud"},
-            input_lsn=lsn,
+            infer_at="cloud",
+            summarise_at="cloud",
+            input=lsn,
             frame={"seq": frame.seq, "jpeg_bytes": len(jpeg)},
             blob=frame.blob,
         )

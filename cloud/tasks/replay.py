@@ -20,9 +20,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from cloud.tasks.camera import CAMERA_TASK, summarise
+from cloud.tasks.camera import CAMERA_TASK
 from cloud.tasks.cursor import LogCursor, WaitingFrame
 from cloud.tasks.sensor import Result, SensorReplay
+from models.summarise import summarise
 from protocol.derived import (
     FrameForCloud,
     InferenceResult,
@@ -136,8 +137,9 @@ class LogReplay:
             event = summarise(
                 derived.inference,
                 derived.camera,
-                {"infer": "edge", "summarise": "cloud"},
-                input_lsn=lsn,
+                infer_at="edge",
+                summarise_at="cloud",
+                input=lsn,
                 blob=derived.blob,
             )
             results.append(Result(CAMERA_TASK, lsn, str(record.get("device")), event.model_dump(mode="json")))
