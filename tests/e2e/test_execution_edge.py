@@ -6,8 +6,10 @@ gateway writes FrameForCloud records (the JPEGs as blobs) and infers nothing; a 
 the edge changes nothing (it runs after infer, in the cloud). Pins through the control plane move
 both back to the edge: a camera marker, then CameraEvents that say they ran at the
 edge. Every delivered frame becomes exactly one record (no seq twice, none missing), on one side of
-the marker. Sensor windows become aggregates and detections, with alerts for the device whose
-readings leave their bounds, and every logged telemetry record lies in exactly one edge window.
+the marker. cloudd infers each uploaded frame once, with the model version the gateway named, and
+stores the event under the frame's LSN. Sensor windows become aggregates and detections, with
+alerts for the device whose readings leave their bounds, and every logged telemetry record lies in
+exactly one edge window.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from protocol.derived import parse_derived
+from protocol.derived import derived_log_id, parse_derived
 from protocol.topics import telemetry_topic
 from tests.harness.camera import DevicesimCamera
 from tests.harness.cloudd import cloudd_token, make_cloudd
@@ -41,6 +43,13 @@ def config_text(camera_url: str, blob_dir: Path) -> str:
         f'[camera]\nenabled = true\ncamera_id = "cam1"\nsource = "{camera_url}"\n'
         "open_timeout_s = 3.0\nread_timeout_s = 3.0\nbackoff_initial_s = 0.2\nbackoff_max_s = 1.0\n"
     )
+
+
+def tasks_caught_up(status: dict[str, Any], log_id: str, logged: int) -> bool:
+    """cloudd's task runner has stored every result it makes from the gateway log's first
+    ``logged`` records and waits for no blob."""
+    logs = [entry for entry in status["tasks"]["logs"] if entry["log_id"] == log_id]
+    return bool(logs) and logs[0]["next_lsn"] > logged and logs[0]["waiting_blobs"] == 0
 
 
 def test_gateway_runs_camera_and_sensor_tasks_where_the_plan_says(tmp_path: Path, mosquitto) -> None:
@@ -87,14 +96,16 @@ def test_gateway_runs_camera_and_sensor_tasks_where_the_plan_says(tmp_path: Path
         wait_until(lambda: cam()["engine"]["pending"] == 0 and cam()["capture"]["queued"] == 0, 20, "idle")
         gw.wait_status(lambda s: s["ingest"]["windows_open"] == 0, 20, "every sensor window closed")
         status = gw.status()
-        logged = status["log"]["next_lsn"] - 1
-        wait_until(lambda: len(cloud.records("gw1")) >= logged, 45, "every record uploaded")
+        log_id, logged = status["log"]["log_id"], status["log"]["next_lsn"] - 1
+        wait_until(lambda: cloud.count_records("gw1", log_id) >= logged, 45, "every record uploaded")
+        wait_until(lambda: tasks_caught_up(cloud.status(), log_id, logged), 60, "cloudd ran its tasks")
     finally:
         camera.stop()
         gw.terminate()
         cloud.stop()
 
-    stored = sorted(cloud.records("gw1"), key=lambda r: r.lsn)
+    everything = cloud.records("gw1")
+    stored = sorted((r for r in everything if r.log_id == log_id), key=lambda r: r.lsn)
     assert len({r.lsn for r in stored}) == len(stored)  # stored once each
     events = [(r.lsn, r.record["body"]) for r in stored if r.record["kind"] == "event"]
     camera_markers = [
@@ -124,6 +135,16 @@ def test_gateway_runs_camera_and_sensor_tasks_where_the_plan_says(tmp_path: Path
     assert len(for_cloud) == counters["frames_for_cloud"]
     assert capture["delivered"] == counters["frames_for_cloud"] + engine["submitted"]
     assert engine["dropped"] == engine["failed"] == 0 and len(edge_events) == engine["inferred"]
+
+    # cloudd inferred each uploaded frame once, with the version the gateway ran, under its LSN
+    made_in_cloud = [r for r in everything if r.log_id == derived_log_id(log_id, "camera/summarise")]
+    assert sorted(r.lsn for r in made_in_cloud) == sorted(lsn for lsn, _ in for_cloud)
+    by_lsn = dict(for_cloud)
+    for r in made_in_cloud:
+        event, frame = r.record["body"], by_lsn[r.lsn]
+        assert event["ran_at"] == {"infer": "cloud", "summarise": "cloud"}, event
+        assert (event["seq"], event["input"]) == (frame.seq, r.lsn)
+        assert (event["model"], event["model_version"]) == (frame.model, frame.model_version)
 
     # sensor windows: every telemetry record in exactly one edge window; s2's windows are alerts
     telemetry_lsns = {(r.lsn, r.record["device"]) for r in stored if r.record["kind"] == "telemetry"}

@@ -96,6 +96,11 @@ class Cloudd:
         """What cloudd has committed, read from its data dir (read-only; safe while it runs)."""
         return list(DatasetStore.open(self.data_dir, readonly=True).iter_records(gateway))
 
+    def count_records(self, gateway: str, log_id: str) -> int:
+        """How many records of one gateway log cloudd has committed (the logs its task runner
+        writes, ``protocol.derived.derived_log_id``, are others)."""
+        return sum(1 for r in self.records(gateway) if r.log_id == log_id)
+
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
