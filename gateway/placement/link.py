@@ -8,9 +8,10 @@ Invariants:
   link to dominate: a *censored* sample (transfer under ``min_transfer_s``, or under half the
   upload's time) may raise the estimate, never lower it. On a steady link the estimate therefore
   only climbs to the link's rate and stays there; a slower link shows in long transfers.
-- RTT and goodput are EWMAs that jump on a *confirmed level shift*: two samples in a row beyond
+- RTT is an EWMA that jumps on a *confirmed level shift*: two samples in a row beyond
   ``shift_ratio`` times the estimate, on the same side, replace it with their geometric mean (a
   link that changed is believed within two samples; a single outlier only moves it by alpha).
+  Goodput (``GoodputFilter``) jumps the same way upward, and downward on two *measured* samples.
 - Availability: the link is *down* after ``down_after_failures`` consecutive failures and *up*
   after one success; it is *flapping* while the window holds ``flap_transitions`` or more
   up/down transitions, whatever its instantaneous state, unless it has *settled*: its current
