@@ -2,12 +2,14 @@
 
 Systems, all fed the same connectivity trace and the same seeded inputs:
 - ``planner``: PlacementPlanner + LinkMonitor. It sees only what a gateway can measure: a probe every
-  ``PROBE_S`` (its RTT, or a failure while the link is down), a 32 kB payload probe every 2nd probe
-  (sent through the same uplink queue, its bytes counted; skipped when real uploads measured
-  goodput since the last one), a confirmation probe ``CONFIRM_S`` after a suspect failure, and the
-  real uploads of the simulation (size, time, ok) -- so its estimates lag the link. It re-plans
-  when a check every ``REPLAN_S`` finds the estimate outside the band, as PlacementController
-  does. Hysteresis as in production.
+  ``PROBE_S`` (its RTT, or a failure while the link is down), jittered by +-``PROBE_JITTER`` and every
+  ``FAST_PROBE_S`` while the monitor is unsettled, as LinkProber does; a 32 kB payload probe at most
+  every ``GOODPUT_EVERY`` x ``PROBE_S`` (sent through the same uplink queue, its bytes counted;
+  skipped when real uploads measured goodput since the last one), a confirmation probe
+  ``CONFIRM_S`` after a suspect failure, and the real uploads of the simulation (size, time, ok)
+  -- so its estimates lag the link. It re-plans when a check every ``REPLAN_S`` finds the estimate
+  outside the band and the placement changes, as PlacementController does. Hysteresis as in
+  production. (Probes are not aligned with the trace's changes, as on a real gateway.)
 - ``always-edge`` / ``always-cloud``: every unpinned task at the edge / in the cloud, always.
 - ``oracle``: the same planner math fed the *true* link at every change of the trace, without lag
   or hysteresis (perfect knowledge of when the link changes).
@@ -50,7 +52,9 @@ from gateway.taskgraphs import (
 PROBE_S = 5.0
 CONFIRM_S = 1.0  # LinkProber's confirm_after_s: a suspect failure is re-probed this soon
 REPLAN_S = 1.0  # PlacementController's check interval (placement.replan_interval_s)
-GOODPUT_EVERY = 2  # every 2nd probe also uploads PROBE_BYTES (LinkProber's goodput probe)
+FAST_PROBE_S = 1.0  # LinkProber's fast interval while the link is unsettled (interval / 5)
+PROBE_JITTER = 0.25  # LinkProber's jitter: each interval is drawn from +-25 % of it
+GOODPUT_EVERY = 2  # a payload probe of PROBE_BYTES at most every 2 probe intervals (LinkProber's)
 PROBE_BYTES = 32 * 1024
 EDGE_CORES = 2
 BUDGETS = Budgets(uplink_Bps=250_000, edge_cores=EDGE_CORES, edge_cpu_share=0.8)
@@ -151,7 +155,8 @@ class Sim:
         self.retry_pending = False
         self.stats = Stats()
         self.now = 0.0
-        self.probes = 0
+        self.probe_rng = random.Random(seed + 1)  # apart from the inputs' draws: same inputs for all
+        self.last_payload_at: float | None = None
         self.samples_seen = 0
         self.monitor = LinkMonitor(clock=lambda: self.now, alpha=0.5, window_s=120, prior_goodput_Bps=250_000)
         self.monitor.add_suspect_listener(self._confirm_soon)
@@ -189,8 +194,7 @@ class Sim:
                     break
                 self.push(t, "stage", s, 0, "edge", t)
         if self.system == "planner":
-            for k in range(int(self.link.end / PROBE_S)):
-                self.push(k * PROBE_S, "probe")
+            self.push(0.0, "probe")
             for k in range(int(self.link.end / REPLAN_S)):
                 self.push(k * REPLAN_S, "replan_check")  # after the probe at the same instant
         elif self.system == "oracle":
@@ -206,11 +210,17 @@ class Sim:
     def _on_probe(self) -> None:
         seg = self.link.at(self.now)
         self.monitor.observe_probe(seg.rtt_s if seg.up else None)
-        self.probes += 1
-        # As LinkProber.maybe_upload: a payload probe through the uplink, unless real uploads
-        # measured goodput since the last one.
-        if seg.up and self.probes % GOODPUT_EVERY == 0 and self._payload_probe_needed():
-            self._upload(None, 0, self.now, PROBE_BYTES, delivery=False)
+        # As LinkProber.maybe_upload: a payload probe through the uplink when one is due, unless real
+        # uploads measured goodput since the last one.
+        due = self.last_payload_at is None or self.now - self.last_payload_at >= GOODPUT_EVERY * PROBE_S
+        if seg.up and due:
+            self.last_payload_at = self.now
+            if self._payload_probe_needed():
+                self._upload(None, 0, self.now, PROBE_BYTES, delivery=False)
+        base = FAST_PROBE_S if self.monitor.unsettled else PROBE_S
+        interval = base * (1 + PROBE_JITTER * self.probe_rng.uniform(-1, 1))
+        if self.now + interval < self.link.end:
+            self.push(self.now + interval, "probe")
 
     def _on_replan_check(self) -> None:
         plan = self.planner.update(self.monitor.snapshot().view())

@@ -402,8 +402,9 @@ class GatewayRunner:
         return True
 
     async def _on_plan(self, plan: Plan) -> None:
-        """Each new placement plan: log it with its reasons, publish it retained (when connected)."""
-        log.info("placement %s", plan.to_text())
+        """Each new placement plan: log it with its reasons, publish it retained (when connected).
+        The controller logs the one INFO line per plan; the whole plan with its reasons is DEBUG."""
+        log.debug("placement %s", plan.to_text())
         self.training.poke()  # the link changed: upload raw or train locally may change with it
         if self.placement is None or not self.mqtt.connected:
             return  # /status has it; the next plan is published once connected

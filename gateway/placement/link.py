@@ -3,14 +3,23 @@
 Invariants:
 - Estimates come only from observations (``observe_probe``, ``observe_upload``) stamped with the
   injected clock; goodput is ``prior_goodput_Bps`` until a large enough upload has been seen.
-- RTT and goodput are EWMAs that jump on a *confirmed level shift*: two samples in a row beyond
+- Noise in an upload's time is one-sided (a server's fsync, a busy event loop, a round trip only
+  add time), so a goodput sample is a lower bound unless its transfer took long enough for the
+  link to dominate: a *censored* sample (transfer under ``min_transfer_s``, or under half the
+  upload's time) may raise the estimate, never lower it. On a steady link the estimate therefore
+  only climbs to the link's rate and stays there; a slower link shows in long transfers.
+- RTT is an EWMA that jumps on a *confirmed level shift*: two samples in a row beyond
   ``shift_ratio`` times the estimate, on the same side, replace it with their geometric mean (a
   link that changed is believed within two samples; a single outlier only moves it by alpha).
+  Goodput (``GoodputFilter``) jumps the same way upward, and downward on two *measured* samples.
 - Availability: the link is *down* after ``down_after_failures`` consecutive failures and *up*
   after one success; it is *flapping* while the window holds ``flap_transitions`` or more
   up/down transitions, whatever its instantaneous state, unless it has *settled*: its current
   up or down stretch has lasted ``settle_factor`` times the longest stretch between the window's
   transitions (the flaps are over; the window need not age out first).
+- ``flapping_since`` is when the current flapping episode was first seen (at the observation that
+  made it, or the first snapshot that saw it), None while not flapping; ``first_flapping_at`` and
+  ``flapping_episodes`` keep the history.
 - Every sample store is bounded (``window_samples``); nothing here does I/O (see ``probe.py``).
 - Listeners (``add_listener``) are called synchronously on each up/down transition, in order;
   suspect listeners (``add_suspect_listener``) on each failure that leaves the link believed up
@@ -19,6 +28,7 @@ Invariants:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import statistics
@@ -33,6 +43,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from gateway.placement.cost import LINK_STATES, LinkState, LinkView
 
 log = logging.getLogger(__name__)
+
+RTT_FLOOR_SAMPLES = 3  # the round trip taken out of an upload's time: the least of this many probes
 
 Observation = Literal["probe", "upload"]  # the edgefed_link_observations "kind" label
 
@@ -50,6 +62,7 @@ class LinkEstimate:
     transitions: int  # in the window
     consecutive_failures: int
     last_success_at: float | None
+    flapping_since: float | None = None  # the current flapping episode began (None: not flapping)
 
     def view(self, default_rtt_s: float = 0.1) -> LinkView:
         """What the planner sees: EWMA values (smooth) and the availability state."""
@@ -94,6 +107,67 @@ class ShiftingEwma:
         return self.value
 
 
+class GoodputFilter:
+    """Goodput from upload samples whose noise is one-sided: the estimate climbs freely, falls on evidence.
+
+    A sample above the estimate is averaged in (log space, weight ``alpha``), or jumped to once two
+    in a row are ``shift_ratio`` above it. A *censored* sample (a lower bound) below it says nothing.
+    A *measured* sample below it is kept: two in a row ``shift_ratio`` below make the estimate jump
+    to their geometric mean (a collapsed link, believed in two samples); otherwise the median of the
+    last ``DRIFT_SAMPLES`` below, when ``DRIFT_RATIO`` under the estimate, replaces it (a slower link,
+    believed once most recent measurements agree; one slow fsync in the time is not one).
+    A sample above the estimate, or a censored one within ``shift_ratio`` of it, forgets the ones
+    below (the link was just seen fast: the slow ones were the server's, not the link's).
+    """
+
+    DRIFT_SAMPLES = 4
+    DRIFT_RATIO = 1.5  # the planner's goodput band: a smaller drift would not change a plan anyway
+
+    def __init__(self, alpha: float, shift_ratio: float, prior: float) -> None:
+        self.alpha = alpha
+        self.shift_ratio = shift_ratio
+        self.value = prior
+        self.measured = False
+        self.shifts = 0
+        self._above: float | None = None  # the last sample, when it was shift_ratio above
+        self._below: deque[float] = deque(maxlen=self.DRIFT_SAMPLES)  # measured, since the last above
+
+    def add(self, sample: float, *, censored: bool) -> bool:
+        """Take one sample; False when it told nothing (a lower bound under the estimate)."""
+        if not self.measured:  # the prior is a guess, not a level to confirm a shift against
+            self.value, self.measured = sample, True
+            return True
+        if sample > self.value:
+            self._below.clear()
+            if self._above is not None and sample > self.value * self.shift_ratio:
+                self._jump(math.sqrt(self._above * sample))
+            else:
+                self._above = sample if sample > self.value * self.shift_ratio else None
+                self.value = math.exp((1 - self.alpha) * math.log(self.value) + self.alpha * math.log(sample))
+            return True
+        self._above = None
+        if censored:
+            if sample * self.shift_ratio >= self.value:
+                self._below.clear()  # a small upload at about the usual rate: the link did not collapse
+            return False
+        self._below.append(sample)
+        last_two = list(self._below)[-2:]
+        if len(last_two) == 2 and all(b * self.shift_ratio < self.value for b in last_two):
+            self._jump(math.sqrt(last_two[0] * last_two[1]))
+        elif len(self._below) == self.DRIFT_SAMPLES:
+            median = statistics.median(self._below)
+            if median * self.DRIFT_RATIO < self.value:
+                self.value = median
+                self._below.clear()
+        return True
+
+    def _jump(self, level: float) -> None:
+        self.value = level
+        self.shifts += 1
+        self._above = None
+        self._below.clear()
+
+
 class LinkMonitor:
     def __init__(
         self,
@@ -108,6 +182,7 @@ class LinkMonitor:
         shift_ratio: float = 2.0,
         prior_goodput_Bps: float = 125_000.0,
         min_goodput_bytes: int = 4096,
+        min_transfer_s: float = 0.5,
         large_upload_bytes: int = 32 * 1024,
         registry: CollectorRegistry | None = None,
     ) -> None:
@@ -121,11 +196,11 @@ class LinkMonitor:
         self._flap_transitions = flap_transitions
         self._settle_factor = settle_factor
         self._min_goodput_bytes = min_goodput_bytes
+        self._min_transfer_s = min_transfer_s
         self._rtt = ShiftingEwma(alpha, shift_ratio, log_space=False)
         # Goodput spans orders of magnitude (MB/s to kB/s): averaged in log space, so that one sample
         # of a collapsed link moves the estimate by a factor, not by alpha of the old value.
-        self._goodput = ShiftingEwma(alpha, shift_ratio, log_space=True, initial=prior_goodput_Bps)
-        self._goodput_measured = False
+        self._goodput = GoodputFilter(alpha, shift_ratio, prior_goodput_Bps)
         # Samples from uploads of at least large_upload_bytes: on a fast link a small upload is mostly
         # round trip, so only these measure goodput as well as the prober's payload (which it then skips).
         self._large_upload_bytes = large_upload_bytes
@@ -136,7 +211,12 @@ class LinkMonitor:
         self._up = True  # optimistic until told otherwise: the first failures will say so
         self._failures = 0
         self._last_success: float | None = None
+        self._last_failure: float | None = None
         self._started = clock()
+        self.flapping_since: float | None = None
+        self.first_flapping_at: float | None = None
+        self.flapping_episodes = 0
+        self.censored_goodput_samples = 0  # lower bounds that did not raise the estimate
         self._metrics = _Metrics(registry) if registry is not None else None
         self._listeners: list[Callable[[bool], None]] = []
         self._suspect_listeners: list[Callable[[], None]] = []
@@ -186,31 +266,26 @@ class LinkMonitor:
             return
         now = self._clock()
         if nbytes >= self._min_goodput_bytes and seconds > 0:
-            # An acknowledged upload costs one round trip besides the transfer: take it out, but never
-            # more than half the time, so a stale RTT cannot invent an absurd goodput.
-            transfer = seconds - (self._rtt.value or 0.0)
-            censored = transfer < seconds / 2
-            sample = nbytes / max(transfer, seconds / 2)
-            # A censored sample (the round trip was most of the time: a small upload on a fast link)
-            # only says goodput >= sample: it may raise the estimate, never lower it.
-            if not (censored and self._goodput_measured and sample <= self._goodput_Bps):
-                self._take_goodput(now, sample)
+            # An acknowledged upload costs one round trip besides the transfer: take out the smallest of
+            # the last few (one slow probe must not inflate goodput; an old, faster link's must not
+            # deflate it), never more than half the upload's time.
+            transfer = max(seconds - self._rtt_floor(), seconds / 2)
+            sample = nbytes / transfer
+            # Censored: too short for the link to dominate (a small upload on a fast link, or a server's
+            # fsync in the time): the sample only says goodput >= sample. It may raise the estimate,
+            # never lower it (a 4 kB batch acknowledged in 130 ms after an fsync is not a 31 kB/s link).
+            censored = transfer < self._min_transfer_s or transfer <= seconds / 2
+            if self._goodput.add(sample, censored=censored):
+                self._goodputs.append((now, sample))
                 self.large_goodput_samples += nbytes >= self._large_upload_bytes
+            else:
+                self.censored_goodput_samples += 1
         self._success(now, "upload")
 
-    def _take_goodput(self, now: float, sample: float) -> None:
-        if self._goodput_measured:
-            self._goodput.add(sample)
-        else:  # the prior is a guess, not a level to confirm a shift against
-            self._goodput.value = sample
-        self._goodput_measured = True
-        self._goodputs.append((now, sample))
-
-    @property
-    def _goodput_Bps(self) -> float:
-        value = self._goodput.value
-        assert value is not None, "the goodput EWMA starts at the prior, so it always has a value"
-        return value
+    def _rtt_floor(self) -> float:
+        """The smallest of the last ``RTT_FLOOR_SAMPLES`` round trips, 0 when none is known."""
+        recent = itertools.islice(reversed(self._rtts), RTT_FLOOR_SAMPLES)
+        return min((r for _, r in recent), default=0.0)
 
     @property
     def level_shifts(self) -> int:
@@ -223,6 +298,7 @@ class LinkMonitor:
         if not self._up:
             self._up = True
             self._transitions.append((now, True))
+            self._state(now)  # a transition may start a flapping episode: stamp it now
             self._notify(True)
         if self._metrics:
             self._metrics.observations.labels(kind, "ok").inc()
@@ -231,9 +307,11 @@ class LinkMonitor:
     def _failure(self, kind: Observation) -> None:
         now = self._clock()
         self._failures += 1
+        self._last_failure = now
         if self._up and self._failures >= self._down_after:
             self._up = False
             self._transitions.append((now, False))
+            self._state(now)
             self._notify(False)
         elif self._up:
             for callback in self._suspect_listeners:
@@ -246,12 +324,8 @@ class LinkMonitor:
     def snapshot(self) -> LinkEstimate:
         now = self._clock()
         since = now - self.window_s
-        transitions = [(t, up) for t, up in self._transitions if t >= since]
-        state: LinkState
-        if len(transitions) >= self._flap_transitions and not self._settled(now, transitions):
-            state = "flapping"
-        else:
-            state = "up" if self._up else "down"
+        transitions = self._window_transitions(since)
+        state = self._state(now)
         rtts = [r for t, r in self._rtts if t >= since]
         goodputs = [g for t, g in self._goodputs if t >= since]
         return LinkEstimate(
@@ -259,14 +333,40 @@ class LinkMonitor:
             state=state,
             rtt_s=self._rtt.value,
             rtt_window_s=statistics.median(rtts) if rtts else None,
-            goodput_Bps=self._goodput_Bps,
+            goodput_Bps=self._goodput.value,
             goodput_window_Bps=statistics.median(goodputs) if goodputs else None,
-            goodput_measured=self._goodput_measured,
+            goodput_measured=self._goodput.measured,
             up_fraction=self._up_fraction(now, since, transitions),
             transitions=len(transitions),
             consecutive_failures=self._failures,
             last_success_at=self._last_success,
+            flapping_since=self.flapping_since,
         )
+
+    def _window_transitions(self, since: float) -> list[tuple[float, bool]]:
+        return [(t, up) for t, up in self._transitions if t >= since]
+
+    def _state(self, now: float) -> LinkState:
+        """The availability state at ``now``; keeps the flapping episode's bookkeeping."""
+        transitions = self._window_transitions(now - self.window_s)
+        if len(transitions) >= self._flap_transitions and not self._settled(now, transitions):
+            if self.flapping_since is None:
+                self.flapping_since = now
+                self.flapping_episodes += 1
+                if self.first_flapping_at is None:
+                    self.first_flapping_at = now
+                log.debug("link flapping: %d transitions in %.0f s", len(transitions), self.window_s)
+            return "flapping"
+        self.flapping_since = None
+        return "up" if self._up else "down"
+
+    @property
+    def unsettled(self) -> bool:
+        """Down, or a transition or a failure in the window: a prober should look more often (a failure
+        cleared by the next success may be the first flap of many)."""
+        since = self._clock() - self.window_s
+        recent_failure = self._last_failure is not None and self._last_failure >= since
+        return not self._up or recent_failure or bool(self._window_transitions(since))
 
     def _settled(self, now: float, transitions: list[tuple[float, bool]]) -> bool:
         """The current stretch outlasted every completed stretch in the window by settle_factor.

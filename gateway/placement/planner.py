@@ -4,14 +4,18 @@ Invariants:
 - ``plan_placement`` is a pure function of (services, link view, budgets, pins): it honours every
   pin, puts every unpinned task at the edge when the link is down, and otherwise returns the best
   placement ``search.choose`` finds (exact for small graphs).
-- ``PlacementPlanner`` re-plans only when the link leaves the hysteresis band around the estimate
-  the current plan was made with, when the link state changes, or when pins, budgets or services
-  change; each re-plan appends one ``Decision`` to a bounded log (evictions counted).
+- ``PlacementPlanner`` evaluates a new placement only when the link leaves the hysteresis band
+  around the estimate of its last evaluation, when the link state changes, or when pins, budgets or
+  services change. A *new plan version* is made only when the placement changes, the link state
+  changes or something was forced; an evaluation that finds the same placement keeps the current
+  plan (``plans_kept`` counts it) and only moves the band's basis. Each new version appends one
+  ``Decision`` to a bounded log (evictions counted).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from collections import deque
@@ -32,6 +36,8 @@ from gateway.placement.cost import (
 from gateway.placement.plan import Decision, Plan, ServicePlan, moves_between, placement_strings
 from gateway.placement.search import choose, service_options
 from gateway.taskgraphs.graph import SIDES, Side, TaskGraph
+
+log = logging.getLogger(__name__)
 
 Pins = Mapping[str, Side]  # "service/task" -> side, set by the operator
 
@@ -306,6 +312,9 @@ class PlacementPlanner:
         self._clock = clock
         self._forced: str | None = None
         self.current: Plan | None = None
+        # The link of the last evaluation: the current plan's, or a newer one that found the same plan.
+        self.basis: LinkView | None = None
+        self.plans_kept = 0
         self.decisions: deque[Decision] = deque(maxlen=log_size)
         self.decisions_dropped = 0
         if pins:
@@ -335,32 +344,52 @@ class PlacementPlanner:
         self._forced = "services changed"
 
     def update(self, link: LinkView) -> Plan | None:
-        """Re-plan if the link left the band (or something was forced); return the new plan or None."""
-        if self.current is None:
-            trigger: str | None = "first plan"
-        elif self._forced is not None:
-            trigger = self._forced
-        else:
-            trigger = replan_trigger(self.current.link, link, self._band)
-        return None if trigger is None else self.replan(link, trigger)
+        """Re-plan if the link left the band (or something was forced); return a new plan or None.
+
+        None also when the evaluation found the placement the current plan already has, in the same
+        link state: an estimate that moved without changing the answer is not a new plan."""
+        if self.current is None or self.basis is None:
+            return self.replan(link, "first plan")
+        if self._forced is not None:
+            return self.replan(link, self._forced)
+        trigger = replan_trigger(self.basis, link, self._band)
+        if trigger is None:
+            return None
+        candidate = self._plan(link, self.current.version + 1)
+        if link.state == self.current.link.state and (
+            candidate.placement_key() == self.current.placement_key()
+        ):
+            self.basis = link
+            self.plans_kept += 1
+            log.debug("placement kept v%d (%s): no task would move", self.current.version, trigger)
+            return None
+        return self._adopt(candidate, trigger)
 
     def replan(self, link: LinkView, trigger: str) -> Plan:
-        now = self._clock()
+        """A new plan version now, whatever it places (first plan, forced, or a caller's decision)."""
         version = 1 if self.current is None else self.current.version + 1
-        plan = plan_placement(self._services, link, self._budgets, self._pins, version=version, made_at=now)
+        return self._adopt(self._plan(link, version), trigger)
+
+    def _plan(self, link: LinkView, version: int) -> Plan:
+        return plan_placement(
+            self._services, link, self._budgets, self._pins, version=version, made_at=self._clock()
+        )
+
+    def _adopt(self, plan: Plan, trigger: str) -> Plan:
         if len(self.decisions) == self.decisions.maxlen:
             self.decisions_dropped += 1
         self.decisions.append(
             Decision(
-                now,
-                version,
+                plan.made_at,
+                plan.version,
                 trigger,
-                link.state,
+                plan.link.state,
                 moves_between(self.current, plan),
                 plan.reasons,
                 placement_strings(plan),
             )
         )
         self.current = plan
+        self.basis = plan.link
         self._forced = None
         return plan

@@ -2,8 +2,13 @@
 
 Invariants: one owner starts and stops it; every request has a timeout; a failure of any kind
 (timeout, reset, refused, HTTP 5xx) is reported to the monitor as a failed probe, never raised.
-Optionally every ``goodput_every``-th probe also POSTs ``payload_bytes`` to ``goodput_url`` and
-reports it as an upload, so goodput is measured even when there is nothing to send; it is skipped
+Probes are spaced ``interval_s`` apart, jittered by +-``jitter`` of it (a link flapping with a period
+near the interval must not be sampled in the same phase every time, or it looks simply down), and
+``fast_interval_s`` apart while the monitor is *unsettled* (down, or a transition in its window):
+a flapping link shows its transitions within a few of its periods, and a returning one is seen soon.
+Optionally a probe also POSTs ``payload_bytes`` to ``goodput_url`` (at most once per
+``goodput_every`` normal intervals, whatever the probe rate) and reports it as an upload, so goodput
+is measured even when there is nothing to send; it is skipped
 when real uploads at least as large gave the monitor a goodput sample since the last payload probe
 (they measured the link already, and a probe's bytes cost as much as real ones on a metered link).
 A failure the monitor calls *suspect* (a real upload or a probe failed, the link is still believed
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Callable
 
@@ -39,16 +45,27 @@ class LinkProber:
         goodput_every: int = 4,
         upload_timeout_s: float = 10.0,
         confirm_after_s: float = 1.0,
+        fast_interval_s: float | None = None,
+        jitter: float = 0.25,
+        rng: random.Random | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        if not 0 <= jitter < 1:
+            raise ValueError("jitter must be in [0, 1)")
         self._monitor = monitor
         self._url = url
         self._interval = interval_s
+        # Unsettled, probe about once a second (never slower than the normal interval): the prober's
+        # own share of a flapping link's transitions needs a few probes per up/down period.
+        self._fast_interval = min(interval_s, fast_interval_s or max(confirm_after_s, interval_s / 5))
+        self._jitter = jitter
+        self._rng = rng or random.Random()
+        self._payload_every_s = goodput_every * interval_s
+        self._last_payload_at: float | None = None
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._upload_timeout = aiohttp.ClientTimeout(total=upload_timeout_s)  # a slow link is not a dead one
         self._goodput_url = goodput_url
         self._payload = b"\0" * payload_bytes
-        self._goodput_every = max(1, goodput_every)
         self._clock = clock
         self._confirm_after = confirm_after_s
         self._suspect = asyncio.Event()
@@ -123,23 +140,30 @@ class LinkProber:
         self._samples_seen = self._monitor.large_goodput_samples
         return ok
 
+    def next_interval(self) -> float:
+        """Seconds from one probe's start to the next: jittered, shorter while the link is unsettled."""
+        base = self._fast_interval if self._monitor.unsettled else self._interval
+        return base * (1 + self._jitter * self._rng.uniform(-1, 1))
+
+    def payload_due(self, now: float) -> bool:
+        return self._last_payload_at is None or now - self._last_payload_at >= self._payload_every_s
+
     async def _run(self) -> None:
-        n = 0
         while True:
             started = self._clock()
             rtt = await self.probe_once()
-            n += 1
-            if self._goodput_url is not None and rtt is not None and n % self._goodput_every == 0:
+            if self._goodput_url is not None and rtt is not None and self.payload_due(started):
+                self._last_payload_at = started
                 await self.maybe_upload()
-            await self._wait_next(started)
+            await self._wait_next(started, self.next_interval())
 
-    async def _wait_next(self, last_probe_at: float) -> None:
-        """Until the next probe is due: one interval after the last, or soon after a suspect failure
+    async def _wait_next(self, last_probe_at: float, interval: float) -> None:
+        """Until the next probe is due: ``interval`` after the last, or soon after a suspect failure
         (including one during the last probe)."""
-        left = self._interval - (self._clock() - last_probe_at)
+        left = interval - (self._clock() - last_probe_at)
         if not await wait_event(self._suspect, max(0.0, left)):
             return
         self._suspect.clear()
         self.confirm_probes += 1
-        left = self._interval - (self._clock() - last_probe_at)
+        left = interval - (self._clock() - last_probe_at)
         await asyncio.sleep(min(self._confirm_after, max(0.0, left)))

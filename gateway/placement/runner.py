@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import time
 from typing import Any
 
 from gateway.placement.controller import OnPlan, PlacementController
@@ -127,6 +128,14 @@ class PlacementRunner:
             "decisions": [d.to_dict() for d in decisions],
             "decisions_total": plan.version if plan is not None else 0,
             "decisions_dropped": self.planner.decisions_dropped,
+            # For tests and benches: plan versions made (= decisions_total), evaluations that kept the
+            # plan, and flapping as the monitor saw it, on this process's time.monotonic() (`now`).
+            "plan_versions": plan.version if plan is not None else 0,
+            "plans_kept": self.planner.plans_kept,
+            "flapping_since": self.monitor.flapping_since,
+            "first_flapping_at": self.monitor.first_flapping_at,
+            "flapping_episodes": self.monitor.flapping_episodes,
+            "now": time.monotonic(),
             "pins": self.planner.pins,
             "link": link,
             "probes": self.prober.probes,

@@ -103,12 +103,14 @@ def test_small_upload_on_a_fast_link_is_a_lower_bound_only():
     before = mon.snapshot().goodput_Bps
     mon.observe_upload(8_000, 0.048, ok=True)  # censored (8 ms of 48): ignored, it is below
     assert mon.snapshot().goodput_Bps == pytest.approx(before)
-    mon.observe_upload(200_000, 5.04, ok=True)  # a collapsed link: 40 kB/s, taken
+    mon.observe_upload(200_000, 5.04, ok=True)  # a collapsed link: 40 kB/s, measured ...
+    assert mon.snapshot().goodput_Bps == pytest.approx(before)  # ... but one could be a stalled server
+    mon.observe_upload(200_000, 5.04, ok=True)  # two in a row: believed
     assert mon.snapshot().goodput_Bps < before / 2
     low = mon.snapshot().goodput_Bps
     mon.observe_upload(8_000, 0.048, ok=True)  # censored but above the estimate: taken
     assert mon.snapshot().goodput_Bps > low
-    assert mon.large_goodput_samples == 2  # only uploads of >= 32 kB count as large
+    assert mon.large_goodput_samples == 3  # only uploads of >= 32 kB count as large
 
 
 async def test_prober_skips_its_payload_when_real_uploads_measured_the_link():
