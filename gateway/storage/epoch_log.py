@@ -276,14 +276,18 @@ class EpochLog:
         self._epoch_no += 1
         self._open_first = self._next_lsn
         if self._active is None or self._active_bytes >= self.segment_bytes:
-            salt = self._rng.getrandbits(32)
-            self._active = SegmentHeader(salt, self._next_seq, self._next_lsn, self._epoch_no)
-            self._next_seq += 1
-            self._chain = self._active.salt
-            self._active_bytes = SEGMENT_HEADER_BYTES
-            self._bytes_used += SEGMENT_HEADER_BYTES
-            path = os.path.join(self.directory, segment_name(self._active.seq))
-            self._segments.append(SegmentInfo(path, self._active, SEGMENT_HEADER_BYTES))
+            self._new_segment()
+
+    def _new_segment(self) -> None:
+        """The next epoch goes to a new segment (called between epochs only)."""
+        salt = self._rng.getrandbits(32)
+        self._active = SegmentHeader(salt, self._next_seq, self._next_lsn, self._epoch_no)
+        self._next_seq += 1
+        self._chain = self._active.salt
+        self._active_bytes = SEGMENT_HEADER_BYTES
+        self._bytes_used += SEGMENT_HEADER_BYTES
+        path = os.path.join(self.directory, segment_name(self._active.seq))
+        self._segments.append(SegmentInfo(path, self._active, SEGMENT_HEADER_BYTES))
 
     async def flush(self, wait: bool = False) -> Epoch:
         loop = asyncio.get_running_loop()
@@ -342,6 +346,8 @@ class EpochLog:
         async with self._room_lock:
             while self._bytes_used + size > self.max_bytes or self._disk_full:
                 if self.full_policy == "hold":
+                    if len(self._segments) < 2:  # a trim frees whole segments, never the active one
+                        await self._seal_oldest()
                     await self._hold_for_room()
                 elif self.full_policy == "reject" or not await self._drop_oldest():
                     self._stats["rejected_records"] += 1
@@ -377,6 +383,8 @@ class EpochLog:
     async def _drop_oldest(self) -> bool:
         """Drop the oldest whole segment that is durable and not the active one (counted loss)."""
         if len(self._segments) < 2 or self._segments[1].header.first_lsn - 1 > self._durable_lsn:
+            await self._seal_oldest()
+        if len(self._segments) < 2 or self._segments[1].header.first_lsn - 1 > self._durable_lsn:
             return False
         victim, last = self._segments[0], self._segments[1].header.first_lsn - 1
         first = max(victim.header.first_lsn, self._trimmed_lsn + 1)
@@ -395,6 +403,19 @@ class EpochLog:
             last,
         )
         return True
+
+    async def _seal_oldest(self) -> None:
+        """Make the oldest segment droppable or trimmable: its records durable (the open epoch closed
+        and waited for, at most append_timeout_s) and, if it is the only one, the next epoch in a new
+        segment (one epoch may fill the whole budget: the intake appends a burst without yielding)."""
+        epoch = await self.flush()
+        try:
+            async with asyncio.timeout(self.append_timeout_s):
+                await epoch
+        except (TimeoutError, LogFailed):
+            return
+        if len(self._segments) == 1 and not self._open_chunks and self._active_bytes > SEGMENT_HEADER_BYTES:
+            self._new_segment()
 
     @property
     def gaps(self) -> list[Run]:

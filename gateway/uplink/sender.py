@@ -45,7 +45,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from gateway.ratelimit import RateLimitedLog
-from gateway.storage.interface import RecordLog
+from gateway.storage.interface import LogFailed, LogFull, RecordLog
 from gateway.uplink.blobs import BlobSpool, BlobUploader, blob_refs
 from gateway.uplink.drain import (
     CLASSES,
@@ -170,6 +170,7 @@ class Uplink:
         self._turn: Literal["live", "backlog"] = "backlog"  # which kind of batch goes next, when both wait
         self._absorb = False  # a batch failed: what waits joins the backlog before the next choice
         self._in_flight: list[tuple[int, int]] = []  # the LSN runs of the batch being sent
+        self._gap_records: dict[int, tuple[int, int]] = {}  # LogGap records not yet acked: LSN -> gap
         self._synced = False
         self.state: UplinkState = "idle"
         self.last_error = ""
@@ -271,24 +272,37 @@ class Uplink:
         if trimmed <= self._acked.trimmed:
             return
         self.counters["drops_followed"] += 1
+        for lsn in [lsn for lsn in self._gap_records if lsn <= trimmed and not self._acked.contains(lsn)]:
+            del self._gap_records[lsn]  # the LogGap record itself was dropped: its gap is written again
         self._acked.trimmed_to(trimmed)
         self._index.forget_upto(trimmed)
         self._live_next = max(self._live_next, trimmed + 1)
         self._scan_next = max(self._scan_next, trimmed + 1)
 
     async def _record_gaps(self) -> None:
-        """One LogGap record per run the log dropped unacknowledged, made durable, then marked done."""
-        gaps = self._log.gaps
+        """One LogGap record per run the log dropped unacknowledged. A gap stays pending in the log
+        until the cloud acknowledged its record (``_gaps_acked``): a LogGap record that is dropped in
+        turn is written again, so the cloud learns of every lost LSN."""
+        written = set(self._gap_records.values())
+        gaps = [gap for gap in self._log.gaps if gap not in written]
         if not gaps:
             return
-        for first, last in gaps:
-            body = LogGap(first=first, last=last).model_dump()
-            record = Record(kind="event", device=self.gateway_id, received_ts=time.time(), body=body)
-            await self._log.append(encode_record(record))
-        await self._log.flush(wait=True)
-        await self._log.gaps_recorded(gaps)
-        self.counters["gap_records"] += len(gaps)
+        try:
+            for first, last in gaps:
+                body = LogGap(first=first, last=last).model_dump()
+                record = Record(kind="event", device=self.gateway_id, received_ts=time.time(), body=body)
+                self._gap_records[await self._log.append(encode_record(record))] = (first, last)
+                self.counters["gap_records"] += 1
+            await self._log.flush(wait=True)  # sent from the next round on
+        except (LogFull, LogFailed) as exc:  # still pending: tried again next round
+            self._warn.warning("gap", "uplink: LogGap records for %s not written yet: %s", gaps, exc)
+            return
         log.warning("uplink: the full log dropped un-uploaded records %s; LogGap records written", gaps)
+
+    async def _gaps_acked(self) -> None:
+        acked = [lsn for lsn in self._gap_records if self._acked.contains(lsn)]
+        if acked:
+            await self._log.gaps_recorded([self._gap_records.pop(lsn) for lsn in acked])
 
     async def _count_lost(self, failed: list[tuple[int, int]]) -> None:
         """A failed batch whose records a drop removed while it was in flight: they are lost now.
@@ -497,6 +511,7 @@ class Uplink:
         self.counters["records_uploaded"] += len(entries)
         self.counters["bytes_uploaded"] += len(body)
         self.last_success_ts = time.time()
+        await self._gaps_acked()
         await self._trim()
         return outcome
 
