@@ -252,7 +252,7 @@ class Uplink:
 
     def _unacked(self, first: int, last: int) -> list[tuple[int, int]]:
         """What a drop of [first, last] loses: the cloud lacks it and no batch carrying it is in flight
-        (if that batch fails, ``_count_lost_in_flight`` adds its records to the loss)."""
+        (if that batch fails, ``_count_lost`` adds its records to the loss)."""
         out: list[tuple[int, int]] = []
         for lo, hi in self._acked.missing(first, last):
             at = lo
