@@ -108,7 +108,6 @@ class GatewayRunner:
             gw,
             config.uplink,
             monitor=self.link_monitor,
-            link_down=lambda: self.link_monitor.snapshot().state == "down",
         )
         self.link_monitor.add_listener(lambda up: self.uplink.link_up() if up else None)
         self.placement = (

@@ -20,7 +20,10 @@ from protocol.telemetry import describe_validation_error
 from protocol.topics import ID_PATTERN
 
 MqttVersion = Literal["5", "3.1.1"]
-FullPolicy = Literal["reject", "drop_oldest"]  # what a full log does: refuse appends, or drop the oldest
+# What a full log does (docs/storage.md, "Full log"): refuse new records (acked to the broker, lost);
+# drop the oldest segment (the loss counted exactly, LogGap records tell the cloud); or hold: stop
+# taking and acknowledging MQTT input until the uplink trims (the broker keeps it, within its limits).
+FullPolicy = Literal["reject", "drop_oldest", "hold"]
 DrainOrder = Literal["oldest", "newest"]
 FlappingPolicy = Literal["edge", "model"]  # a flapping link: keep work at the edge, or trust the cost model
 

@@ -2,7 +2,13 @@
 
 Owns: the asyncio side of the log: LSN and epoch assignment, framing and chained checksums, the
 bounded buffer, the byte budget and full-disk policy, trim, reading, and the durability futures.
-The writer thread (epoch_writer.py) owns the disk writes; recovery.py owns reading bytes back.
+The writer thread (epoch_writer.py) owns the disk writes; recovery.py owns reading bytes back;
+drops.py the ledger of what policy "drop_oldest" lost.
+
+Full policies (docs/storage.md, "Full log"): "reject" raises LogFull; "drop_oldest" drops the oldest
+segment, counting exactly the records in it the cloud had not acknowledged (``set_unacked_view``)
+and keeping them as pending gaps (``gaps`` / ``gaps_recorded``) until a LogGap record names them;
+"hold" makes ``append`` wait until a trim frees room (the caller stops taking input meanwhile).
 
 Invariant: after any crash the log holds a prefix of whole flush epochs that contains every epoch
 whose durability future completed; ``append`` never waits for the disk (only, when the buffer is
@@ -19,11 +25,12 @@ import os
 import random
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal, get_args
 
+from gateway.storage.drops import DROPS_FILE, DropLedger, Run
 from gateway.storage.epoch_writer import ClosedEpoch, DurableGroup, EpochWriter
 from gateway.storage.filelayer import FileLayer, OsFileLayer
 from gateway.storage.interface import Epoch, LogFailed, LogFull, Lsn
@@ -54,7 +61,8 @@ log = logging.getLogger(__name__)
 
 # Declared again in protocol.config, which validates the setting: the log does not import the config
 # schema (pydantic), so that a process that only writes or recovers a log starts fast.
-FullPolicy = Literal["reject", "drop_oldest"]
+FullPolicy = Literal["reject", "drop_oldest", "hold"]
+HOLD_REPORT_S = 30.0  # a held append logs again after waiting this long for room
 
 
 class LogCorrupted(Exception):
@@ -118,6 +126,10 @@ class EpochLog:
         self._failed: BaseException | None = None
         self._closed = False
         self._disk_full = False
+        self._ledger = DropLedger()
+        self._unacked: Callable[[Lsn, Lsn], list[Run]] = lambda first, last: [(first, last)]
+        self._room_freed = asyncio.Event()  # set by a trim that freed bytes (policy "hold" waits on it)
+        self._holding = 0  # appends waiting for room now
         self._stats = dict.fromkeys(
             (
                 "appended_records",
@@ -125,14 +137,14 @@ class EpochLog:
                 "epochs",
                 "epochs_durable",
                 "rejected_records",
-                "dropped_records",
-                "dropped_segments",
+                "hold_waits",
                 "disk_full_events",
                 "buffer_waits",
                 "corruptions",
                 "recovered_cut_bytes",
                 "trims",
                 "trim_persist_failures",
+                "ledger_persist_failures",
             ),
             0,
         )
@@ -191,6 +203,19 @@ class EpochLog:
         self._epoch_no = tail.last_epoch
         self._drop_trimmed_segments()
         self._bytes_used = sum(s.size for s in self._segments)
+        self._load_ledger()
+
+    def _load_ledger(self) -> None:
+        data = self._layer.read_file(os.path.join(self.directory, DROPS_FILE))
+        if data is None:
+            return
+        ledger = DropLedger.decode(data)
+        if ledger is None:
+            self._stats["corruptions"] += 1
+            log.error("epoch log %s: %s is damaged; drop counts start again at 0", self.directory, DROPS_FILE)
+            return
+        ledger.settle(self._trimmed_lsn)
+        self._ledger = ledger
 
     async def close(self) -> None:
         if self._closed:
@@ -211,6 +236,7 @@ class EpochLog:
                     "epoch log %s: writer did not stop within %.0fs", self.directory, self.close_timeout_s
                 )
         self._fail_pending(LogFailed("log closed"))
+        self._room_freed.set()
         self._admin.shutdown(wait=True)
         self._reader.shutdown(wait=True)
 
@@ -250,14 +276,18 @@ class EpochLog:
         self._epoch_no += 1
         self._open_first = self._next_lsn
         if self._active is None or self._active_bytes >= self.segment_bytes:
-            salt = self._rng.getrandbits(32)
-            self._active = SegmentHeader(salt, self._next_seq, self._next_lsn, self._epoch_no)
-            self._next_seq += 1
-            self._chain = self._active.salt
-            self._active_bytes = SEGMENT_HEADER_BYTES
-            self._bytes_used += SEGMENT_HEADER_BYTES
-            path = os.path.join(self.directory, segment_name(self._active.seq))
-            self._segments.append(SegmentInfo(path, self._active, SEGMENT_HEADER_BYTES))
+            self._new_segment()
+
+    def _new_segment(self) -> None:
+        """The next epoch goes to a new segment (called between epochs only)."""
+        salt = self._rng.getrandbits(32)
+        self._active = SegmentHeader(salt, self._next_seq, self._next_lsn, self._epoch_no)
+        self._next_seq += 1
+        self._chain = self._active.salt
+        self._active_bytes = SEGMENT_HEADER_BYTES
+        self._bytes_used += SEGMENT_HEADER_BYTES
+        path = os.path.join(self.directory, segment_name(self._active.seq))
+        self._segments.append(SegmentInfo(path, self._active, SEGMENT_HEADER_BYTES))
 
     async def flush(self, wait: bool = False) -> Epoch:
         loop = asyncio.get_running_loop()
@@ -315,7 +345,11 @@ class EpochLog:
     async def _make_room(self, size: int) -> None:
         async with self._room_lock:
             while self._bytes_used + size > self.max_bytes or self._disk_full:
-                if self.full_policy == "reject" or not await self._drop_oldest():
+                if self.full_policy == "hold":
+                    if len(self._segments) < 2:  # a trim frees whole segments, never the active one
+                        await self._seal_oldest()
+                    await self._hold_for_room()
+                elif self.full_policy == "reject" or not await self._drop_oldest():
                     self._stats["rejected_records"] += 1
                     raise LogFull(
                         f"epoch log {self.directory}: {self._bytes_used} of {self.max_bytes} bytes "
@@ -323,18 +357,92 @@ class EpochLog:
                     )
                 self._disk_full = False  # re-raised by the writer if its retry still finds no space
 
+    async def _hold_for_room(self) -> None:
+        """Policy "hold": wait until a trim frees bytes (the caller's loop checks again; a wait that
+        times out is reported, and checks again too: a full disk may have cleared)."""
+        self._stats["hold_waits"] += 1
+        self._holding += 1
+        try:
+            self._room_freed.clear()
+            if not await wait_event(self._room_freed, HOLD_REPORT_S):
+                log.warning(
+                    "epoch log %s: full for %.0fs, policy hold: appends wait for the uplink to trim",
+                    self.directory,
+                    HOLD_REPORT_S,
+                )
+        finally:
+            self._holding -= 1
+        if self._failed is not None or self._closed:
+            raise LogFailed(f"epoch log {self.directory} is {'failed' if self._failed else 'closed'}")
+
+    def set_unacked_view(self, unacked: Callable[[Lsn, Lsn], list[Run]]) -> None:
+        """How a drop learns what it loses: ``unacked(first, last)`` returns the runs of [first, last]
+        the cloud has not acknowledged (the uplink's view; by default all of them)."""
+        self._unacked = unacked
+
     async def _drop_oldest(self) -> bool:
         """Drop the oldest whole segment that is durable and not the active one (counted loss)."""
         if len(self._segments) < 2 or self._segments[1].header.first_lsn - 1 > self._durable_lsn:
+            await self._seal_oldest()
+        if len(self._segments) < 2 or self._segments[1].header.first_lsn - 1 > self._durable_lsn:
             return False
         victim, last = self._segments[0], self._segments[1].header.first_lsn - 1
-        lost = max(0, last - max(victim.header.first_lsn, self._trimmed_lsn + 1) + 1)
+        first = max(victim.header.first_lsn, self._trimmed_lsn + 1)
+        lost = self._unacked(first, last) if first <= last else []
+        self._ledger.add_drop(last, lost)
+        # The ledger first: a crash before the trim below undoes this drop at recovery (DropLedger.settle).
+        # On a full disk it can only be written once the trim has freed a segment.
+        persisted = await self._persist_ledger()
         await self._persist_trim(last)
-        self._stats["dropped_records"] += lost
-        self._stats["dropped_segments"] += 1
+        if not persisted:
+            await self._persist_ledger()
         log.warning(
-            "epoch log %s full: dropped %d un-uploaded records (lsn <= %d)", self.directory, lost, last
+            "epoch log %s: full: dropped %d un-uploaded records (lsn <= %d)",
+            self.directory,
+            sum(hi - lo + 1 for lo, hi in lost),
+            last,
         )
+        return True
+
+    async def _seal_oldest(self) -> None:
+        """Make the oldest segment droppable or trimmable: its records durable (the open epoch closed
+        and waited for, at most append_timeout_s) and, if it is the only one, the next epoch in a new
+        segment (one epoch may fill the whole budget: the intake appends a burst without yielding)."""
+        epoch = await self.flush()
+        try:
+            async with asyncio.timeout(self.append_timeout_s):
+                await epoch
+        except (TimeoutError, LogFailed):
+            return
+        if len(self._segments) == 1 and not self._open_chunks and self._active_bytes > SEGMENT_HEADER_BYTES:
+            self._new_segment()
+
+    @property
+    def gaps(self) -> list[Run]:
+        """The LSN runs dropped unacknowledged that no LogGap record names yet, ascending."""
+        return list(self._ledger.gaps)
+
+    async def gaps_recorded(self, runs: list[Run]) -> None:
+        """``runs`` (from ``gaps``) are now named by durable LogGap records: no longer pending."""
+        self._ledger.recorded(runs)
+        await self._persist_ledger()
+
+    async def add_lost(self, runs: list[Run]) -> None:
+        """Dropped records the last drops could not count (the uplink had them in flight, then failed)."""
+        self._ledger.add_lost(runs)
+        await self._persist_ledger()
+
+    async def _persist_ledger(self) -> bool:
+        """Write the drop ledger; False if the disk refused (e.g. ENOSPC: the next write retries)."""
+        data = self._ledger.encode()
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                self._admin, self._write_durably, DROPS_FILE, data
+            )
+        except OSError as exc:
+            self._stats["ledger_persist_failures"] += 1
+            log.warning("epoch log %s: drop ledger not persisted yet: %s", self.directory, exc)
+            return False
         return True
 
     # -- writer callbacks (on the loop) --------------------------------------------------------------
@@ -376,6 +484,7 @@ class EpochLog:
         self._failed = exc
         self._fail_pending(LogFailed(f"epoch log {self.directory}: {exc}"))
         self._space.set()
+        self._room_freed.set()
 
     def _on_disk_full(self) -> None:
         if not self._disk_full:
@@ -450,6 +559,7 @@ class EpochLog:
             self._bytes_used -= info.size
         if freed:
             await loop.run_in_executor(self._admin, self._unlink, freed)
+            self._room_freed.set()
         try:
             await loop.run_in_executor(self._admin, self._write_meta, self._trimmed_lsn)
         except OSError as exc:  # e.g. ENOSPC: the records stay trimmed here; the next trim retries
@@ -475,10 +585,13 @@ class EpochLog:
             self._layer.fsync_dir(self.directory)
 
     def _write_meta(self, trimmed_lsn: Lsn) -> None:
-        path = os.path.join(self.directory, META_FILE)
+        self._write_durably(META_FILE, encode_meta(self.log_id, trimmed_lsn))
+
+    def _write_durably(self, name: str, data: bytes) -> None:
+        """Replace the file ``name`` whole: tmp + fsync + rename + directory fsync (blocking)."""
+        path = os.path.join(self.directory, name)
         fd = self._layer.open(path + ".tmp", create=True)
         try:
-            data = encode_meta(self.log_id, trimmed_lsn)
             self._layer.truncate(fd, 0)
             self._layer.pwrite(fd, data, 0)
             self._layer.fsync(fd)
@@ -501,5 +614,9 @@ class EpochLog:
             "fsyncs": writer.fsyncs if writer else 0,
             "write_rounds": writer.rounds if writer else 0,
             "disk_full": int(self._disk_full),
+            "dropped_records": self._ledger.dropped_records,
+            "dropped_segments": self._ledger.dropped_segments,
+            "gaps_pending": len(self._ledger.gaps),
+            "holding": self._holding,
             "failed": int(self._failed is not None),
         }

@@ -10,12 +10,15 @@ Contract (every implementation, checked by tests/gateway/test_log_contract.py):
 - ``trim(upto_lsn)`` releases records the cloud acknowledged; trimmed LSNs are never read again,
   also after a restart.
 - A fatal disk error (a failed fsync) raises ``LogFailed``; it is never retried.
+- What a full log does is its policy (docs/storage.md, "Full log"); a log that drops records
+  reports the LSN runs it lost unacknowledged (``gaps``, counted exactly with the uplink's
+  ``set_unacked_view``) until the uplink has written a LogGap record for them (``gaps_recorded``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncIterator, Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -62,5 +65,14 @@ class RecordLog(Protocol):
     def read(self, from_lsn: Lsn) -> AsyncIterator[tuple[Lsn, bytes]]: ...
 
     async def trim(self, upto_lsn: Lsn) -> None: ...
+
+    def set_unacked_view(self, unacked: Callable[[Lsn, Lsn], list[tuple[Lsn, Lsn]]]) -> None: ...
+
+    @property
+    def gaps(self) -> list[tuple[Lsn, Lsn]]: ...
+
+    async def gaps_recorded(self, runs: list[tuple[Lsn, Lsn]]) -> None: ...
+
+    async def add_lost(self, runs: list[tuple[Lsn, Lsn]]) -> None: ...
 
     def stats(self) -> dict[str, int]: ...

@@ -183,6 +183,22 @@ class AckedRanges:
     def contains(self, lsn: int) -> bool:
         return lsn <= self.trimmed or self._runs.contains(lsn)
 
+    def missing(self, first: int, last: int) -> list[tuple[int, int]]:
+        """The runs of [first, last] the cloud has not acknowledged (what a drop of them loses)."""
+        out: list[tuple[int, int]] = []
+        at = max(first, self.trimmed + 1)
+        for lo, hi in self._runs:
+            if lo > last:
+                break
+            if hi < at:
+                continue
+            if lo > at:
+                out.append((at, lo - 1))
+            at = hi + 1
+        if at <= last:
+            out.append((at, last))
+        return out
+
     @property
     def runs(self) -> list[tuple[int, int]]:
         return list(self._runs)
@@ -258,9 +274,11 @@ class BacklogIndex:
         if lsns:
             self._runs[cls].remove_span(lsns[0], lsns[-1])
 
-    def clear(self) -> None:
-        for cls in CLASSES:
-            self._runs[cls] = Runs()
+    def forget_upto(self, lsn: int) -> None:
+        """The log no longer holds LSNs <= ``lsn`` (a drop): they are not backlog any more."""
+        for runs in self._runs.values():
+            if len(runs):
+                runs.remove_span(runs.first()[0], lsn)
 
 
 class TokenBucket:

@@ -6,19 +6,27 @@ retried until the cloud answers 200 with a matching ``BatchAck``, so nothing is 
 the way up. Batches may carry non-contiguous LSNs (in increasing order); the cloud keeps LSN
 intervals, so a batch re-sent after a restart stores nothing twice.
 
-Draining (docs/placement.md, "Uplink"): while at most ``backlog_threshold_records`` wait, batches
-are the log's records in order. Beyond that, what waits becomes the *backlog*: it is classified
-(``drain.classify``, in slices, so live data keeps moving while a million records are scanned) and
-drained alerts first, then summaries, then raw data, each class oldest- or newest-first. Records
-appended after the backlog formed are the live tail and stay live (a new backlog forms only once
-the last one is drained); whenever live records wait, every other batch is a live batch, so live
-data is never held up by more than one backlog step (a batch or a scan slice).
+Draining (docs/gateway.md, "Uplink drain"): while the link keeps up, batches are the log's records
+in order (the *live tail*). Everything written while the link was down or slow is *backlog*: a
+failed batch moves the whole live tail into it, and so does a live tail grown past
+``backlog_threshold_records``; the backlog grows for as long as the outage or the slow link lasts.
+It is classified (``drain.classify``, in slices, so live data keeps moving while a million records
+are scanned) and drained alerts first, then summaries, then raw data, each class oldest- or
+newest-first, over every unacknowledged record it holds. Whenever live records wait, every other
+batch is a live batch, so live data is never held up by more than one backlog step.
 
-Failures back off exponentially with jitter; a retry happens at once when the link monitor sees
-the link come back (``link_up``); while the monitor says the link is down, the uplink waits for
-that, with the maximum backoff as a fallback timer. A 401/403 backs off to the maximum at once
-(an operator must fix the token) and a 400 is logged with the cloud's own words. An optional
-token bucket caps the uplink's bandwidth. Every upload is reported to the link monitor.
+Short up windows: a batch that failed on the link (refused, timed out) is retried after at most
+``OUTAGE_RETRY_MAX_S`` (jittered), whatever the link monitor says, so a link that is up for two
+seconds carries data in them; a retry also happens at once when the monitor sees the link come
+back (``link_up``). Other failures back off exponentially up to ``backoff_max_s``; a 401/403 backs
+off to the maximum at once (an operator must fix the token) and a 400 is logged with the cloud's
+own words. An optional token bucket caps the uplink's bandwidth. Every upload is reported to the
+link monitor.
+
+Full log (policy "drop_oldest"): the log asks the uplink which LSNs of a dropped segment the cloud
+lacks (``AckedRanges.missing``, less the batch in flight), so its loss count is exact; the uplink
+follows the log's trim point past a drop (the backlog forgets what is gone) and writes one
+``protocol.derived.LogGap`` record for each lost run, so the cloud learns those LSNs never come.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from gateway.ratelimit import RateLimitedLog
-from gateway.storage.interface import RecordLog
+from gateway.storage.interface import LogFailed, LogFull, RecordLog
 from gateway.uplink.blobs import BlobSpool, BlobUploader, blob_refs
 from gateway.uplink.drain import (
     CLASSES,
@@ -50,6 +58,8 @@ from gateway.uplink.drain import (
 )
 from protocol.batch import BatchAck, encode_batch, idempotency_key
 from protocol.config import UplinkConfig
+from protocol.derived import LogGap
+from protocol.records import Record, encode_record
 from runtime.backoff import Backoff
 from runtime.tasks import cancel_and_wait, wait_event
 
@@ -58,6 +68,7 @@ log = logging.getLogger(__name__)
 IDLE_WAKE_S = 5.0  # look at the log at least this often even without a wake-up
 SCAN_SLICE_RECORDS = 10_000  # backlog records read and classified per round (~0.2 s; then a live batch)
 SPAN_PER_RECORD = 20  # a backlog batch spans at most this many log LSNs per record it carries
+OUTAGE_RETRY_MAX_S = 1.0  # longest wait after a link failure: a short up window is never slept through
 FailureKind = Literal[
     "connection",
     "timeout",
@@ -111,7 +122,6 @@ class Uplink:
         rng: random.Random | None = None,
         *,
         monitor: UploadObserver | None = None,
-        link_down: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.perf_counter,
         blob_spool: BlobSpool | None = None,
     ) -> None:
@@ -121,8 +131,9 @@ class Uplink:
         self._url = f"{config.cloud_url.rstrip('/')}/v1/gateways/{gateway_id}/batches"
         self._token = read_token(config.token, config.token_file)
         self._retry = Backoff(config.backoff_initial_s, config.backoff_max_s, rng)
+        outage_max = min(config.backoff_max_s, OUTAGE_RETRY_MAX_S)
+        self._outage_retry = Backoff(min(config.backoff_initial_s, outage_max), outage_max, rng)
         self._monitor = monitor
-        self._link_down = link_down
         self._clock = clock
         self._bucket = TokenBucket(config.bandwidth_cap_Bps, config.bandwidth_burst_bytes)
         if blob_spool is None and config.blob_dir is not None:
@@ -157,6 +168,9 @@ class Uplink:
         self._live_next = 1  # first LSN of the live tail not yet acknowledged
         self._scan_next = 1  # next backlog LSN to classify (the scan is done when > index.upto)
         self._turn: Literal["live", "backlog"] = "backlog"  # which kind of batch goes next, when both wait
+        self._absorb = False  # a batch failed: what waits joins the backlog before the next choice
+        self._in_flight: list[tuple[int, int]] = []  # the LSN runs of the batch being sent
+        self._gap_records: dict[int, tuple[int, int]] = {}  # LogGap records not yet acked: LSN -> gap
         self._synced = False
         self.state: UplinkState = "idle"
         self.last_error = ""
@@ -172,6 +186,9 @@ class Uplink:
             "link_up_wakeups": 0,
             "throttled_s": 0,
             "blob_refs_without_spool": 0,
+            "absorbed_into_backlog": 0,
+            "drops_followed": 0,
+            "gap_records": 0,
         }
         self.uploaded_by_class: dict[DrainClass, int] = dict.fromkeys(CLASSES, 0)
         self.failures: dict[str, int] = dict.fromkeys(FAILURE_KINDS, 0)  # by FailureKind
@@ -230,7 +247,71 @@ class Uplink:
             return
         self._acked = AckedRanges(self._log.trimmed_lsn)
         self._live_next = self._scan_next = self._log.trimmed_lsn + 1
+        self._log.set_unacked_view(self._unacked)
         self._synced = True
+
+    def _unacked(self, first: int, last: int) -> list[tuple[int, int]]:
+        """What a drop of [first, last] loses: the cloud lacks it and no batch carrying it is in flight
+        (if that batch fails, ``_count_lost`` adds its records to the loss)."""
+        out: list[tuple[int, int]] = []
+        for lo, hi in self._acked.missing(first, last):
+            at = lo
+            for f_lo, f_hi in self._in_flight:
+                if f_hi < at or f_lo > hi:
+                    continue
+                if f_lo > at:
+                    out.append((at, f_lo - 1))
+                at = max(at, f_hi + 1)
+            if at <= hi:
+                out.append((at, hi))
+        return out
+
+    def _follow_drops(self) -> None:
+        """The log dropped segments (policy "drop_oldest"): what is gone is neither backlog nor live."""
+        trimmed = self._log.trimmed_lsn
+        if trimmed <= self._acked.trimmed:
+            return
+        self.counters["drops_followed"] += 1
+        for lsn in [lsn for lsn in self._gap_records if lsn <= trimmed and not self._acked.contains(lsn)]:
+            del self._gap_records[lsn]  # the LogGap record itself was dropped: its gap is written again
+        self._acked.trimmed_to(trimmed)
+        self._index.forget_upto(trimmed)
+        self._live_next = max(self._live_next, trimmed + 1)
+        self._scan_next = max(self._scan_next, trimmed + 1)
+
+    async def _record_gaps(self) -> None:
+        """One LogGap record per run the log dropped unacknowledged. A gap stays pending in the log
+        until the cloud acknowledged its record (``_gaps_acked``): a LogGap record that is dropped in
+        turn is written again, so the cloud learns of every lost LSN."""
+        written = set(self._gap_records.values())
+        gaps = [gap for gap in self._log.gaps if gap not in written]
+        if not gaps:
+            return
+        try:
+            for first, last in gaps:
+                body = LogGap(first=first, last=last).model_dump()
+                record = Record(kind="event", device=self.gateway_id, received_ts=time.time(), body=body)
+                self._gap_records[await self._log.append(encode_record(record))] = (first, last)
+                self.counters["gap_records"] += 1
+            await self._log.flush(wait=True)  # sent from the next round on
+        except (LogFull, LogFailed) as exc:  # still pending: tried again next round
+            self._warn.warning("gap", "uplink: LogGap records for %s not written yet: %s", gaps, exc)
+            return
+        log.warning("uplink: the full log dropped un-uploaded records %s; LogGap records written", gaps)
+
+    async def _gaps_acked(self) -> None:
+        acked = [lsn for lsn in self._gap_records if self._acked.contains(lsn)]
+        if acked:
+            await self._log.gaps_recorded([self._gap_records.pop(lsn) for lsn in acked])
+
+    async def _count_lost(self, failed: list[tuple[int, int]]) -> None:
+        """A failed batch whose records a drop removed while it was in flight: they are lost now.
+        Computed before the first await: a drop from then on counts them itself (not in flight)."""
+        trimmed = self._log.trimmed_lsn
+        gone = [(lo, min(hi, trimmed)) for lo, hi in failed if lo <= trimmed]
+        lost = [run for lo, hi in gone for run in self._acked.missing(lo, hi)]
+        if lost:
+            await self._log.add_lost(lost)
 
     # -- the loop ------------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -246,16 +327,16 @@ class Uplink:
             outcome = await self._send(batch)
             if outcome.kind == "ok":
                 self._retry.succeeded()
+                self._outage_retry.succeeded()
                 self.state = "sending"
                 continue
             self.failures[outcome.kind] += 1
             self.last_error = f"{outcome.kind}: {outcome.detail}"
             self.state = "backoff"
-            link_known_down = (
-                outcome.kind in LINK_FAILURES and self._link_down is not None and self._link_down()
-            )
-            if outcome.kind == "auth" or link_known_down:  # no retry storm against a refusal or a dead link
+            if outcome.kind == "auth":  # no retry storm against a refusal
                 delay = self._retry.longest()
+            elif outcome.kind in LINK_FAILURES:  # a cheap retry: a short up window must not be missed
+                delay = self._outage_retry.failed()
             else:
                 delay = self._retry.failed()
             if outcome.kind == "auth":
@@ -290,18 +371,14 @@ class Uplink:
         live record waits for at most the live batches ahead of it plus one backlog step each.
         """
         self._sync_with_log()
+        self._follow_drops()
+        await self._record_gaps()
         durable = self._log.durable_lsn
+        waiting = durable - self._live_next + 1
+        if waiting > 0 and (self._absorb or waiting > self._config.backlog_threshold_records):
+            self._absorb_live_tail(durable)
+        self._absorb = False
         scanning = self._scan_next <= self._index.upto
-        if (
-            not scanning
-            and self._index.pending() == 0
-            and durable - self._live_next + 1 > self._config.backlog_threshold_records
-        ):
-            # everything before live_next is acknowledged (batches go one at a time)
-            self._scan_next = self._live_next
-            self._index.upto = durable
-            self._live_next = durable + 1
-            scanning = True
         live = self._live_next <= durable
         backlog = scanning or self._index.pending() > 0
         if live and (self._turn == "live" or not backlog):
@@ -314,6 +391,16 @@ class Uplink:
         if backlog:
             return await self._backlog_batch()
         return None
+
+    def _absorb_live_tail(self, durable: int) -> None:
+        """The live tail [live_next, durable] joins the backlog (the link is down or not keeping up)."""
+        if self._scan_next > self._index.upto:
+            # the scan is done: everything before live_next is acknowledged (batches go one at a time)
+            self._scan_next = self._live_next
+        self.counters["absorbed_into_backlog"] += durable - self._live_next + 1
+        self._index.upto = durable
+        self._live_next = durable + 1
+        self._turn = "backlog"  # what waited longest goes by priority before anything newer
 
     async def _scan_slice(self) -> None:
         upto = min(self._index.upto, self._scan_next + SCAN_SLICE_RECORDS - 1)
@@ -372,6 +459,17 @@ class Uplink:
         return await self._send(batch)
 
     async def _send(self, batch: Batch) -> Outcome:
+        self._in_flight = runs_of(lsn for lsn, _ in batch.entries)
+        try:
+            outcome = await self._send_in_flight(batch)
+        finally:
+            in_flight, self._in_flight = self._in_flight, []
+        if outcome.kind != "ok":
+            self._absorb = True
+            await self._count_lost(in_flight)
+        return outcome
+
+    async def _send_in_flight(self, batch: Batch) -> Outcome:
         entries = batch.entries
         first, last = entries[0][0], entries[-1][0]
         blob_failure = await self._upload_blobs(entries)
@@ -413,6 +511,7 @@ class Uplink:
         self.counters["records_uploaded"] += len(entries)
         self.counters["bytes_uploaded"] += len(body)
         self.last_success_ts = time.time()
+        await self._gaps_acked()
         await self._trim()
         return outcome
 

@@ -132,3 +132,23 @@ def test_a_large_index_drains_from_both_ends_and_compacts():
         index.remove("raw", picked)
         drained = picked + drained
     assert drained == list(range(2, 400_001, 2)) and index.next_class() is None
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 60), st.integers(0, 5)), max_size=20), st.integers(0, 10))
+def test_missing_is_the_unacknowledged_part_of_a_span(spans, trimmed):
+    acked = AckedRanges(trimmed)
+    for lo, width in spans:
+        acked.add_runs([(lo, lo + width)])
+    for first, last in ((1, 70), (5, 25), (30, 30)):
+        missing = acked.missing(first, last)
+        assert missing == runs_of(x for x in range(first, last + 1) if not acked.contains(x))
+
+
+def test_a_backlog_forgets_what_the_log_dropped():
+    index = BacklogIndex()
+    for lsn in range(1, 21):
+        index.add(lsn, "alert" if lsn % 5 == 0 else "raw")
+    index.forget_upto(12)
+    assert index.pending("alert") == 2 and index.pending("raw") == 6
+    assert index.pick("raw", "oldest", 100, 100)[0] == 13

@@ -1,0 +1,104 @@
+"""The uplink through an outage, against a real cloudd: everything written while the cloud was
+unreachable is backlog (alerts acknowledged before the raw data of the same period), and a full log
+under "drop_oldest" neither wedges the uplink nor miscounts: the loss is exact and LogGap records
+name exactly the LSNs that never arrive."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.storage.epoch_log import EpochLog
+from gateway.uplink.sender import Uplink
+from protocol.config import UplinkConfig
+from tests.harness.cloudd import make_cloudd
+from tests.harness.poll import eventually
+from tests.uplink.test_uplink_drain import record
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def config(url: str, token: str, **kw) -> UplinkConfig:
+    base = {"backoff_initial_s": 0.05, "backoff_max_s": 30.0, "batch_max_records": 20}
+    return UplinkConfig(cloud_url=url, token=token, **{**base, **kw})
+
+
+def gap_runs(stored) -> list[tuple[int, int]]:
+    bodies = [r.record["body"] for r in stored]
+    return sorted((b["first"], b["last"]) for b in bodies if b.get("type") == "log_gap")
+
+
+async def test_alerts_written_during_an_outage_go_before_its_raw_data(tmp_path):
+    cloud = make_cloudd(tmp_path / "cloud")  # nothing listens on its port yet: the outage
+    log = EpochLog(tmp_path / "log", segment_bytes=64 * 1024, max_bytes=64 << 20)
+    await log.open()
+    # backoff_max_s is 30 s: only the short outage retry lets the uplink notice the cloud within the test
+    uplink = Uplink(log, "gw1", config(cloud.url, cloud.token_for("gw1")))
+    await uplink.start()
+    try:
+        for lsn in range(1, 401):  # written over the outage, the uplink failing all along
+            await log.append(record(lsn))
+            if lsn % 50 == 0:
+                await log.flush(wait=True)
+                uplink.wake()
+                await eventually(lambda n=lsn: uplink.failures["connection"] >= n // 50, 20, "a failure")
+        await log.flush(wait=True)
+        await asyncio.to_thread(cloud.start)
+        await eventually(lambda: log.trimmed_lsn == 400, 60, "the outage's records uploaded and trimmed")
+        assert uplink.counters["absorbed_into_backlog"] > 0
+    finally:
+        await uplink.stop()
+        await log.close()
+        await asyncio.to_thread(cloud.stop)
+    lsns = [r.lsn for r in cloud.records("gw1")]
+    assert sorted(lsns) == list(range(1, 401))  # each once
+    alerts = [i for i, lsn in enumerate(lsns) if lsn % 10 == 0]
+    raw = [i for i, lsn in enumerate(lsns) if lsn % 10 and lsn % 3]
+    assert max(alerts) < min(raw)  # every alert of the outage stored before any of its raw data
+
+
+async def test_drop_oldest_through_an_outage_counts_exactly_and_names_the_gaps(tmp_path):
+    cloud = make_cloudd(tmp_path / "cloud")
+    await asyncio.to_thread(cloud.start)
+    log = EpochLog(tmp_path / "log", segment_bytes=8192, max_bytes=32768, full_policy="drop_oldest")
+    await log.open()
+    uplink = Uplink(log, "gw1", config(cloud.url, cloud.token_for("gw1")))
+    await uplink.start()
+    appended = 0
+    try:
+        for lsn in range(1, 20):  # uploaded before the outage
+            await log.append(record(lsn))
+        await log.flush(wait=True)
+        uplink.wake()
+        await eventually(lambda: log.trimmed_lsn >= 19, 20, "the first records uploaded")
+        await asyncio.to_thread(cloud.stop)
+        appended = 19
+        while log.stats()["dropped_segments"] < 3:  # overflow the 32 kB budget several times
+            appended += 1
+            await log.append(record(appended))
+            if appended % 20 == 0:
+                await log.flush(wait=True)
+        await log.flush(wait=True)
+        await asyncio.to_thread(cloud.start)
+        uplink.link_up()
+        await eventually(lambda: uplink.backlog == 0 and not log.gaps, 60, "the log drained after the drops")
+        assert log.trimmed_lsn == log.durable_lsn  # trimmed to the end: no wedge below a gap
+        dropped = log.stats()["dropped_records"]
+    finally:
+        await uplink.stop()
+        await log.close()
+        await asyncio.to_thread(cloud.stop)
+    stored = cloud.records("gw1")
+    ours = {r.lsn for r in stored if r.record["body"].get("type") != "log_gap"}
+    missing = set(range(1, appended + 1)) - ours
+    assert dropped == len(missing) > 0  # the loss counted exactly
+    gaps = gap_runs(stored)
+    assert {lsn for lo, hi in gaps for lsn in range(lo, hi + 1)} == missing  # and named exactly
+    reopened = EpochLog(tmp_path / "log", segment_bytes=8192, max_bytes=32768, full_policy="drop_oldest")
+    await reopened.open()
+    try:
+        assert reopened.stats()["dropped_records"] == dropped  # the counts survive a restart
+        assert reopened.gaps == []
+    finally:
+        await reopened.close()
