@@ -25,6 +25,7 @@ from tests.harness.camera import DevicesimCamera
 from tests.harness.cloudd import cloudd_token, make_cloudd
 from tests.harness.gatewayctl import broker_args, ctl_json
 from tests.harness.gatewayd import Gatewayd, telemetry, write_config
+from tests.harness.live_trace import tasks_caught_up
 from tests.harness.mqtt import publish
 from tests.harness.poll import wait_until
 from tests.harness.processes import free_port
@@ -43,13 +44,6 @@ def config_text(camera_url: str, blob_dir: Path) -> str:
         f'[camera]\nenabled = true\ncamera_id = "cam1"\nsource = "{camera_url}"\n'
         "open_timeout_s = 3.0\nread_timeout_s = 3.0\nbackoff_initial_s = 0.2\nbackoff_max_s = 1.0\n"
     )
-
-
-def tasks_caught_up(status: dict[str, Any], log_id: str, logged: int) -> bool:
-    """cloudd's task runner has stored every result it makes from the gateway log's first
-    ``logged`` records and waits for no blob."""
-    logs = [entry for entry in status["tasks"]["logs"] if entry["log_id"] == log_id]
-    return bool(logs) and logs[0]["next_lsn"] > logged and logs[0]["waiting_blobs"] == 0
 
 
 def test_gateway_runs_camera_and_sensor_tasks_where_the_plan_says(tmp_path: Path, mosquitto) -> None:
