@@ -47,3 +47,9 @@ def telemetry_record(device: str, received_ts: float, body_json: bytes) -> bytes
     """Encode a telemetry record around the device's (already validated) JSON payload."""
     body = json.loads(body_json)
     return encode_record(Record(kind="telemetry", device=device, received_ts=received_ts, body=body))
+
+
+def event_record(device: str, received_ts: float, body: dict[str, Any]) -> bytes:
+    """Encode an event record: a result the gateway made (protocol.derived, protocol.events) or a
+    notice of its own."""
+    return encode_record(Record(kind="event", device=device, received_ts=received_ts, body=body))

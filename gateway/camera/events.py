@@ -39,7 +39,7 @@ from models.summarise import summarise
 from protocol.config import CameraConfig
 from protocol.control import Side
 from protocol.derived import FrameForCloud, InferenceResult, PlacementMarker
-from protocol.records import Record, encode_record
+from protocol.records import event_record
 from runtime.tasks import wait_event
 
 log = logging.getLogger(__name__)
@@ -73,10 +73,6 @@ def result_body(result: Inferred, config: CameraConfig, blob: BlobRef | None) ->
         blob=ref,
     )
     return event.model_dump(mode="json", exclude_none=True)
-
-
-def event_record(device: str, received_ts: float, body: dict[str, Any]) -> bytes:
-    return encode_record(Record(kind="event", device=device, received_ts=received_ts, body=body))
 
 
 class CameraEventRecorder:

@@ -18,14 +18,14 @@ import torch
 
 from gateway.storage.interface import RecordLog
 from protocol.federated import SAMPLE_EVENT_TYPE, TrainingSample
-from protocol.records import Record, encode_record
+from protocol.records import event_record
 
 _SAMPLE_MARK = b'"type":"training_sample"'
 
 
 def sample_record(device: str, ts: float, x: torch.Tensor, y: int) -> bytes:
     body = TrainingSample(x=[round(float(v), 5) for v in x.reshape(-1)], shape=list(x.shape), y=int(y))
-    return encode_record(Record(kind="event", device=device, received_ts=ts, body=body.model_dump()))
+    return event_record(device, ts, body.model_dump())
 
 
 class SampleWindow:

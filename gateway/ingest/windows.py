@@ -30,13 +30,9 @@ from gateway.storage.interface import LogFull, RecordLog
 from models.sensing import Window, WindowBook, aggregate, detect
 from protocol.control import Side
 from protocol.derived import PlacementMarker, SensorParams
-from protocol.records import Record, encode_record
+from protocol.records import event_record
 
 log = logging.getLogger(__name__)
-
-
-def event_record(device: str, received_ts: float, body: dict[str, Any]) -> bytes:
-    return encode_record(Record(kind="event", device=device, received_ts=received_ts, body=body))
 
 
 class SensorWindows:

@@ -31,17 +31,8 @@ FLAP_DETECT_S = 15.0
 MAX_REPLANS_PER_MIN = 2.0
 
 
-def camera_results(run: LiveRun) -> list[dict[str, Any]]:
-    """Every camera event, made at the edge (in the gateway's log) or by cloudd."""
-    at_edge = [r.record["body"] for r in run.gateway_log() if "ran_at" in r.record["body"]]
-    in_cloud = [r.record["body"] for r in run.made_by_cloud("camera/summarise")]
-    return [b for b in at_edge if b.get("source") == "cam1"] + in_cloud
-
-
 def sensor_results(run: LiveRun, kind: str, task: str) -> list[Any]:
-    """Every sensor aggregate or detection, made at the edge or by cloudd."""
-    at_edge = [r.record["body"] for r in run.gateway_log() if r.record["body"].get("type") == kind]
-    return [parse_derived(b) for b in at_edge + [r.record["body"] for r in run.made_by_cloud(task)]]
+    return [parse_derived(r.record["body"]) for r in run.sensor_results(kind, task)]
 
 
 def where_inferred(results: list[dict[str, Any]], start: float, end: float) -> Counter[str]:
@@ -66,7 +57,7 @@ async def test_the_plan_runs_through_a_live_trace(tmp_path: Path) -> None:
     sent |= {(HOT_DEVICE, seq) for seq in range(run.hot_sent)}
     assert telemetry.keys() == sent and set(telemetry.values()) == {1}
 
-    results = camera_results(run)
+    results = [r.record["body"] for r in run.camera_results()]
     assert all(b.get("type") != "task_failed" for b in results), [b for b in results if "reason" in b]
     seqs = Counter(b["seq"] for b in results)
     assert set(seqs.values()) == {1}, "a frame with two results"

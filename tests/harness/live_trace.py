@@ -38,6 +38,7 @@ from tests.harness.mqtt import client as mqtt_client
 from tests.harness.poll import wait_until
 from tests.harness.processes import free_port
 
+CAMERA_ID = "cam1"
 SAMPLE_S = 0.5  # the gateway's /status and the cloud's store are read this often
 HOT_DEVICE = "hot-001"  # publishes readings above the alert bound, always
 HOT_C, ALERT_HIGH_C = 45.0, 40.0
@@ -86,7 +87,7 @@ def gateway_config(camera_url: str, blob_dir: Path, pins: dict[str, str]) -> str
         '[devices]\nallow = ["sensor-*", "hot-*"]\n'
         f"[placement]\nprobe_interval_s = 1.0\npins = {{ {pin_table} }}\n"
         f"[sensor]\nwindow_s = 1.0\n[sensor.bounds]\ntemperature_c = {{ high = {ALERT_HIGH_C} }}\n"
-        f'[camera]\nenabled = true\ncamera_id = "cam1"\nsource = "{camera_url}"\nalert_score = 0.9\n'
+        f'[camera]\nenabled = true\ncamera_id = "{CAMERA_ID}"\nsource = "{camera_url}"\nalert_score = 0.9\n'
         "open_timeout_s = 3.0\nread_timeout_s = 3.0\nbackoff_initial_s = 0.2\nbackoff_max_s = 1.0\n"
     )
 
@@ -113,6 +114,18 @@ class LiveRun:
     def made_by_cloud(self, task: str) -> list[StoredRecord]:
         derived = derived_log_id(self.log_id, task)
         return [r for r in self.records if r.log_id == derived]
+
+    def camera_results(self) -> list[StoredRecord]:
+        """Every camera result: the events the gateway made (in its log) and those cloudd made."""
+        bodies = [(r, r.record["body"]) for r in self.gateway_log()]
+        at_edge = [r for r, body in bodies if "ran_at" in body and body.get("source") == CAMERA_ID]
+        return at_edge + self.made_by_cloud("camera/summarise")
+
+    def sensor_results(self, kind: str, task: str) -> list[StoredRecord]:
+        """Every sensor result of one ``kind`` (``sensor_aggregate``, ``sensor_detection``): made by
+        the gateway or by cloudd's ``task``."""
+        at_edge = [r for r in self.gateway_log() if r.record["body"].get("type") == kind]
+        return at_edge + self.made_by_cloud(task)
 
     def order(self) -> dict[tuple[str, int], int]:
         return {(r.log_id, r.lsn): i for i, r in enumerate(self.records)}

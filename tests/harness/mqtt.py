@@ -57,8 +57,12 @@ def retained(
         if set(got) >= set(topics):
             done.set()
 
+    def on_connect(c: paho.Client, *_: object) -> None:
+        for topic in topics:
+            c.subscribe(topic, qos=1)
+
     mqtt.on_message = on_message
-    mqtt.on_connect = lambda c, *a: [c.subscribe(t, qos=1) for t in topics]
+    mqtt.on_connect = on_connect
     mqtt.connect("127.0.0.1", broker_port)
     mqtt.loop_start()
     try:
@@ -81,7 +85,7 @@ def subscribe(mqtt: paho.Client, topic: str, qos: int = 1, timeout_s: float = 10
             acked.add(mid)
             arrived.notify_all()
         if earlier is not None:
-            earlier(c, userdata, mid, reasons, props)
+            earlier(c, userdata, mid, reasons, props)  # type: ignore[call-arg]  # a v5 client's callback
 
     mqtt.on_subscribe = on_subscribe
     try:

@@ -99,7 +99,7 @@ async def eventually(
             if inspect.isawaitable(value):
                 value = await value
             if check(value):
-                return value  # type: ignore[return-value]
+                return value
             tracker.saw(value)
         except ignoring as exc:
             tracker.failed(exc)

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.harness.poll import wait_until
 
@@ -32,7 +33,7 @@ def repo_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)), **extra}
 
 
-def start_module(module: str, args: list[str], log_path: Path, **popen: object) -> subprocess.Popen:
+def start_module(module: str, args: list[str], log_path: Path, **popen: Any) -> subprocess.Popen:
     """``python -m module *args`` from the repository root, output appended to ``log_path``."""
     with open(log_path, "ab") as log:
         return subprocess.Popen(
@@ -41,7 +42,7 @@ def start_module(module: str, args: list[str], log_path: Path, **popen: object) 
             env=repo_env(),
             stdout=log,
             stderr=subprocess.STDOUT,
-            **popen,  # type: ignore[arg-type]
+            **popen,
         )
 
 

@@ -88,7 +88,9 @@ def wait_for_event(path: Path, event: str, timeout_s: float, proc: subprocess.Po
             raise ProcessExited(f"job exited {proc.returncode} before a {event} event")
         return found
 
-    return wait_until(first, timeout_s, f"a {event} event in {path}")
+    found = wait_until(first, timeout_s, f"a {event} event in {path}")
+    assert found is not None  # wait_until returns only a value its check (truthiness) passed
+    return found
 
 
 # --- test workers under torchrun ---------------------------------------------------------------------
