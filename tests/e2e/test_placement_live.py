@@ -45,7 +45,11 @@ def plan_versions_in(run: LiveRun, start: float, end: float) -> int:
 
 
 async def test_the_plan_runs_through_a_live_trace(tmp_path: Path) -> None:
-    run = await run_live(tmp_path, trace())
+    check(await run_live(tmp_path, trace()))
+
+
+def check(run: LiveRun) -> None:
+    """Every assertion, on what the run left (a function apart, to re-check a recorded run)."""
     stored = run.gateway_log()
     status = run.final_status
 
@@ -80,9 +84,10 @@ async def test_the_plan_runs_through_a_live_trace(tmp_path: Path) -> None:
     # -- where camera inference ran, phase by phase -------------------------------------------------
     phases = {name: (start + FOLLOW_S, end) for name, start, end in run.phases}
     placed = {name: where_inferred(results, *bounds) for name, bounds in phases.items()}
-    assert set(placed["fast"]) == {"cloud"}, placed
-    for name in ("outage", "slow", "flapping"):
-        assert set(placed[name]) == {"edge"}, (name, placed)
+    assert set(placed["fast"]) == {"cloud"}, placed  # (a scene may not change for a while: a phase
+    for name in ("outage", "slow", "flapping"):  # may have no frame, never one on the wrong side)
+        assert set(placed[name]) <= {"edge"}, (name, placed)
+    assert sum(placed[name]["edge"] for name in ("outage", "slow", "flapping")) > 0, placed
 
     # -- a steady estimate, a quick flap detector ---------------------------------------------------
     steady = ("fast", "outage", "slow")

@@ -82,7 +82,7 @@ def gateway_config(camera_url: str, blob_dir: Path, pins: dict[str, str]) -> str
     """What gatewayd runs with (the part after write_config's [uplink] keys)."""
     pin_table = ", ".join(f'"{task}" = "{side}"' for task, side in pins.items())
     return (
-        f'blob_dir = "{blob_dir}"\ntimeout_s = 2.0\n'
+        f'blob_dir = "{blob_dir}"\n'
         "[log]\nflush_interval_ms = 50\n"
         '[devices]\nallow = ["sensor-*", "hot-*"]\n'
         f"[placement]\nprobe_interval_s = 1.0\npins = {{ {pin_table} }}\n"
