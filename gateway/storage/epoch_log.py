@@ -1,10 +1,10 @@
 """EpochLog: the gateway's crash-consistent log, ordering decoupled from durability (Blizzard, NSDI'14).
 
 Owns: the asyncio side of the log: LSN and epoch assignment, framing and chained checksums, trim,
-reading, and the durability futures. budget.py holds its room for appends (the bounded buffer, the
-byte budget, the full policies and the drop ledger's use); the writer thread (epoch_writer.py) owns
-the disk writes; recovery.py owns reading bytes back; drops.py the ledger of what policy
-"drop_oldest" lost.
+and the durability futures. Its room for appends (the bounded buffer, the byte budget, the full
+policies, the drop ledger's use) is budget.py, its ``read`` log_reader.py; the writer thread
+(epoch_writer.py) owns the disk writes; recovery.py owns reading bytes back; drops.py the ledger of
+what policy "drop_oldest" lost.
 
 Invariant: after any crash the log holds a prefix of whole flush epochs that contains every epoch
 whose durability future completed; ``append`` never waits for the disk (only, when the buffer is
@@ -15,13 +15,12 @@ The format and the guarantee are written up in docs/storage.md.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import logging
 import os
 import random
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import get_args
@@ -44,28 +43,18 @@ from gateway.storage.log_format import (
     segment_name,
     segment_seq,
 )
+from gateway.storage.log_reader import LogReading
 from gateway.storage.recovery import (
     INDEX_EVERY_BYTES,
-    Damage,
-    Position,
     SegmentInfo,
     TailRecovery,
     recover_tail,
 )
-from gateway.storage.segment_reader import read_chunk
 
 log = logging.getLogger(__name__)
 
 
-class LogCorrupted(Exception):
-    """A lazily scanned older segment holds corrupt bytes; ``damage`` says where. Not a crash artefact."""
-
-    def __init__(self, damage: Damage) -> None:
-        super().__init__(str(damage))
-        self.damage = damage
-
-
-class EpochLog(LogBudget):
+class EpochLog(LogBudget, LogReading):
     def __init__(
         self,
         directory: Path | str,
@@ -361,46 +350,7 @@ class EpochLog(LogBudget):
             future.set_exception(exc if isinstance(exc, LogFailed) else LogFailed(str(exc)))
             future.exception()  # retrieved: whoever awaits still gets it
 
-    # -- reading and trimming -----------------------------------------------------------------------
-
-    async def read(self, from_lsn: Lsn) -> AsyncIterator[tuple[Lsn, bytes]]:
-        loop = asyncio.get_running_loop()
-        lsn = from_lsn
-        resume: tuple[SegmentInfo, Position] | None = None  # where the last chunk stopped, in which segment
-        while True:
-            lsn = max(lsn, self._trimmed_lsn + 1)
-            if lsn > self._durable_lsn or not self._segments:
-                return
-            firsts = [s.header.first_lsn for s in self._segments]
-            at = max(0, bisect.bisect_right(firsts, lsn) - 1)
-            info = self._segments[at]
-            lsn = max(lsn, info.header.first_lsn)
-            last = firsts[at + 1] - 1 if at + 1 < len(firsts) else self._durable_lsn
-            start = resume[1] if resume is not None and resume[0] is info else None
-            chunk = await loop.run_in_executor(self._reader, read_chunk, self._layer, info, lsn, last, start)
-            resume = (info, chunk.resume) if chunk.resume is not None else None
-            if chunk.vanished:
-                if info in self._segments:
-                    raise LogFailed(f"segment {info.path} is gone but the log still holds it")
-                continue  # trimmed or dropped meanwhile: start again from the trim point
-            if chunk.end is not None and info.end is None:
-                info.end = chunk.end
-            info.index.extend(p for p in chunk.index if not info.index or p.offset > info.index[-1].offset)
-            for record in chunk.records:
-                if record[0] > self._durable_lsn:
-                    return
-                yield record
-            if chunk.damage is not None:
-                self._stats["corruptions"] += 1
-                raise LogCorrupted(chunk.damage)
-            if chunk.records:
-                lsn = chunk.records[-1][0] + 1
-            elif at + 1 < len(self._segments) and lsn <= last:
-                lsn = last + 1
-            elif at + 1 < len(firsts):
-                lsn = firsts[at + 1]
-            else:
-                return
+    # -- trimming -----------------------------------------------------------------------
 
     async def trim(self, upto_lsn: Lsn) -> None:
         upto_lsn = min(upto_lsn, self._durable_lsn)
