@@ -1,8 +1,8 @@
 """What one upload to the cloud came to, as a value: the uplink's boundary with HTTP.
 
-Invariant: ``post`` never raises for anything the link or the cloud does: every answer, refusal,
-timeout or broken connection becomes an ``Outcome`` whose ``kind`` is "ok" or one of
-``FAILURE_KINDS`` (only cancellation passes through). "ok" always carries the cloud's ``BatchAck``;
+Invariant: every answer of the cloud, every timeout and every aiohttp client error (refused,
+reset) of a ``post`` becomes an ``Outcome`` whose ``kind`` is "ok" or one of ``FAILURE_KINDS``,
+never an exception. "ok" always carries the cloud's ``BatchAck``;
 a 200 whose body is not one is "bad_ack". ``LINK_FAILURES`` are the kinds in which the link itself
 failed (the others got an answer), which is what the link monitor and the short retry go by.
 """
