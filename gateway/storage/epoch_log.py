@@ -1,14 +1,10 @@
 """EpochLog: the gateway's crash-consistent log, ordering decoupled from durability (Blizzard, NSDI'14).
 
-Owns: the asyncio side of the log: LSN and epoch assignment, framing and chained checksums, the
-bounded buffer, the byte budget and full-disk policy, trim, reading, and the durability futures.
-The writer thread (epoch_writer.py) owns the disk writes; recovery.py owns reading bytes back;
-drops.py the ledger of what policy "drop_oldest" lost.
-
-Full policies (docs/storage.md, "Full log"): "reject" raises LogFull; "drop_oldest" drops the oldest
-segment, counting exactly the records in it the cloud had not acknowledged (``set_unacked_view``)
-and keeping them as pending gaps (``gaps`` / ``gaps_recorded``) until a LogGap record names them;
-"hold" makes ``append`` wait until a trim frees room (the caller stops taking input meanwhile).
+Owns: the asyncio side of the log: LSN and epoch assignment, framing and chained checksums, trim,
+and the durability futures. Its room for appends (the bounded buffer, the byte budget, the full
+policies, the drop ledger's use) is budget.py, its ``read`` log_reader.py; the writer thread
+(epoch_writer.py) owns the disk writes; recovery.py owns reading bytes back; drops.py the ledger of
+what policy "drop_oldest" lost.
 
 Invariant: after any crash the log holds a prefix of whole flush epochs that contains every epoch
 whose durability future completed; ``append`` never waits for the disk (only, when the buffer is
@@ -19,21 +15,22 @@ The format and the guarantee are written up in docs/storage.md.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import logging
 import os
 import random
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal, get_args
+from typing import get_args
 
-from gateway.storage.drops import DROPS_FILE, DropLedger, Run
+from gateway.storage.budget import FullPolicy, LogBudget
+from gateway.storage.drops import DropLedger, Run
+from gateway.storage.durable_files import replace_durably, unlink_in_order
 from gateway.storage.epoch_writer import ClosedEpoch, DurableGroup, EpochWriter
 from gateway.storage.filelayer import FileLayer, OsFileLayer
-from gateway.storage.interface import Epoch, LogFailed, LogFull, Lsn
+from gateway.storage.interface import Epoch, LogFailed, Lsn
 from gateway.storage.log_format import (
     META_FILE,
     RECORD_HEADER_BYTES,
@@ -46,34 +43,18 @@ from gateway.storage.log_format import (
     segment_name,
     segment_seq,
 )
+from gateway.storage.log_reader import LogReading
 from gateway.storage.recovery import (
     INDEX_EVERY_BYTES,
-    Damage,
-    Position,
     SegmentInfo,
     TailRecovery,
     recover_tail,
 )
-from gateway.storage.segment_reader import read_chunk
-from runtime.tasks import wait_event
 
 log = logging.getLogger(__name__)
 
-# Declared again in protocol.config, which validates the setting: the log does not import the config
-# schema (pydantic), so that a process that only writes or recovers a log starts fast.
-FullPolicy = Literal["reject", "drop_oldest", "hold"]
-HOLD_REPORT_S = 30.0  # a held append logs again after waiting this long for room
 
-
-class LogCorrupted(Exception):
-    """A lazily scanned older segment holds corrupt bytes; ``damage`` says where. Not a crash artefact."""
-
-    def __init__(self, damage: Damage) -> None:
-        super().__init__(str(damage))
-        self.damage = damage
-
-
-class EpochLog:
+class EpochLog(LogBudget, LogReading):
     def __init__(
         self,
         directory: Path | str,
@@ -205,18 +186,6 @@ class EpochLog:
         self._bytes_used = sum(s.size for s in self._segments)
         self._load_ledger()
 
-    def _load_ledger(self) -> None:
-        data = self._layer.read_file(os.path.join(self.directory, DROPS_FILE))
-        if data is None:
-            return
-        ledger = DropLedger.decode(data)
-        if ledger is None:
-            self._stats["corruptions"] += 1
-            log.error("epoch log %s: %s is damaged; drop counts start again at 0", self.directory, DROPS_FILE)
-            return
-        ledger.settle(self._trimmed_lsn)
-        self._ledger = ledger
-
     async def close(self) -> None:
         if self._closed:
             return
@@ -325,126 +294,6 @@ class EpochLog:
         self._stats["epochs"] += 1
         self._writer.submit(closed)
 
-    async def _wait_for_space(self, size: int) -> None:
-        """The buffer is full: close the open epoch early (a finer split keeps the prefix guarantee)
-        and wait, at most append_timeout_s, for the writer to make room."""
-        self._stats["buffer_waits"] += 1
-        self._close_epoch()
-        deadline = time.monotonic() + self.append_timeout_s
-        while self._buffered + size > self.buffer_bytes and self._buffered > 0:
-            if self._failed is not None:
-                raise LogFailed(str(self._failed))
-            self._space.clear()
-            if not await wait_event(self._space, max(0.0, deadline - time.monotonic())):
-                self._stats["rejected_records"] += 1
-                raise LogFull(
-                    f"buffer of {self.buffer_bytes} bytes still full after "
-                    f"{self.append_timeout_s}s: the disk is not keeping up"
-                ) from None
-
-    async def _make_room(self, size: int) -> None:
-        async with self._room_lock:
-            while self._bytes_used + size > self.max_bytes or self._disk_full:
-                if self.full_policy == "hold":
-                    if len(self._segments) < 2:  # a trim frees whole segments, never the active one
-                        await self._seal_oldest()
-                    await self._hold_for_room()
-                elif self.full_policy == "reject" or not await self._drop_oldest():
-                    self._stats["rejected_records"] += 1
-                    raise LogFull(
-                        f"epoch log {self.directory}: {self._bytes_used} of {self.max_bytes} bytes "
-                        f"used{' and the disk is full' if self._disk_full else ''}"
-                    )
-                self._disk_full = False  # re-raised by the writer if its retry still finds no space
-
-    async def _hold_for_room(self) -> None:
-        """Policy "hold": wait until a trim frees bytes (the caller's loop checks again; a wait that
-        times out is reported, and checks again too: a full disk may have cleared)."""
-        self._stats["hold_waits"] += 1
-        self._holding += 1
-        try:
-            self._room_freed.clear()
-            if not await wait_event(self._room_freed, HOLD_REPORT_S):
-                log.warning(
-                    "epoch log %s: full for %.0fs, policy hold: appends wait for the uplink to trim",
-                    self.directory,
-                    HOLD_REPORT_S,
-                )
-        finally:
-            self._holding -= 1
-        if self._failed is not None or self._closed:
-            raise LogFailed(f"epoch log {self.directory} is {'failed' if self._failed else 'closed'}")
-
-    def set_unacked_view(self, unacked: Callable[[Lsn, Lsn], list[Run]]) -> None:
-        """How a drop learns what it loses: ``unacked(first, last)`` returns the runs of [first, last]
-        the cloud has not acknowledged (the uplink's view; by default all of them)."""
-        self._unacked = unacked
-
-    async def _drop_oldest(self) -> bool:
-        """Drop the oldest whole segment that is durable and not the active one (counted loss)."""
-        if len(self._segments) < 2 or self._segments[1].header.first_lsn - 1 > self._durable_lsn:
-            await self._seal_oldest()
-        if len(self._segments) < 2 or self._segments[1].header.first_lsn - 1 > self._durable_lsn:
-            return False
-        victim, last = self._segments[0], self._segments[1].header.first_lsn - 1
-        first = max(victim.header.first_lsn, self._trimmed_lsn + 1)
-        lost = self._unacked(first, last) if first <= last else []
-        self._ledger.add_drop(last, lost)
-        # The ledger first: a crash before the trim below undoes this drop at recovery (DropLedger.settle).
-        # On a full disk it can only be written once the trim has freed a segment.
-        persisted = await self._persist_ledger()
-        await self._persist_trim(last)
-        if not persisted:
-            await self._persist_ledger()
-        log.warning(
-            "epoch log %s: full: dropped %d un-uploaded records (lsn <= %d)",
-            self.directory,
-            sum(hi - lo + 1 for lo, hi in lost),
-            last,
-        )
-        return True
-
-    async def _seal_oldest(self) -> None:
-        """Make the oldest segment droppable or trimmable: its records durable (the open epoch closed
-        and waited for, at most append_timeout_s) and, if it is the only one, the next epoch in a new
-        segment (one epoch may fill the whole budget: the intake appends a burst without yielding)."""
-        epoch = await self.flush()
-        try:
-            async with asyncio.timeout(self.append_timeout_s):
-                await epoch
-        except (TimeoutError, LogFailed):
-            return
-        if len(self._segments) == 1 and not self._open_chunks and self._active_bytes > SEGMENT_HEADER_BYTES:
-            self._new_segment()
-
-    @property
-    def gaps(self) -> list[Run]:
-        """The LSN runs dropped unacknowledged that no LogGap record names yet, ascending."""
-        return list(self._ledger.gaps)
-
-    async def gaps_recorded(self, runs: list[Run]) -> None:
-        """``runs`` (from ``gaps``) are now named by durable LogGap records: no longer pending."""
-        self._ledger.recorded(runs)
-        await self._persist_ledger()
-
-    async def add_lost(self, runs: list[Run]) -> None:
-        """Dropped records the last drops could not count (the uplink had them in flight, then failed)."""
-        self._ledger.add_lost(runs)
-        await self._persist_ledger()
-
-    async def _persist_ledger(self) -> bool:
-        """Write the drop ledger; False if the disk refused (e.g. ENOSPC: the next write retries)."""
-        data = self._ledger.encode()
-        try:
-            await asyncio.get_running_loop().run_in_executor(
-                self._admin, self._write_durably, DROPS_FILE, data
-            )
-        except OSError as exc:
-            self._stats["ledger_persist_failures"] += 1
-            log.warning("epoch log %s: drop ledger not persisted yet: %s", self.directory, exc)
-            return False
-        return True
-
     # -- writer callbacks (on the loop) --------------------------------------------------------------
 
     def _from_writer(self, callback):
@@ -501,46 +350,7 @@ class EpochLog:
             future.set_exception(exc if isinstance(exc, LogFailed) else LogFailed(str(exc)))
             future.exception()  # retrieved: whoever awaits still gets it
 
-    # -- reading and trimming -----------------------------------------------------------------------
-
-    async def read(self, from_lsn: Lsn) -> AsyncIterator[tuple[Lsn, bytes]]:
-        loop = asyncio.get_running_loop()
-        lsn = from_lsn
-        resume: tuple[SegmentInfo, Position] | None = None  # where the last chunk stopped, in which segment
-        while True:
-            lsn = max(lsn, self._trimmed_lsn + 1)
-            if lsn > self._durable_lsn or not self._segments:
-                return
-            firsts = [s.header.first_lsn for s in self._segments]
-            at = max(0, bisect.bisect_right(firsts, lsn) - 1)
-            info = self._segments[at]
-            lsn = max(lsn, info.header.first_lsn)
-            last = firsts[at + 1] - 1 if at + 1 < len(firsts) else self._durable_lsn
-            start = resume[1] if resume is not None and resume[0] is info else None
-            chunk = await loop.run_in_executor(self._reader, read_chunk, self._layer, info, lsn, last, start)
-            resume = (info, chunk.resume) if chunk.resume is not None else None
-            if chunk.vanished:
-                if info in self._segments:
-                    raise LogFailed(f"segment {info.path} is gone but the log still holds it")
-                continue  # trimmed or dropped meanwhile: start again from the trim point
-            if chunk.end is not None and info.end is None:
-                info.end = chunk.end
-            info.index.extend(p for p in chunk.index if not info.index or p.offset > info.index[-1].offset)
-            for record in chunk.records:
-                if record[0] > self._durable_lsn:
-                    return
-                yield record
-            if chunk.damage is not None:
-                self._stats["corruptions"] += 1
-                raise LogCorrupted(chunk.damage)
-            if chunk.records:
-                lsn = chunk.records[-1][0] + 1
-            elif at + 1 < len(self._segments) and lsn <= last:
-                lsn = last + 1
-            elif at + 1 < len(firsts):
-                lsn = firsts[at + 1]
-            else:
-                return
+    # -- trimming -----------------------------------------------------------------------
 
     async def trim(self, upto_lsn: Lsn) -> None:
         upto_lsn = min(upto_lsn, self._durable_lsn)
@@ -566,6 +376,12 @@ class EpochLog:
             self._stats["trim_persist_failures"] += 1
             log.warning("epoch log %s: trim to %d not persisted yet: %s", self.directory, upto_lsn, exc)
 
+    def _unlink(self, segments: list[SegmentInfo]) -> None:
+        unlink_in_order(self._layer, self.directory, [info.path for info in segments])
+
+    def _write_meta(self, trimmed_lsn: Lsn) -> None:
+        replace_durably(self._layer, self.directory, META_FILE, encode_meta(self.log_id, trimmed_lsn))
+
     def _drop_trimmed_segments(self, unlink: bool = True) -> list[SegmentInfo]:
         freed = []
         while len(self._segments) > 1 and self._segments[1].header.first_lsn - 1 <= self._trimmed_lsn:
@@ -573,32 +389,6 @@ class EpochLog:
         if unlink and freed:
             self._unlink(freed)
         return freed
-
-    def _unlink(self, segments: list[SegmentInfo]) -> None:
-        """Oldest first, each removal made durable before the next: unsynced unlinks may persist in any
-        order, and a crash must never leave an older segment beside a hole where a newer one was."""
-        for info in segments:
-            try:
-                self._layer.unlink(info.path)
-            except FileNotFoundError:
-                pass
-            self._layer.fsync_dir(self.directory)
-
-    def _write_meta(self, trimmed_lsn: Lsn) -> None:
-        self._write_durably(META_FILE, encode_meta(self.log_id, trimmed_lsn))
-
-    def _write_durably(self, name: str, data: bytes) -> None:
-        """Replace the file ``name`` whole: tmp + fsync + rename + directory fsync (blocking)."""
-        path = os.path.join(self.directory, name)
-        fd = self._layer.open(path + ".tmp", create=True)
-        try:
-            self._layer.truncate(fd, 0)
-            self._layer.pwrite(fd, data, 0)
-            self._layer.fsync(fd)
-        finally:
-            self._layer.close(fd)
-        self._layer.replace(path + ".tmp", path)
-        self._layer.fsync_dir(self.directory)
 
     def stats(self) -> dict[str, int]:
         writer = self._writer

@@ -26,26 +26,20 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import aiohttp
 
 from gateway.uplink.drain import TokenBucket
+from gateway.uplink.outcome import OutcomeKind, UploadObserver
 from protocol.records import Record, encode_record
 from runtime.files import atomic_write
-
-if TYPE_CHECKING:  # sender.py imports this module; the kinds are the sender's
-    from gateway.uplink.sender import OutcomeKind
 
 log = logging.getLogger(__name__)
 
 _BLOB_MARK = b'"blob":{"id":'  # how encode_record writes a blob reference (compact JSON)
 MAX_RESYNCS = 3  # offset mismatches in a row before giving up this attempt
 RECENT_COMMITTED = 1024  # blobs known committed: a batch re-sent after a failure skips their status GET
-
-
-class UploadObserver(Protocol):
-    def observe_upload(self, nbytes: int, seconds: float, ok: bool) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -66,7 +60,7 @@ class BlobRef:
 
 @dataclass(frozen=True)
 class BlobOutcome:
-    """``kind`` is "ok" or one of sender.FAILURE_KINDS; ``detail`` says what happened."""
+    """``kind`` is "ok" or one of outcome.FAILURE_KINDS; ``detail`` says what happened."""
 
     kind: OutcomeKind
     detail: str = ""

@@ -23,29 +23,26 @@ off to the maximum at once (an operator must fix the token) and a 400 is logged 
 own words. An optional token bucket caps the uplink's bandwidth. Every upload is reported to the
 link monitor.
 
-Full log (policy "drop_oldest"): the log asks the uplink which LSNs of a dropped segment the cloud
-lacks (``AckedRanges.missing``, less the batch in flight), so its loss count is exact; the uplink
-follows the log's trim point past a drop (the backlog forgets what is gone) and writes one
-``protocol.derived.LogGap`` record for each lost run, so the cloud learns those LSNs never come.
+Full log (policy "drop_oldest"): the uplink follows the log's trim point past a drop (the backlog
+forgets what is gone); what the drop lost, and the LogGap records that tell the cloud, are gaps.py's.
+Each POST's result is a value (outcome.py's ``Outcome``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol, get_args
+from typing import Literal
 
 import aiohttp
-from pydantic import ValidationError
 
 from gateway.ratelimit import RateLimitedLog
-from gateway.storage.interface import LogFailed, LogFull, RecordLog
+from gateway.storage.interface import RecordLog
+from gateway.uplink.batches import Batch, read_entries
 from gateway.uplink.blobs import BlobSpool, BlobUploader, blob_refs
 from gateway.uplink.drain import (
     CLASSES,
@@ -56,10 +53,10 @@ from gateway.uplink.drain import (
     classify,
     runs_of,
 )
-from protocol.batch import BatchAck, encode_batch, idempotency_key
+from gateway.uplink.gaps import GapRecords, lost_in_flight, unacked_runs
+from gateway.uplink.outcome import FAILURE_KINDS, LINK_FAILURES, Outcome, UploadObserver, post
+from protocol.batch import encode_batch, idempotency_key
 from protocol.config import UplinkConfig
-from protocol.derived import LogGap
-from protocol.records import Record, encode_record
 from runtime.backoff import Backoff
 from runtime.tasks import cancel_and_wait, wait_event
 
@@ -69,40 +66,7 @@ IDLE_WAKE_S = 5.0  # look at the log at least this often even without a wake-up
 SCAN_SLICE_RECORDS = 10_000  # backlog records read and classified per round (~0.2 s; then a live batch)
 SPAN_PER_RECORD = 20  # a backlog batch spans at most this many log LSNs per record it carries
 OUTAGE_RETRY_MAX_S = 1.0  # longest wait after a link failure: a short up window is never slept through
-FailureKind = Literal[
-    "connection",
-    "timeout",
-    "server_error",
-    "auth",
-    "rejected_by_cloud",
-    "unexpected_status",
-    "bad_ack",
-]
-FAILURE_KINDS: tuple[FailureKind, ...] = get_args(FailureKind)
-OutcomeKind = Literal["ok"] | FailureKind
-# the others got an answer: the link itself worked
-LINK_FAILURES: tuple[FailureKind, ...] = ("connection", "timeout")
 UplinkState = Literal["idle", "sending", "backoff", "stopped"]  # /status "uplink.state"
-BatchSource = Literal["live", "scan"] | DrainClass  # "scan": an empty batch, after a backlog scan slice
-
-
-class UploadObserver(Protocol):
-    def observe_upload(self, nbytes: int, seconds: float, ok: bool) -> None: ...
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """The result of one POST, as a value: ``kind`` is "ok" or one of FAILURE_KINDS."""
-
-    kind: OutcomeKind
-    detail: str = ""
-    ack: BatchAck | None = None
-
-
-@dataclass(frozen=True)
-class Batch:
-    source: BatchSource
-    entries: list[tuple[int, bytes]]
 
 
 def read_token(token: str | None, token_file: Path | None) -> str | None:
@@ -170,7 +134,7 @@ class Uplink:
         self._turn: Literal["live", "backlog"] = "backlog"  # which kind of batch goes next, when both wait
         self._absorb = False  # a batch failed: what waits joins the backlog before the next choice
         self._in_flight: list[tuple[int, int]] = []  # the LSN runs of the batch being sent
-        self._gap_records: dict[int, tuple[int, int]] = {}  # LogGap records not yet acked: LSN -> gap
+        self._gap_records = GapRecords(record_log, gateway_id)
         self._synced = False
         self.state: UplinkState = "idle"
         self.last_error = ""
@@ -251,20 +215,7 @@ class Uplink:
         self._synced = True
 
     def _unacked(self, first: int, last: int) -> list[tuple[int, int]]:
-        """What a drop of [first, last] loses: the cloud lacks it and no batch carrying it is in flight
-        (if that batch fails, ``_count_lost`` adds its records to the loss)."""
-        out: list[tuple[int, int]] = []
-        for lo, hi in self._acked.missing(first, last):
-            at = lo
-            for f_lo, f_hi in self._in_flight:
-                if f_hi < at or f_lo > hi:
-                    continue
-                if f_lo > at:
-                    out.append((at, f_lo - 1))
-                at = max(at, f_hi + 1)
-            if at <= hi:
-                out.append((at, hi))
-        return out
+        return unacked_runs(self._acked, self._in_flight, first, last)
 
     def _follow_drops(self) -> None:
         """The log dropped segments (policy "drop_oldest"): what is gone is neither backlog nor live."""
@@ -272,44 +223,14 @@ class Uplink:
         if trimmed <= self._acked.trimmed:
             return
         self.counters["drops_followed"] += 1
-        for lsn in [lsn for lsn in self._gap_records if lsn <= trimmed and not self._acked.contains(lsn)]:
-            del self._gap_records[lsn]  # the LogGap record itself was dropped: its gap is written again
+        self._gap_records.forget_dropped(trimmed, self._acked)
         self._acked.trimmed_to(trimmed)
         self._index.forget_upto(trimmed)
         self._live_next = max(self._live_next, trimmed + 1)
         self._scan_next = max(self._scan_next, trimmed + 1)
 
-    async def _record_gaps(self) -> None:
-        """One LogGap record per run the log dropped unacknowledged. A gap stays pending in the log
-        until the cloud acknowledged its record (``_gaps_acked``): a LogGap record that is dropped in
-        turn is written again, so the cloud learns of every lost LSN."""
-        written = set(self._gap_records.values())
-        gaps = [gap for gap in self._log.gaps if gap not in written]
-        if not gaps:
-            return
-        try:
-            for first, last in gaps:
-                body = LogGap(first=first, last=last).model_dump()
-                record = Record(kind="event", device=self.gateway_id, received_ts=time.time(), body=body)
-                self._gap_records[await self._log.append(encode_record(record))] = (first, last)
-                self.counters["gap_records"] += 1
-            await self._log.flush(wait=True)  # sent from the next round on
-        except (LogFull, LogFailed) as exc:  # still pending: tried again next round
-            self._warn.warning("gap", "uplink: LogGap records for %s not written yet: %s", gaps, exc)
-            return
-        log.warning("uplink: the full log dropped un-uploaded records %s; LogGap records written", gaps)
-
-    async def _gaps_acked(self) -> None:
-        acked = [lsn for lsn in self._gap_records if self._acked.contains(lsn)]
-        if acked:
-            await self._log.gaps_recorded([self._gap_records.pop(lsn) for lsn in acked])
-
     async def _count_lost(self, failed: list[tuple[int, int]]) -> None:
-        """A failed batch whose records a drop removed while it was in flight: they are lost now.
-        Computed before the first await: a drop from then on counts them itself (not in flight)."""
-        trimmed = self._log.trimmed_lsn
-        gone = [(lo, min(hi, trimmed)) for lo, hi in failed if lo <= trimmed]
-        lost = [run for lo, hi in gone for run in self._acked.missing(lo, hi)]
+        lost = lost_in_flight(self._acked, failed, self._log.trimmed_lsn)  # before the await
         if lost:
             await self._log.add_lost(lost)
 
@@ -372,7 +293,7 @@ class Uplink:
         """
         self._sync_with_log()
         self._follow_drops()
-        await self._record_gaps()
+        self.counters["gap_records"] += await self._gap_records.write()
         durable = self._log.durable_lsn
         waiting = durable - self._live_next + 1
         if waiting > 0 and (self._absorb or waiting > self._config.backlog_threshold_records):
@@ -414,20 +335,11 @@ class Uplink:
         self.counters["backlog_scanned"] += scanned
         self._scan_next = upto + 1
 
-    def _limits_reached(self, entries: list, size: int, data: bytes) -> bool:
-        cfg = self._config
-        return bool(entries) and (
-            len(entries) >= cfg.batch_max_records or size + len(data) + 32 > cfg.batch_max_bytes
-        )
-
     async def _live_batch(self) -> Batch:
-        entries: list[tuple[int, bytes]] = []
-        size = 0
-        async for lsn, data in self._log.read(self._live_next):
-            if self._limits_reached(entries, size, data):
-                break
-            entries.append((lsn, data))
-            size += len(data) + 32
+        cfg = self._config
+        entries = await read_entries(
+            self._log, self._live_next, max_records=cfg.batch_max_records, max_bytes=cfg.batch_max_bytes
+        )
         return Batch("live", entries)
 
     async def _backlog_batch(self) -> Batch:
@@ -437,15 +349,13 @@ class Uplink:
         wanted = self._index.pick(
             cls, self._order[cls], cfg.batch_max_records, cfg.batch_max_records * SPAN_PER_RECORD
         )
-        want = set(wanted)
-        entries: list[tuple[int, bytes]] = []
-        size = 0
-        async for lsn, data in self._log.read(wanted[0]):
-            if lsn > wanted[-1] or self._limits_reached(entries, size, data):
-                break
-            if lsn in want:
-                entries.append((lsn, data))
-                size += len(data) + 32
+        entries = await read_entries(
+            self._log,
+            wanted[0],
+            max_records=cfg.batch_max_records,
+            max_bytes=cfg.batch_max_bytes,
+            wanted=wanted,
+        )
         return Batch(cls, entries)
 
     # -- sending -------------------------------------------------------------------------------
@@ -511,7 +421,7 @@ class Uplink:
         self.counters["records_uploaded"] += len(entries)
         self.counters["bytes_uploaded"] += len(body)
         self.last_success_ts = time.time()
-        await self._gaps_acked()
+        await self._gap_records.settle(self._acked)
         await self._trim()
         return outcome
 
@@ -540,33 +450,4 @@ class Uplink:
         if self._token is not None:
             headers["Authorization"] = f"Bearer {self._token}"
         self.counters["attempts"] += 1
-        try:
-            async with self._session.post(self._url, data=body, headers=headers) as response:
-                text = await response.text()
-                status = response.status
-        except TimeoutError:
-            return Outcome("timeout", f"no answer from {self._url} within {self._config.timeout_s}s")
-        except aiohttp.ClientError as exc:
-            return Outcome("connection", f"{type(exc).__name__}: {exc}")
-        return classify_response(status, text)
-
-
-def classify_response(status: int, text: str) -> Outcome:
-    """Pure: turn the cloud's answer into an Outcome."""
-    if status == 200:
-        try:
-            return Outcome("ok", ack=BatchAck.model_validate_json(text))
-        except ValidationError as exc:
-            return Outcome("bad_ack", f"200 with a body that is not a BatchAck: {exc.errors()[0]['msg']}")
-    if status in (401, 403):
-        return Outcome("auth", f"HTTP {status}")
-    if status == 400:
-        try:
-            error = json.loads(text)
-            detail = f"{error.get('error')}: {error.get('detail')}"
-        except (ValueError, AttributeError):
-            detail = text[:300]
-        return Outcome("rejected_by_cloud", f"HTTP 400 {detail}")
-    if status >= 500:
-        return Outcome("server_error", f"HTTP {status}")
-    return Outcome("unexpected_status", f"HTTP {status}: {text[:200]}")
+        return await post(self._session, self._url, body, headers, self._config.timeout_s)

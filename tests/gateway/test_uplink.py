@@ -6,7 +6,8 @@ import asyncio
 from pathlib import Path
 
 from gateway.storage.epoch_log import EpochLog
-from gateway.uplink.sender import Uplink, classify_response
+from gateway.uplink.outcome import classify_response
+from gateway.uplink.sender import Uplink
 from protocol.config import UplinkConfig
 from protocol.records import telemetry_record
 from tests.harness.cloudd import make_cloudd
