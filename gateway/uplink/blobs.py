@@ -6,10 +6,15 @@ written whole: tmp + fsync + rename), and a log record that references it (``blo
 outages like any other; the uplink (sender.py) uploads a record's blobs before the batch that
 carries the record, so the cloud never holds a reference to a blob it has not committed.
 
-``BlobUploader.upload(ref)`` asks the cloud how much it holds (``GET .../status``), sends the rest in
-chunks of ``chunk_bytes`` (``PUT ...?offset=N``; the last with ``final=1`` and ``X-Sha256``), and
-resumes at the cloud's offset after any failure: a reset mid-upload, a gateway restart or a cloudd
-restart costs at most the chunk in flight, never the blob. Failures come back as values (the same
+``BlobUploader.upload(ref)`` sends a blob in chunks of ``chunk_bytes`` (``PUT ...?offset=N``; the last
+with ``final=1`` and ``X-Sha256``). The first try of a blob that fits in one chunk (a camera frame)
+is that one PUT, without asking first (the cloud answers a committed blob's PUT with a 200 no-op, a
+partial one's with 409 and its offset; a blob found in the spool after a crash may so be sent twice,
+never stored twice); a larger blob, and any retry, first asks how much the cloud holds (``GET
+.../status``) and resumes there: a reset mid-upload, a
+gateway restart or a cloudd restart costs at most the chunk in flight, never the blob. On a link
+with a long round trip the asking is what costs, so ``upload_all`` sends up to ``concurrency``
+blobs at once. Failures come back as values (the same
 kinds as batches) and the uplink's backoff and retry-on-link-up apply; the same token bucket caps
 the bandwidth. Invariant: a spool file is deleted only after the cloud said the blob is committed
 with the same SHA-256.
@@ -40,6 +45,7 @@ log = logging.getLogger(__name__)
 _BLOB_MARK = b'"blob":{"id":'  # how encode_record writes a blob reference (compact JSON)
 MAX_RESYNCS = 3  # offset mismatches in a row before giving up this attempt
 RECENT_COMMITTED = 1024  # blobs known committed: a batch re-sent after a failure skips their status GET
+RECENT_TRIED = 4096  # blobs this process tried to send: their next try asks the cloud's offset first
 
 
 @dataclass(frozen=True)
@@ -141,6 +147,7 @@ class BlobUploader:
         token: str | None,
         *,
         chunk_bytes: int = 256 * 1024,
+        concurrency: int = 4,
         bucket: TokenBucket | None = None,
         monitor: UploadObserver | None = None,
         clock: Callable[[], float] = time.perf_counter,
@@ -149,10 +156,12 @@ class BlobUploader:
         self._base = f"{cloud_url.rstrip('/')}/v1/gateways/{gateway_id}/blobs"
         self._token = token
         self.chunk_bytes = chunk_bytes
+        self._slots = asyncio.Semaphore(concurrency)
         self._bucket = bucket or TokenBucket(None)
         self._monitor = monitor
         self._clock = clock
         self._committed: OrderedDict[str, str] = OrderedDict()  # blob id -> sha256, bounded (LRU)
+        self._tried: OrderedDict[str, None] = OrderedDict()  # blob ids sent at least once, bounded (LRU)
         self.resumed_at: list[int] = []  # offsets > 0 an upload (re)started at, as the cloud reported
         self.counters: dict[str, float] = {  # all counts but throttled_s (seconds)
             "blobs_committed": 0,
@@ -163,6 +172,7 @@ class BlobUploader:
             "offset_resyncs": 0,
             "hash_mismatches": 0,
             "blobs_missing": 0,
+            "unasked_puts": 0,
             "blob_conflicts": 0,
             "throttled_s": 0,
         }
@@ -170,10 +180,27 @@ class BlobUploader:
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._token}"} if self._token is not None else {}
 
+    async def upload_all(self, session: aiohttp.ClientSession, refs: list[BlobRef]) -> BlobOutcome:
+        """Upload ``refs``, up to ``concurrency`` at a time; "ok" when every one is committed, else
+        the first failure (the others went on: each is resumable, nothing of theirs is lost)."""
+
+        async def one(ref: BlobRef) -> BlobOutcome:
+            async with self._slots:
+                return await self.upload(session, ref)
+
+        outcomes = await asyncio.gather(*(one(ref) for ref in refs))
+        return next((o for o in outcomes if o.kind != "ok"), BlobOutcome("ok"))
+
     async def upload(self, session: aiohttp.ClientSession, ref: BlobRef) -> BlobOutcome:
         """Make the cloud hold ``ref`` committed; "ok" also when it already did."""
         if self._committed.get(ref.blob_id) == ref.sha256:
             return BlobOutcome("ok")
+        if ref.size <= self.chunk_bytes and ref.blob_id not in self._tried and self.spool.exists(ref.blob_id):
+            self._tried[ref.blob_id] = None
+            while len(self._tried) > RECENT_TRIED:
+                self._tried.popitem(last=False)
+            self.counters["unasked_puts"] += 1
+            return await self._send_from(session, ref, 0)
         answer = await self._request(session, "GET", f"{self._base}/{ref.blob_id}/status", None)
         if isinstance(answer, BlobOutcome):
             return answer
@@ -259,6 +286,8 @@ class BlobUploader:
                 text = await response.text()
                 ok = True
                 status = response.status
+                # a 409 offset_mismatch says where to resume in this header (docs/http-api.md)
+                held = response.headers.get("Upload-Offset")
         except TimeoutError:
             return BlobOutcome("timeout", f"no answer from {url}")
         except aiohttp.ClientError as exc:
@@ -270,7 +299,10 @@ class BlobUploader:
             doc = json.loads(text) if text else {}
         except ValueError:
             doc = {"detail": text[:200]}
-        return status, doc if isinstance(doc, dict) else {}
+        doc = doc if isinstance(doc, dict) else {}
+        if held is not None and held.isdigit():
+            doc.setdefault("offset", int(held))
+        return status, doc
 
 
 def _failure(status: int, doc: dict[str, Any]) -> BlobOutcome:

@@ -428,15 +428,12 @@ class Uplink:
     async def _upload_blobs(self, entries: list[tuple[int, bytes]]) -> Outcome | None:
         """Upload the blobs the batch's records reference, before the records (blobs.py docstring)."""
         assert self._session is not None, "start() first"
-        for _, data in entries:
-            for ref in blob_refs(data):
-                if self.blobs is None:
-                    self.counters["blob_refs_without_spool"] += 1
-                    continue
-                outcome = await self.blobs.upload(self._session, ref)
-                if outcome.kind != "ok":
-                    return Outcome(outcome.kind, outcome.detail)
-        return None
+        refs = [ref for _, data in entries for ref in blob_refs(data)]
+        if self.blobs is None:
+            self.counters["blob_refs_without_spool"] += len(refs)
+            return None
+        outcome = await self.blobs.upload_all(self._session, refs)
+        return None if outcome.kind == "ok" else Outcome(outcome.kind, outcome.detail)
 
     async def _trim(self) -> None:
         point = self._acked.trim_point()
