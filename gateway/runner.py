@@ -109,7 +109,7 @@ class GatewayRunner:
             config.uplink,
             monitor=self.link_monitor,
         )
-        self.link_monitor.add_listener(lambda up: self.uplink.link_up() if up else None)
+        self.link_monitor.add_listener(self.uplink.link_changed)
         self.placement = (
             PlacementRunner(
                 config.placement, config.uplink.cloud_url, self.link_monitor, on_plan=self._on_plan

@@ -119,6 +119,7 @@ class UplinkConfig(_Section):
     # until the cloud committed them; None = this uplink uploads no blobs (their records go up alone).
     blob_dir: Path | None = None
     blob_chunk_bytes: int = Field(default=256 * 1024, ge=4096, le=8 * 1024 * 1024)
+    blob_concurrency: int = Field(default=8, ge=1, le=64)  # blobs in flight: a long round trip is hidden
 
 
 class PlacementConfig(_Section):

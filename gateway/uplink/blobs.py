@@ -147,7 +147,7 @@ class BlobUploader:
         token: str | None,
         *,
         chunk_bytes: int = 256 * 1024,
-        concurrency: int = 4,
+        concurrency: int = 8,
         bucket: TokenBucket | None = None,
         monitor: UploadObserver | None = None,
         clock: Callable[[], float] = time.perf_counter,

@@ -18,10 +18,12 @@ batch is a live batch, so live data is never held up by more than one backlog st
 Short up windows: a batch that failed on the link (refused, timed out) is retried after at most
 ``OUTAGE_RETRY_MAX_S`` (jittered), whatever the link monitor says, so a link that is up for two
 seconds carries data in them; a retry also happens at once when the monitor sees the link come
-back (``link_up``). Other failures back off exponentially up to ``backoff_max_s``; a 401/403 backs
-off to the maximum at once (an operator must fix the token) and a 400 is logged with the cloud's
-own words. An optional token bucket caps the uplink's bandwidth. Every upload is reported to the
-link monitor.
+back (``link_changed``), and a request made while the monitor held the link down is abandoned then
+(through a black hole it would wait for its whole timeout; sent again, it is a duplicate the cloud
+acknowledges, and a blob resumes at the cloud's offset). Other failures back off exponentially up
+to ``backoff_max_s``; a 401/403 backs off to the maximum at once (an operator must fix the token)
+and a 400 is logged with the cloud's own words. An optional token bucket caps the uplink's
+bandwidth. Every upload is reported to the link monitor.
 
 Full log (policy "drop_oldest"): the uplink follows the log's trim point past a drop (the backlog
 forgets what is gone); what the drop lost, and the LogGap records that tell the cloud, are gaps.py's.
@@ -34,7 +36,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Literal
 
@@ -110,6 +112,7 @@ class Uplink:
                 gateway_id,
                 self._token,
                 chunk_bytes=config.blob_chunk_bytes,
+                concurrency=config.blob_concurrency,
                 bucket=self._bucket,
                 monitor=monitor,
                 clock=clock,
@@ -123,7 +126,9 @@ class Uplink:
             "raw": config.drain_raw,
         }
         self._wake = asyncio.Event()
-        self._link_up = asyncio.Event()
+        self._link_up = asyncio.Event()  # wakes a backoff wait
+        self._link_returned = asyncio.Event()  # ends a request made while the link was down
+        self._link_down = False  # the link monitor's last verdict
         self._warn = RateLimitedLog(log)
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -148,6 +153,7 @@ class Uplink:
             "backlog_batches": 0,
             "backlog_scanned": 0,
             "link_up_wakeups": 0,
+            "abandoned_on_link_return": 0,
             "throttled_s": 0,
             "blob_refs_without_spool": 0,
             "absorbed_into_backlog": 0,
@@ -161,10 +167,14 @@ class Uplink:
         """New durable records: send them now rather than at the next idle check."""
         self._wake.set()
 
-    def link_up(self) -> None:
-        """The link monitor saw the link come back: retry now rather than when the backoff ends."""
-        self._link_up.set()
-        self._wake.set()
+    def link_changed(self, up: bool) -> None:
+        """The link monitor's verdict changed. Back up: retry now rather than when the backoff ends,
+        and abandon a request made while it was down."""
+        self._link_down = not up
+        if up:
+            self._link_up.set()
+            self._link_returned.set()
+            self._wake.set()
 
     async def start(self, *, run: bool = True) -> None:
         """Open the HTTP session and start the sending task (``run=False``: tests drive it by
@@ -371,13 +381,33 @@ class Uplink:
     async def _send(self, batch: Batch) -> Outcome:
         self._in_flight = runs_of(lsn for lsn, _ in batch.entries)
         try:
-            outcome = await self._send_in_flight(batch)
+            if self._link_down:
+                outcome = await self._unless_link_returns(self._send_in_flight(batch))
+            else:
+                outcome = await self._send_in_flight(batch)
         finally:
             in_flight, self._in_flight = self._in_flight, []
         if outcome.kind != "ok":
             self._absorb = True
             await self._count_lost(in_flight)
         return outcome
+
+    async def _unless_link_returns(self, sending: Coroutine[None, None, Outcome]) -> Outcome:
+        """``sending``'s outcome, or a "connection" failure if the link monitor sees the link come back
+        first (the request may be stuck on a connection the outage left dead)."""
+        self._link_returned.clear()
+        request = asyncio.create_task(sending, name="uplink-request")
+        returned = asyncio.create_task(self._link_returned.wait(), name="uplink-link-returned")
+        try:
+            await asyncio.wait((request, returned), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await cancel_and_wait(returned)
+            if not request.done():
+                await cancel_and_wait(request)
+        if request.cancelled():
+            self.counters["abandoned_on_link_return"] += 1
+            return Outcome("connection", "abandoned: the link came back while this request waited")
+        return request.result()
 
     async def _send_in_flight(self, batch: Batch) -> Outcome:
         entries = batch.entries

@@ -68,12 +68,12 @@ class Phase:
 
 def trace(scale: float = 1.0) -> tuple[Phase, ...]:
     """Fast, outage, slow, flapping, recovery; ``scale`` stretches the steady phases only (the
-    flapping keeps its 2 s / 3 s rhythm, the point of that phase)."""
+    flapping keeps its 30 s of 2 s up / 3 s down: the detector is judged on its first 15 s)."""
     return (
         Phase.steady("fast", 40 * scale, "up"),
         Phase.steady("outage", 20 * scale, "blackhole"),
         Phase.steady("slow", 40 * scale, "slow", **SLOW),
-        Phase.flapping(30 * scale),
+        Phase.flapping(30),
         Phase.steady("recovery", 30 * scale, "up"),
     )
 
@@ -85,7 +85,7 @@ def gateway_config(camera_url: str, blob_dir: Path, pins: dict[str, str]) -> str
         f'blob_dir = "{blob_dir}"\n'
         "[log]\nflush_interval_ms = 50\n"
         '[devices]\nallow = ["sensor-*", "hot-*"]\n'
-        f"[placement]\nprobe_interval_s = 1.0\npins = {{ {pin_table} }}\n"
+        f"[placement]\npins = {{ {pin_table} }}\n"  # the default probes: one every 5 s
         f"[sensor]\nwindow_s = 1.0\n[sensor.bounds]\ntemperature_c = {{ high = {ALERT_HIGH_C} }}\n"
         f'[camera]\nenabled = true\ncamera_id = "{CAMERA_ID}"\nsource = "{camera_url}"\nalert_score = 0.9\n'
         "open_timeout_s = 3.0\nread_timeout_s = 3.0\nbackoff_initial_s = 0.2\nbackoff_max_s = 1.0\n"

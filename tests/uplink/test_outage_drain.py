@@ -1,7 +1,8 @@
 """The uplink through an outage, against a real cloudd: everything written while the cloud was
 unreachable is backlog (alerts acknowledged before the raw data of the same period), and a full log
 under "drop_oldest" neither wedges the uplink nor miscounts: the loss is exact and LogGap records
-name exactly the LSNs that never arrive."""
+name exactly the LSNs that never arrive; a request stuck in a black hole is abandoned when the link
+returns."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from gateway.storage.epoch_log import EpochLog
 from gateway.uplink.sender import Uplink
 from protocol.config import UplinkConfig
 from tests.harness.cloudd import make_cloudd
+from tests.harness.faultproxy import FaultProxy
 from tests.harness.poll import eventually
 from tests.uplink.test_uplink_drain import record
 
@@ -81,7 +83,7 @@ async def test_drop_oldest_through_an_outage_counts_exactly_and_names_the_gaps(t
                 await log.flush(wait=True)
         await log.flush(wait=True)
         await asyncio.to_thread(cloud.start)
-        uplink.link_up()
+        uplink.link_changed(True)
         await eventually(lambda: uplink.backlog == 0 and not log.gaps, 60, "the log drained after the drops")
         assert log.trimmed_lsn == log.durable_lsn  # trimmed to the end: no wedge below a gap
         dropped = log.stats()["dropped_records"]
@@ -102,3 +104,36 @@ async def test_drop_oldest_through_an_outage_counts_exactly_and_names_the_gaps(t
         assert reopened.gaps == []
     finally:
         await reopened.close()
+
+
+async def test_a_request_stuck_in_a_black_hole_is_abandoned_when_the_link_returns(tmp_path):
+    """A POST made while the link was down waits on a connection the black hole keeps open; when
+    the monitor sees the link come back, the uplink abandons it and sends again at once, rather
+    than after its 60 s timeout."""
+    cloud = make_cloudd(tmp_path / "cloud")
+    await asyncio.to_thread(cloud.start)
+    proxy = FaultProxy(cloud.port)
+    port = await proxy.start()
+    log = EpochLog(tmp_path / "log")
+    await log.open()
+    uplink = Uplink(log, "gw1", config(f"http://127.0.0.1:{port}", cloud.token_for("gw1"), timeout_s=60.0))
+    await uplink.start()
+    try:
+        await proxy.set_mode("blackhole")
+        uplink.link_changed(False)
+        for lsn in range(1, 11):
+            await log.append(record(lsn))
+        await log.flush(wait=True)
+        uplink.wake()
+        await eventually(lambda: uplink.counters["attempts"] >= 1, 20, "a POST into the black hole")
+        await proxy.set_mode("pass")
+        uplink.link_changed(True)
+        await eventually(lambda: log.trimmed_lsn == 10, 30, "the records sent again and trimmed")
+        assert uplink.counters["abandoned_on_link_return"] == 1
+        assert uplink.failures["timeout"] == 0  # nothing waited out its timeout
+    finally:
+        await uplink.stop()
+        await log.close()
+        await proxy.stop()
+        await asyncio.to_thread(cloud.stop)
+    assert sorted(r.lsn for r in cloud.records("gw1")) == list(range(1, 11))

@@ -144,7 +144,7 @@ async def test_retry_as_soon_as_the_link_returns_and_the_monitor_hears_uploads(t
         config(cloud.url, cloud.token_for("gw1"), backoff_initial_s=60.0, backoff_max_s=60.0),
         monitor=monitor,
     )
-    monitor.add_listener(lambda up: uplink.link_up() if up else None)
+    monitor.add_listener(uplink.link_changed)
     await uplink.start()
     try:
         await eventually(lambda: uplink.failures["connection"] >= 1, 20, "a failed upload (nothing listens)")
