@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from prometheus_client import Counter
 
-from cloud.api.context import CONFIG, METRICS
+from cloud.api.context import CONFIG, METRICS, TASKS
 from cloud.api.errors import bearer_token, reject, token_ok, unauthorized
 from cloud.api.ingest import _read_body
 from cloud.store.blobs import (
@@ -159,6 +159,8 @@ def _answer(request: web.Request, result: AppendResult) -> web.Response:
         metrics.bytes_written.inc(result.written)
     if result.committed_now:
         metrics.committed.inc()
+        if TASKS in request.app:
+            request.app[TASKS].wake()  # a frame waiting for this blob is inferred now
     return _status_response(result.status)
 
 

@@ -19,7 +19,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from cloud.api.auth import gateway_refusal
-from cloud.api.context import CONFIG, METRICS, STORE
+from cloud.api.context import CONFIG, METRICS, STORE, TASKS
 from cloud.api.errors import reject, reject_invalid
 from cloud.store.writer import StoreBusy
 from protocol.batch import decode_batch
@@ -104,4 +104,6 @@ async def post_batch(request: web.Request) -> web.Response:
     metrics.batches.inc()
     metrics.records_stored.inc(ack.stored)
     metrics.duplicates.inc(ack.duplicates)
+    if ack.stored and TASKS in request.app:
+        request.app[TASKS].wake()  # the plan's cloud tasks run on these now, not at the next poll
     return web.Response(body=ack.model_dump_json(), content_type="application/json")

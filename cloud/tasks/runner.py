@@ -1,7 +1,8 @@
 """TaskRunner: cloudd runs the tasks a gateway's placement plan gave the cloud (docs/placement.md,
 "Executing the plan"; docs/cloud.md, "Task runner").
 
-One asyncio task, owned here (``start`` / ``stop``), every ``poll_interval_s``:
+One asyncio task, owned here (``start`` / ``stop``), at once when an upload stored records or
+committed a blob (``wake``, called by the ingest and blob routes), else every ``poll_interval_s``:
 1. follows each gateway's dataset segments from where it stopped (``DatasetStore.read_from``), and
    offers every record of a gateway log to that log's ``LogReplay`` (the logs this runner writes
    itself, ``derived_log_id(log_id, task)``, are skipped);
@@ -43,11 +44,12 @@ from cloud.tasks.sensor import AGGREGATE_TASK, DETECT_TASK, Result
 from protocol.batch import MAX_BATCH_RECORDS, BatchEntry, UploadBatch
 from protocol.derived import FrameForCloud, derived_log_id
 from protocol.records import Record
-from runtime.tasks import cancel_and_wait
+from runtime.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
 
 RESULT_TASKS = (AGGREGATE_TASK, DETECT_TASK, CAMERA_TASK)  # the tasks whose results are stored here
+COUNTERS = ("passes", "pass_errors", "store_busy", "stored", "wakeups")
 
 
 @dataclass(frozen=True)
@@ -80,8 +82,9 @@ class TaskRunner:
         self._lag: dict[tuple[str, str], int] = {}
         self._saved: list[LogCursor] = []  # what the cursor file holds
         self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
         self._executor: ThreadPoolExecutor | None = None
-        self.counters: dict[str, int] = {"passes": 0, "pass_errors": 0, "store_busy": 0, "stored": 0}
+        self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self.made: dict[str, int] = dict.fromkeys(RESULT_TASKS, 0)
         self.failures: dict[str, int] = {}
 
@@ -105,13 +108,19 @@ class TaskRunner:
 
     async def _run(self) -> None:
         while True:
+            self._wake.clear()  # before the pass: what arrives during it starts the next one at once
             try:
                 await self.run_pass()
             except Exception:
                 self.counters["pass_errors"] += 1
                 log.exception("cloud task pass failed: resuming from the saved cursors")
                 await asyncio.to_thread(self._reset)
-            await asyncio.sleep(self.config.poll_interval_s)
+            if await wait_event(self._wake, self.config.poll_interval_s):
+                self.counters["wakeups"] += 1
+
+    def wake(self) -> None:
+        """New records or a committed blob: run a pass now rather than at the next poll."""
+        self._wake.set()
 
     def _reset(self) -> None:
         """Forget what this process made since the cursors were last saved and read every gateway

@@ -33,6 +33,7 @@ from protocol.derived import (
 from protocol.events import InferenceEvent
 from protocol.records import Record, encode_record
 from tests.harness.cloud_http import post
+from tests.harness.cloudd import start_cloudd
 from tests.harness.poll import wait_until
 
 GW = "gw1"
@@ -178,6 +179,20 @@ def test_cloud_windows_make_their_aggregate_and_detection_once(cloudd):
     }
     assert alerts == {("a", 101.0)}  # the hot second of device "a", and only it
     assert tasks_status(cloudd)["made"]["sensor/aggregate"] == len(aggregates)
+
+
+def test_an_upload_wakes_the_task_runner(tmp_path):
+    """With polling an hour apart, results still come: each stored batch wakes the runner."""
+    cloudd = start_cloudd(tmp_path / "cloudd", extra_args=["--tasks-poll-interval", "3600"])
+    try:
+        wait_until(lambda: tasks_status(cloudd)["passes"] >= 1, 20, "the first pass (at start)")
+        log = numbered([marker(CLOUD), *sensor_stream(100.0, 3), marker(CLOUD)])
+        upload(cloudd, log)
+        wait_processed(cloudd, len(log) + 1)
+        assert windows_of(results(cloudd, "sensor/aggregate")) == expected_windows(log)
+        assert tasks_status(cloudd)["wakeups"] >= 1
+    finally:
+        cloudd.stop()
 
 
 def test_edge_aggregates_get_their_detection_in_the_cloud_and_a_crashed_window_is_recovered(cloudd):
