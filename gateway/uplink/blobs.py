@@ -188,7 +188,8 @@ class BlobUploader:
             async with self._slots:
                 return await self.upload(session, ref)
 
-        outcomes = await asyncio.gather(*(one(ref) for ref in refs))
+        unique = {ref.blob_id: ref for ref in refs}  # ids are content hashes: two records, one upload
+        outcomes = await asyncio.gather(*(one(ref) for ref in unique.values()))
         return next((o for o in outcomes if o.kind != "ok"), BlobOutcome("ok"))
 
     async def upload(self, session: aiohttp.ClientSession, ref: BlobRef) -> BlobOutcome:
@@ -224,7 +225,10 @@ class BlobUploader:
     async def _send_from(self, session: aiohttp.ClientSession, ref: BlobRef, offset: int) -> BlobOutcome:
         resyncs = 0
         while True:
-            chunk = await asyncio.to_thread(self.spool.read, ref.blob_id, offset, self.chunk_bytes)
+            try:
+                chunk = await asyncio.to_thread(self.spool.read, ref.blob_id, offset, self.chunk_bytes)
+            except OSError as exc:  # the next try asks the cloud first, and finds the file or its absence
+                return BlobOutcome("local", f"blob {ref.blob_id}: spool read failed: {exc}")
             final = offset + len(chunk) >= ref.size
             url = f"{self._base}/{ref.blob_id}?offset={offset}" + ("&final=1" if final else "")
             wait = self._bucket.delay_for(len(chunk))

@@ -26,6 +26,7 @@ FailureKind = Literal[
     "rejected_by_cloud",
     "unexpected_status",
     "bad_ack",
+    "local",  # the gateway's own side failed (a spool file could not be read)
 ]
 FAILURE_KINDS: tuple[FailureKind, ...] = get_args(FailureKind)
 OutcomeKind = Literal["ok"] | FailureKind

@@ -33,6 +33,7 @@ Each POST's result is a value (outcome.py's ``Outcome``).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import random
 import time
@@ -67,6 +68,8 @@ log = logging.getLogger(__name__)
 IDLE_WAKE_S = 5.0  # look at the log at least this often even without a wake-up
 SCAN_SLICE_RECORDS = 10_000  # backlog records read and classified per round (~0.2 s; then a live batch)
 SPAN_PER_RECORD = 20  # a backlog batch spans at most this many log LSNs per record it carries
+# True inside a request the uplink may abandon: a link return it reports itself abandons nothing
+_OWN_REQUEST: contextvars.ContextVar[bool] = contextvars.ContextVar("uplink_own_request", default=False)
 OUTAGE_RETRY_MAX_S = 1.0  # longest wait after a link failure: a short up window is never slept through
 UplinkState = Literal["idle", "sending", "backoff", "stopped"]  # /status "uplink.state"
 
@@ -169,12 +172,14 @@ class Uplink:
 
     def link_changed(self, up: bool) -> None:
         """The link monitor's verdict changed. Back up: retry now rather than when the backoff ends,
-        and abandon a request made while it was down."""
+        and abandon a request made while it was down, unless that request's own answer is what
+        brought the link back."""
         self._link_down = not up
         if up:
             self._link_up.set()
-            self._link_returned.set()
             self._wake.set()
+            if not _OWN_REQUEST.get():
+                self._link_returned.set()
 
     async def start(self, *, run: bool = True) -> None:
         """Open the HTTP session and start the sending task (``run=False``: tests drive it by
@@ -379,24 +384,32 @@ class Uplink:
         return await self._send(batch)
 
     async def _send(self, batch: Batch) -> Outcome:
+        """Send one batch: its transfer (which a returning link may abandon), then, once the cloud
+        acknowledged it, the bookkeeping and the trim (which nothing abandons)."""
         self._in_flight = runs_of(lsn for lsn, _ in batch.entries)
         try:
-            if self._link_down:
-                outcome = await self._unless_link_returns(self._send_in_flight(batch))
-            else:
-                outcome = await self._send_in_flight(batch)
+            transfer = self._transfer(batch)
+            outcome = await (self._unless_link_returns(transfer) if self._link_down else transfer)
+            if outcome.kind == "ok":
+                outcome = self._acknowledged(batch, outcome)
         finally:
             in_flight, self._in_flight = self._in_flight, []
         if outcome.kind != "ok":
             self._absorb = True
             await self._count_lost(in_flight)
+            return outcome
+        await self._gap_records.settle(self._acked)
+        await self._trim()
         return outcome
 
     async def _unless_link_returns(self, sending: Coroutine[None, None, Outcome]) -> Outcome:
-        """``sending``'s outcome, or a "connection" failure if the link monitor sees the link come back
-        first (the request may be stuck on a connection the outage left dead)."""
+        """``sending``'s outcome, or a "connection" failure if a probe sees the link come back first
+        (the request may be stuck on a connection the outage left dead). A return that the request's
+        own answer showed the monitor (``_OWN_REQUEST``) abandons nothing."""
         self._link_returned.clear()
-        request = asyncio.create_task(sending, name="uplink-request")
+        context = contextvars.copy_context()
+        context.run(_OWN_REQUEST.set, True)  # its blob uploads (gather's tasks) copy this context
+        request = asyncio.create_task(sending, name="uplink-request", context=context)
         returned = asyncio.create_task(self._link_returned.wait(), name="uplink-link-returned")
         try:
             await asyncio.wait((request, returned), return_when=asyncio.FIRST_COMPLETED)
@@ -409,7 +422,8 @@ class Uplink:
             return Outcome("connection", "abandoned: the link came back while this request waited")
         return request.result()
 
-    async def _send_in_flight(self, batch: Batch) -> Outcome:
+    async def _transfer(self, batch: Batch) -> Outcome:
+        """The batch's blobs, then the batch, on the wire; the cloud's answer."""
         entries = batch.entries
         first, last = entries[0][0], entries[-1][0]
         blob_failure = await self._upload_blobs(entries)
@@ -426,8 +440,15 @@ class Uplink:
             self._monitor.observe_upload(
                 len(body), self._clock() - started, outcome.kind not in LINK_FAILURES
             )
-        if outcome.kind != "ok":
-            return outcome
+        if outcome.kind == "ok":
+            self.counters["bytes_uploaded"] += len(body)
+        return outcome
+
+    def _acknowledged(self, batch: Batch, outcome: Outcome) -> Outcome:
+        """Book a batch the cloud answered 200 (no await: the log never sees it half booked);
+        "bad_ack" if the answer is for other LSNs."""
+        entries = batch.entries
+        first, last = entries[0][0], entries[-1][0]
         assert outcome.ack is not None
         if outcome.ack.first_lsn != first or outcome.ack.last_lsn != last:
             return Outcome(
@@ -449,10 +470,7 @@ class Uplink:
         # log trimmed also sees the batch counted.
         self.counters["batches_sent"] += 1
         self.counters["records_uploaded"] += len(entries)
-        self.counters["bytes_uploaded"] += len(body)
         self.last_success_ts = time.time()
-        await self._gap_records.settle(self._acked)
-        await self._trim()
         return outcome
 
     async def _upload_blobs(self, entries: list[tuple[int, bytes]]) -> Outcome | None:

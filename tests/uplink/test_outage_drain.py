@@ -10,7 +10,9 @@ import asyncio
 
 import pytest
 
+from gateway.placement.link import LinkMonitor
 from gateway.storage.epoch_log import EpochLog
+from gateway.uplink.blobs import BlobSpool, blob_record
 from gateway.uplink.sender import Uplink
 from protocol.config import UplinkConfig
 from tests.harness.cloudd import make_cloudd
@@ -137,3 +139,33 @@ async def test_a_request_stuck_in_a_black_hole_is_abandoned_when_the_link_return
         await proxy.stop()
         await asyncio.to_thread(cloud.stop)
     assert sorted(r.lsn for r in cloud.records("gw1")) == list(range(1, 11))
+
+
+async def test_a_request_that_brings_the_link_back_itself_is_not_abandoned(tmp_path):
+    """The link monitor holds the link down; the uplink's next request (a blob, then its batch)
+    succeeds, and its own answer is what tells the monitor the link is up: that must not abandon
+    the request it came from (nor cut the trim that follows)."""
+    cloud = make_cloudd(tmp_path / "cloud")
+    await asyncio.to_thread(cloud.start)
+    spool = BlobSpool(tmp_path / "spool")
+    log = EpochLog(tmp_path / "log")
+    await log.open()
+    monitor = LinkMonitor(down_after_failures=1, min_goodput_bytes=1)
+    uplink = Uplink(log, "gw1", config(cloud.url, cloud.token_for("gw1")), monitor=monitor, blob_spool=spool)
+    monitor.add_listener(uplink.link_changed)
+    monitor.observe_probe(None)  # a failed probe: the link is down
+    assert monitor.snapshot().state == "down"
+    await uplink.start()
+    try:
+        for lsn in range(1, 6):
+            ref = spool.put(f"frame {lsn}".encode() * 500)
+            await log.append(blob_record("cam1", float(lsn), ref, seq=lsn))
+        await log.flush(wait=True)
+        uplink.wake()
+        await eventually(lambda: log.trimmed_lsn == 5, 20, "the records and their blobs uploaded and trimmed")
+        assert monitor.snapshot().state == "up"  # the uplink's own answers brought it back
+        assert uplink.counters["abandoned_on_link_return"] == 0 and sum(uplink.failures.values()) == 0
+    finally:
+        await uplink.stop()
+        await log.close()
+        await asyncio.to_thread(cloud.stop)
