@@ -38,14 +38,14 @@ def test_each_bad_message_is_counted_and_nothing_accepted_is_lost(mosquitto, clo
         publish(mosquitto.port, [(TOPIC, telemetry("sensor-1", seq)) for seq in range(10)])
         publish(mosquitto.port, [*BAD.values(), (TOPIC, MISSING_FIELDS)])
         publish(mosquitto.port, [(TOPIC, telemetry("sensor-1", seq)) for seq in range(10, 20)])
-        wait_until(lambda: len(cloudd.records("gw1")) >= 20, 120, "20 valid records in the cloud")
+        wait_until(lambda: len(cloudd.telemetry("gw1")) >= 20, 120, "20 valid records in the cloud")
         status = gateway.status()
         rejected = status["ingest"]["rejected_by_reason"]
         expected = dict.fromkeys(BAD, 1) | {"invalid": 2}  # the wrong type and the missing fields
         assert {reason: rejected[reason] for reason in expected} == expected
         assert status["ingest"]["accepted"] == 20
         assert gateway.proc.poll() is None, "gatewayd must keep running"
-        seqs = sorted(r.record["body"]["seq"] for r in cloudd.records("gw1"))
+        seqs = sorted(r.record["body"]["seq"] for r in cloudd.telemetry("gw1"))
         assert seqs == list(range(20))
     finally:
         gateway.kill()

@@ -96,6 +96,11 @@ class Cloudd:
         """What cloudd has committed, read from its data dir (read-only; safe while it runs)."""
         return list(DatasetStore.open(self.data_dir, readonly=True).iter_records(gateway))
 
+    def telemetry(self, gateway: str) -> list:
+        """The telemetry records of ``gateway`` cloudd has committed (not the events beside them: the
+        gateway's sensor results and markers, cloudd's own task results)."""
+        return [r for r in self.records(gateway) if r.record["kind"] == "telemetry"]
+
     def count_records(self, gateway: str, log_id: str) -> int:
         """How many records of one gateway log cloudd has committed (the logs its task runner
         writes, ``protocol.derived.derived_log_id``, are others)."""

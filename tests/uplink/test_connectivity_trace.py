@@ -117,7 +117,7 @@ async def test_trace_loses_nothing_duplicates_nothing_and_placement_follows_it(
             gateway_status,
             40,
             f"the uplink drained and {expected} records in the cloud",
-            check=lambda s: s["uplink"]["backlog"] == 0 and len(cloudd.records("gw1")) >= expected,
+            check=lambda s: s["uplink"]["backlog"] == 0 and len(cloudd.telemetry("gw1")) >= expected,
             interval_s=0.2,
         )
     finally:
@@ -126,7 +126,7 @@ async def test_trace_loses_nothing_duplicates_nothing_and_placement_follows_it(
         await proxy.stop()
 
     # -- zero lost, zero duplicated (the cloud's own store, read back) ---------------------------
-    stored = [r for r in cloudd.records("gw1") if r.record["kind"] == "telemetry"]  # not the events
+    stored = cloudd.telemetry("gw1")
     counts = Counter((r.record["device"], r.record["body"]["seq"]) for r in stored)
     expected_keys = {(device, seq) for device, seqs in sent[0].sent.items() for seq in seqs}
     assert sent[0].total > 500
