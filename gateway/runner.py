@@ -44,7 +44,7 @@ from gateway.ingest.sensors import SensorIngest
 from gateway.metrics import StatsCollector, make_registry
 from gateway.mqtt.adapter import MqttAdapter, Will, settings_from_config
 from gateway.mqtt.types import MqttSettings
-from gateway.placement.execution import EDGE_SIDES, ServiceSides
+from gateway.placement.execution import ServiceSides
 from gateway.placement.plan import Plan
 from gateway.placement.runner import PlacementRunner, make_monitor
 from gateway.status import StatusServer
@@ -244,7 +244,7 @@ class GatewayRunner:
     def _sides(self, service: PlacedService) -> ServiceSides:
         """Where the plan runs a service's tasks now; all at the edge when placement is off."""
         if self.placement is None:
-            return ServiceSides(0, dict(EDGE_SIDES[service]))
+            return ServiceSides.edge(service)
         return self.placement.sides.current(service)
 
     def _make_training(self) -> TrainingRunner:

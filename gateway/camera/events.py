@@ -98,7 +98,8 @@ class CameraEventRecorder:
         self._draining = False
         self._recording = False  # the consumer holds a result it has not logged yet
         self._progress = asyncio.Event()  # the consumer took a turn: ``settle`` looks again
-        self._routed_unflushed = 0  # records the router appended since its last flush
+        self._routed_unflushed = 0  # records the router appended since its last flush...
+        self._routed_since = 0.0  # ...the first of them at this time.monotonic()
         self.applied: ServiceSides | None = None  # the sides of this run's last marker
         self.counters = {
             "events_logged": 0,
@@ -209,7 +210,7 @@ class CameraEventRecorder:
             return False  # counted; the router tries again before its next frame
         self.applied = want
         self.counters["markers"] += 1
-        self._routed_unflushed += 1
+        self._routed(1)
         return True
 
     async def append_for_cloud(self, frame: Any, model: str, model_version: str) -> bool:
@@ -229,11 +230,20 @@ class CameraEventRecorder:
         )
         if await self._append(body.model_dump(mode="json"), "frames_for_cloud"):
             self.counters["frames_for_cloud"] += 1
-            self._routed_unflushed += 1
+            self._routed(1)
         return True  # appended, or counted as lost to a full log: either way not inferred here
 
-    async def flush_routed(self) -> None:
-        if self._routed_unflushed:
+    def _routed(self, records: int) -> None:
+        if not self._routed_unflushed:
+            self._routed_since = time.monotonic()
+        self._routed_unflushed += records
+
+    async def flush_routed(self, *, idle: bool) -> None:
+        """Flush what the router appended: when its source is idle, or once ``flush_interval_s``
+        passed since the oldest of them (a camera that never pauses still gets its records up)."""
+        if not self._routed_unflushed:
+            return
+        if idle or time.monotonic() - self._routed_since >= self._flush_interval_s:
             self._routed_unflushed = 0
             await self._flush()
 

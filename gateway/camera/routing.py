@@ -28,7 +28,7 @@ from typing import Any
 
 from gateway.camera.events import CameraEventRecorder, EdgeFrame
 from gateway.camera.inference import InferenceEngine
-from gateway.placement.execution import EDGE_SIDES, ServiceSides
+from gateway.placement.execution import EDGE_SIDES, ServiceSides, sides_text
 from models.inference import InferenceInput
 from protocol.control import Side
 
@@ -61,8 +61,7 @@ async def route_frames(
         applied = events.applied  # None only while no marker could be appended (a full log)
         await _route(frame, engine, events, applied.sides if applied else EDGE_SIDES["camera"])
         routed += 1
-        if source.queued() == 0:
-            await events.flush_routed()  # frames sent to the cloud are durable before the next wait
+        await events.flush_routed(idle=source.queued() == 0)  # the cloud's frames, durable soon
     return routed
 
 
@@ -76,7 +75,7 @@ async def _follow(
     if await events.append_marker(want):
         log.info(
             "camera: tasks run %s from here (plan v%d)",
-            " ".join(f"{t}@{s}" for t, s in want.sides.items()),
+            sides_text(want.sides),
             want.plan,
         )
 

@@ -41,7 +41,7 @@ from gateway.camera.routing import route_frames
 from gateway.camera.source import CameraSource, CameraSourceConfig
 from gateway.control.handlers import Applied
 from gateway.mqtt.adapter import MqttAdapter, MqttSettings
-from gateway.placement.execution import EDGE_SIDES, ServiceSides
+from gateway.placement.execution import ServiceSides
 from gateway.storage.interface import RecordLog
 from gateway.uplink.blobs import BlobSpool
 from models.artifact import ArtifactError, load_artifact
@@ -106,7 +106,7 @@ class CameraRunner:
         on_durable: Callable[[], None],
         flush_interval_s: float,
         on_fatal: Callable[[BaseException], None],
-        sides: Callable[[], ServiceSides] = lambda: ServiceSides(0, dict(EDGE_SIDES["camera"])),
+        sides: Callable[[], ServiceSides] = lambda: ServiceSides.edge("camera"),
     ) -> None:
         self.config = config
         self._sides = sides

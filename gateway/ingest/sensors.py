@@ -25,7 +25,7 @@ from typing import Any
 from gateway.ingest.recent_samples import RecentSamples, SampleKey
 from gateway.ingest.windows import SensorWindows
 from gateway.mqtt.adapter import InboundMessage, MqttAdapter
-from gateway.placement.execution import EDGE_SIDES, ServiceSides
+from gateway.placement.execution import ServiceSides
 from gateway.ratelimit import RateLimitedLog
 from gateway.storage.interface import LogFailed, LogFull, RecordLog
 from protocol.derived import SensorParams
@@ -104,7 +104,7 @@ class SensorIngest:
         on_fatal: Callable[[BaseException], None] = lambda exc: None,
         clock: Callable[[], float] = time.time,
         sensor_params: SensorParams | None = None,
-        sides: Callable[[], ServiceSides] = lambda: ServiceSides(0, dict(EDGE_SIDES["sensor"])),
+        sides: Callable[[], ServiceSides] = lambda: ServiceSides.edge("sensor"),
     ) -> None:
         self._adapter = adapter
         self._log = record_log

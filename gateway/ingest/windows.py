@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Literal
 
-from gateway.placement.execution import ServiceSides
+from gateway.placement.execution import ServiceSides, sides_text
 from gateway.storage.interface import LogFull, RecordLog
 from models.sensing import Window, WindowBook, aggregate, detect
 from protocol.control import Side
@@ -105,7 +105,7 @@ class SensorWindows:
         self.book.feed_marker(marker)  # no window is open: closed above, or none yet
         self._applied = want
         self.counters["markers"] += 1
-        log.info("sensor: tasks run %s from here (plan v%d, %s)", _text(want.sides), want.plan, reason)
+        log.info("sensor: tasks run %s from here (plan v%d, %s)", sides_text(want.sides), want.plan, reason)
         return 1
 
     async def _append_results(self, windows: list[Window], received_ts: float) -> int:
@@ -129,7 +129,3 @@ class SensorWindows:
                 self.counters["aggregates" if body["type"] == "sensor_aggregate" else "detections"] += 1
                 self.counters["alerts"] += body.get("severity") == "alert"
         return appended
-
-
-def _text(sides: dict[str, Side]) -> str:
-    return " ".join(f"{task}@{side}" for task, side in sides.items())

@@ -52,15 +52,23 @@ class ServiceSides:
     plan: int
     sides: dict[str, Side]
 
+    @staticmethod
+    def edge(service: str) -> ServiceSides:
+        """Every task of ``service`` at the edge: before the first plan, and with placement off."""
+        return ServiceSides(0, dict(EDGE_SIDES[service]))
+
+
+def sides_text(sides: dict[str, Side]) -> str:
+    """``infer@cloud summarise@cloud``: how logs name a service's sides."""
+    return " ".join(f"{task}@{side}" for task, side in sides.items())
+
 
 class PlannedSides:
     """The sides of the placed services under the latest plan, for their owners to read."""
 
     def __init__(self, graphs: tuple[TaskGraph, ...]) -> None:
         self._graphs = {g.name: g for g in graphs if g.name in PLACED_TASKS}
-        self._current: dict[str, ServiceSides] = {
-            name: ServiceSides(0, dict(EDGE_SIDES[name])) for name in self._graphs
-        }
+        self._current: dict[str, ServiceSides] = {name: ServiceSides.edge(name) for name in self._graphs}
         self.changes = 0  # plans that moved a placed task
 
     def update(self, plan: Plan) -> None:
@@ -74,7 +82,7 @@ class PlannedSides:
     def current(self, service: PlacedService) -> ServiceSides:
         """The sides now; a service this gateway does not plan runs everything at the edge."""
         found = self._current.get(service)
-        return found if found is not None else ServiceSides(0, dict(EDGE_SIDES[service]))
+        return found if found is not None else ServiceSides.edge(service)
 
     def to_dict(self) -> dict[str, dict[str, Side]]:
         return {name: dict(current.sides) for name, current in self._current.items()}

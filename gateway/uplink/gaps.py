@@ -20,7 +20,7 @@ from gateway.ratelimit import RateLimitedLog
 from gateway.storage.interface import LogFailed, LogFull, RecordLog
 from gateway.uplink.drain import AckedRanges
 from protocol.derived import LogGap
-from protocol.records import Record, encode_record
+from protocol.records import event_record
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +76,8 @@ class GapRecords:
         try:
             for first, last in gaps:
                 body = LogGap(first=first, last=last).model_dump()
-                record = Record(kind="event", device=self._gateway_id, received_ts=time.time(), body=body)
-                self._written[await self._log.append(encode_record(record))] = (first, last)
+                lsn = await self._log.append(event_record(self._gateway_id, time.time(), body))
+                self._written[lsn] = (first, last)
                 appended += 1
             await self._log.flush(wait=True)  # sent from the next round on
         except (LogFull, LogFailed) as exc:
