@@ -47,6 +47,15 @@ Severity = Literal["info", "alert"]
 PlacedService = Literal["sensor", "camera"]  # the services whose tasks a plan moves
 SensorTask = Literal["aggregate", "detect"]
 CameraTask = Literal["infer", "summarise"]
+SENSOR_TASKS: tuple[SensorTask, ...] = ("aggregate", "detect")
+CAMERA_TASKS: tuple[CameraTask, ...] = ("infer", "summarise")
+PLACED_TASKS: dict[PlacedService, tuple[str, ...]] = {"sensor": SENSOR_TASKS, "camera": CAMERA_TASKS}
+
+
+def all_on(service: PlacedService, side: Side) -> dict[str, Side]:
+    """Every placed task of ``service`` on one side: ``all_on(service, "edge")`` is how a gateway
+    runs before any plan (and the cloud assumes before a log's first marker)."""
+    return dict.fromkeys(PLACED_TASKS[service], side)
 
 
 class _Body(BaseModel):

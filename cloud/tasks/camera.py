@@ -8,8 +8,10 @@ factory artifacts shipped with the code (``models/artifacts/<name>``, when its v
 asked for); each version is loaded and probed once and kept in a small LRU cache.
 
 Outcomes are values: ``Made`` (the event), ``BlobNotYet`` (the frame's blob is not committed: try
-again later, never skip), ``Failed`` (a blob that is corrupt or undecodable, a model that cannot be
-found or loaded: stored as a ``task_failed`` event in the event's place, so the log goes on).
+again later; the runner gives up after ``blob_wait_s``, ``blob_missing``), ``Failed`` (a blob that
+is unreadable, corrupt or undecodable, a model that cannot be found or loaded, any other error while
+inferring: stored as a ``task_failed`` event in the event's place, so the log goes on). ``infer``
+raises nothing: one bad frame must not stop the runner.
 
 Invariant: one input record gives at most one stored outcome, ``Made`` or ``Failed``, keyed by its LSN.
 """
@@ -31,7 +33,14 @@ from protocol.derived import CameraEvent, FrameForCloud
 from protocol.errors import ProtocolError
 
 CAMERA_TASK = "camera/summarise"  # the task whose output a CameraEvent is
-FailureReason = Literal["blob_corrupt", "frame_undecodable", "model_unavailable", "inference_failed"]
+FailureReason = Literal[
+    "blob_missing",
+    "blob_unreadable",
+    "blob_corrupt",
+    "frame_undecodable",
+    "model_unavailable",
+    "inference_failed",
+]
 
 
 def failure_body(
@@ -90,13 +99,22 @@ class FrameInference:
         self.loads = 0
 
     def infer(self, gateway: str, lsn: int, frame: FrameForCloud) -> FrameOutcome:
+        try:
+            return self._infer(gateway, lsn, frame)
+        except Exception as exc:  # the boundary: whatever else goes wrong is this frame's failure
+            return Failed("inference_failed", f"{type(exc).__name__}: {exc}")
+
+    def _infer(self, gateway: str, lsn: int, frame: FrameForCloud) -> FrameOutcome:
         blob_id = str(frame.blob.get("id", ""))
         if not valid_blob_id(blob_id):
             return Failed("blob_corrupt", f"blob id {blob_id!r} is not a valid blob id")
         status = self.blobs.status(gateway, blob_id)
         if not status.committed:
             return BlobNotYet(blob_id)
-        jpeg = self.blobs.committed_path(gateway, blob_id).read_bytes()
+        try:
+            jpeg = self.blobs.committed_path(gateway, blob_id).read_bytes()
+        except OSError as exc:
+            return Failed("blob_unreadable", f"blob {blob_id}: {exc}")
         expected = frame.blob.get("sha256")
         if expected is not None and hashlib.sha256(jpeg).hexdigest() != expected:
             return Failed("blob_corrupt", f"blob {blob_id} does not hash to the sha256 its record names")
@@ -150,7 +168,11 @@ class FrameInference:
 
 
 def _decode_jpeg(data: bytes) -> Any:
+    """The image, or None when ``data`` is no image (OpenCV raises for some, e.g. empty, input)."""
     import cv2
     import numpy as np
 
-    return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    try:
+        return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    except cv2.error:
+        return None

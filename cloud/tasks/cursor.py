@@ -9,7 +9,9 @@ One JSON file, ``<data_dir>/tasks/cursors.json``, replaced atomically::
   edge aggregate; a restart re-reads the log from there to rebuild the windows, making no result for
   a record below ``next_lsn`` (those are stored already);
 - ``marker``: the sensor PlacementMarker in force (every open window was opened under it);
-- ``waiting``: the FrameForCloud records whose blob had not arrived yet (LSN, device, body).
+- ``waiting``: the FrameForCloud records whose blob had not arrived yet (LSN, device, body, and
+  ``first_seen``: when the runner first saw the record, wall-clock seconds; it gives up waiting
+  ``blob_wait_s`` after it. A file written before ``first_seen`` existed counts from its loading).
 
 Invariant: the runner saves a cursor only after the results of every record below its ``next_lsn``
 are stored, so a crash at any point makes results at most twice, and the store keeps them once.
@@ -35,6 +37,7 @@ class WaitingFrame:
     lsn: int
     device: str
     body: dict[str, Any]  # the FrameForCloud body
+    first_seen: float  # time.time() when the runner first saw the record
 
 
 @dataclass
@@ -53,30 +56,37 @@ class LogCursor:
             "next_lsn": self.next_lsn,
             "replay_from": self.replay_from,
             "marker": self.marker,
-            "waiting": [{"lsn": w.lsn, "device": w.device, "body": w.body} for w in self.waiting],
+            "waiting": [
+                {"lsn": w.lsn, "device": w.device, "body": w.body, "first_seen": w.first_seen}
+                for w in self.waiting
+            ],
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LogCursor:
+    def from_dict(cls, data: dict[str, Any], *, now: float) -> LogCursor:
         return cls(
             gateway=data["gateway"],
             log_id=data["log_id"],
             next_lsn=int(data["next_lsn"]),
             replay_from=int(data["replay_from"]),
             marker=data.get("marker"),
-            waiting=[WaitingFrame(int(w["lsn"]), w["device"], w["body"]) for w in data.get("waiting", [])],
+            waiting=[
+                WaitingFrame(int(w["lsn"]), w["device"], w["body"], float(w.get("first_seen", now)))
+                for w in data.get("waiting", [])
+            ],
         )
 
 
-def load_cursors(folder: Path) -> dict[tuple[str, str], LogCursor]:
+def load_cursors(folder: Path, *, now: float) -> dict[tuple[str, str], LogCursor]:
     """The saved cursors; none when the file is absent. A file that does not parse is reported and
-    ignored: the runner then re-reads every log from its start (results are idempotent)."""
+    ignored: the runner then re-reads every log from its start (results are idempotent). ``now``
+    stands for a waiting frame's ``first_seen`` when the file has none."""
     path = folder / CURSOR_FILE
     if not path.exists():
         return {}
     try:
         data = json.loads(path.read_bytes())
-        cursors = [LogCursor.from_dict(item) for item in data["logs"]]
+        cursors = [LogCursor.from_dict(item, now=now) for item in data["logs"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         log.error("task cursors %s unreadable (%s): re-reading every log from its start", path, exc)
         return {}

@@ -4,8 +4,13 @@ Records reach the store in any LSN order (the uplink drains alerts and summaries
 ``offer`` buffers what is ahead of ``next_lsn`` and ``advance`` processes from ``next_lsn`` on while
 the next LSN is there, or is covered by a ``LogGap`` (LSNs the gateway's log dropped: they will never
 come). A hole holds everything after it: markers and edge results are always seen before a window
-is decided. The buffer keeps at most ``max_buffered`` records, the lowest LSNs; what it had to leave
-out sets ``overflowed``, and the runner reads the store again once the buffer has drained.
+is decided. The buffer keeps at most ``max_buffered`` records, the lowest LSNs. What it has to leave
+out (a record refused, or the highest one pushed out by a lower one) is remembered as ``left_out``:
+the lowest such LSN, and the earliest position in the gateway's segments it was read at. When
+``advance`` stops at or past that LSN (``needs_rescan``), only reading the segments again from that
+position can bring the next record: the runner does that (``rescanned``). Records above the stop
+may be buffered meanwhile (the uplink sends alerts and live records ahead of an old backlog), so
+the buffer need not be empty for it.
 
 Each record is processed once per replay: telemetry and markers drive ``SensorReplay``; an
 ``InferenceResult`` is summarised here; a ``FrameForCloud`` joins ``waiting`` until the runner has
@@ -18,6 +23,9 @@ Invariant: ``next_lsn`` only grows, and every LSN below it was processed or cove
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from cloud.tasks.camera import CAMERA_TASK
@@ -37,20 +45,38 @@ from protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
+Position = tuple[int, int]  # where a record lies in its gateway's segments (DatasetStore.read_from)
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """What a full buffer left out since the last rescan: the lowest LSN, and the earliest position
+    any of it was read at (reading again from there offers every record left out)."""
+
+    lowest_lsn: int
+    read_at: Position
+
 
 class LogReplay:
-    def __init__(self, cursor: LogCursor, *, max_buffered: int) -> None:
+    def __init__(
+        self, cursor: LogCursor, *, max_buffered: int, clock: Callable[[], float] = time.time
+    ) -> None:
+        if max_buffered < 1:
+            raise ValueError(f"max_buffered must be at least 1, got {max_buffered}")
         self.gateway, self.log_id = cursor.gateway, cursor.log_id
         self.max_buffered = max_buffered
+        self.clock = clock
         self.made_before = cursor.next_lsn
         self.next_lsn = cursor.replay_from
         marker = PlacementMarker.model_validate(cursor.marker) if cursor.marker else None
         self.sensor = SensorReplay(marker)
         self.waiting: dict[int, WaitingFrame] = {w.lsn: w for w in cursor.waiting}
-        self.overflowed = False
-        self._buffer: dict[int, dict[str, Any]] = {}
+        self.left_out: LeftOut | None = None
+        self._buffer: dict[int, tuple[dict[str, Any], Position]] = {}  # lsn -> (record, read at)
         self._gaps: dict[int, int] = {}  # first -> last of each LogGap not yet passed
-        self.counters = {"records": 0, "gap_lsns": 0, "invalid": 0, "summarised": 0, "frames": 0}
+        self.counters = dict.fromkeys(
+            ("records", "gap_lsns", "invalid", "summarised", "frames", "left_out"), 0
+        )
 
     @property
     def buffered(self) -> int:
@@ -67,8 +93,20 @@ class LogReplay:
             waiting=sorted(self.waiting.values(), key=lambda w: w.lsn),
         )
 
-    def offer(self, lsn: int, record: dict[str, Any]) -> None:
-        """A stored record of this log, in storage order (any LSN order, possibly seen before)."""
+    @property
+    def needs_rescan(self) -> bool:
+        """``advance`` stopped where a record may have been left out: only reading the segments
+        again (from ``left_out.read_at``) can bring it."""
+        return self.left_out is not None and self.left_out.lowest_lsn <= self.next_lsn
+
+    def rescanned(self) -> None:
+        """The runner reads the segments again from ``left_out.read_at``: every record left out so
+        far is offered again (what is left out from now on is remembered anew)."""
+        self.left_out = None
+
+    def offer(self, lsn: int, record: dict[str, Any], read_at: Position) -> None:
+        """A stored record of this log, read at ``read_at`` (or later) in its gateway's segments, in
+        storage order (any LSN order, possibly seen before)."""
         body = record.get("body") or {}
         if record.get("kind") == "event" and body.get("type") == "log_gap":
             try:
@@ -80,20 +118,27 @@ class LogReplay:
         if lsn < self.next_lsn or lsn in self._buffer:
             return
         if len(self._buffer) >= self.max_buffered:
-            self.overflowed = True
             highest = max(self._buffer)
             if highest < lsn:
+                self._leave_out(lsn, read_at)
                 return
-            del self._buffer[highest]  # keep the lowest LSNs: they are the next to process
-        self._buffer[lsn] = record
+            _, highest_read_at = self._buffer.pop(highest)  # keep the lowest LSNs: they are next
+            self._leave_out(highest, highest_read_at)
+        self._buffer[lsn] = (record, read_at)
+
+    def _leave_out(self, lsn: int, read_at: Position) -> None:
+        self.counters["left_out"] += 1
+        if self.left_out is not None:
+            lsn, read_at = min(lsn, self.left_out.lowest_lsn), min(read_at, self.left_out.read_at)
+        self.left_out = LeftOut(lsn, read_at)
 
     def advance(self) -> list[Result]:
         """Process from ``next_lsn`` while the next LSN is held or covered; the results made."""
         results: list[Result] = []
         while True:
-            record = self._buffer.pop(self.next_lsn, None)
-            if record is not None:
-                made = self._process(self.next_lsn, record)
+            held = self._buffer.pop(self.next_lsn, None)
+            if held is not None:
+                made = self._process(self.next_lsn, held[0])
                 if self.next_lsn >= self.made_before:
                     results += made
                 self.next_lsn += 1
@@ -145,5 +190,5 @@ class LogReplay:
             results.append(Result(CAMERA_TASK, lsn, str(record.get("device")), event.model_dump(mode="json")))
         elif isinstance(derived, FrameForCloud) and lsn >= self.made_before:
             self.counters["frames"] += 1
-            self.waiting[lsn] = WaitingFrame(lsn, str(record.get("device")), body)
+            self.waiting[lsn] = WaitingFrame(lsn, str(record.get("device")), body, self.clock())
         return results

@@ -5,17 +5,22 @@ One asyncio task, owned here (``start`` / ``stop``), at once when an upload stor
 committed a blob (``wake``, called by the ingest and blob routes), else every ``poll_interval_s``:
 1. follows each gateway's dataset segments from where it stopped (``DatasetStore.read_from``), and
    offers every record of a gateway log to that log's ``LogReplay`` (the logs this runner writes
-   itself, ``derived_log_id(log_id, task)``, are skipped);
+   itself, ``derived_log_id(log_id, task)``, are skipped); reads them again from where a full buffer
+   left a record out when a log stops at it (cloud/tasks/replay.py);
 2. advances each log over its contiguous LSNs, which makes sensor results and camera summaries;
-3. infers the waiting ``FrameForCloud`` records whose blob has arrived (one worker thread);
-4. stores the results through cloudd's ``AsyncStoreWriter``, each as a record of kind ``"event"``
-   under ``(gateway, derived_log_id(log_id, task))`` at its input's LSN, so making it twice stores it
+3. infers the waiting ``FrameForCloud`` records whose blob has arrived (one worker thread), and
+   fails those whose blob has not come ``blob_wait_s`` after the runner first saw them;
+4. stores the results (cloud/tasks/results.py), each as a record of kind ``"event"`` under
+   ``(gateway, derived_log_id(log_id, task))`` at its input's LSN, so making it twice stores it
    once and it shows in the gateway's datasets like the events the gateway sends;
 5. saves the cursors (cloud/tasks/cursor.py).
 
+Steps 1-3 run gateway by gateway: an error in one gateway's work sends only that gateway back to
+its saved cursors; an error elsewhere in the pass sends every gateway back.
+
 Invariant: a cursor is saved only after every result made below its ``next_lsn`` is stored (a
-store refusal ends the pass before the save, and the next pass makes them again), so no result is
-lost by a crash or a busy store, and none is stored twice.
+store still refusing after ``store_busy_tries`` ends the pass before the save, and the next pass
+makes them again), so no result is lost by a crash or a busy store, and none is stored twice.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,20 +41,19 @@ from prometheus_client.registry import Collector
 from cloud.registry import ModelRegistry
 from cloud.store.blobs import BlobStore
 from cloud.store.dataset import DatasetStore, StoredRecord
-from cloud.store.writer import AsyncStoreWriter, StoreBusy
+from cloud.store.writer import AsyncStoreWriter
 from cloud.tasks.camera import CAMERA_TASK, BlobNotYet, Failed, FrameInference, Made, failure_body
 from cloud.tasks.cursor import LogCursor, load_cursors, save_cursors
-from cloud.tasks.replay import LogReplay
+from cloud.tasks.replay import LogReplay, Position
+from cloud.tasks.results import ResultWriter, StoreStillBusy
 from cloud.tasks.sensor import AGGREGATE_TASK, DETECT_TASK, Result
-from protocol.batch import MAX_BATCH_RECORDS, BatchEntry, UploadBatch
 from protocol.derived import FrameForCloud, derived_log_id
-from protocol.records import Record
 from runtime.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
 
 RESULT_TASKS = (AGGREGATE_TASK, DETECT_TASK, CAMERA_TASK)  # the tasks whose results are stored here
-COUNTERS = ("passes", "pass_errors", "store_busy", "stored", "wakeups")
+COUNTERS = ("passes", "pass_errors", "gateway_errors", "rescans", "wakeups")
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,9 @@ class TaskRunnerConfig:
     read_chunk: int = 5000  # records read from the store per call
     max_buffered: int = 50_000  # per log: records held ahead of a hole
     model_cache: int = 4  # model versions kept loaded
+    blob_wait_s: float = 600.0  # a frame whose blob is not committed this long after it was seen fails
+    store_busy_tries: int = 8  # refusals of one batch of results before the pass ends
+    store_busy_backoff_s: tuple[float, float] = (0.05, 2.0)  # the first wait after a refusal, the longest
 
 
 class TaskRunner:
@@ -70,23 +77,28 @@ class TaskRunner:
         data_dir: Path,
         factory_dir: Path,
         config: TaskRunnerConfig | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.writer = writer
         self.config = config or TaskRunnerConfig()
+        self.clock = clock
         self.cursor_dir = Path(data_dir) / "tasks"
         self.inference = FrameInference(blobs, registry, factory_dir, cache_size=self.config.model_cache)
+        self.results = ResultWriter(
+            writer,
+            RESULT_TASKS,
+            busy_tries=self.config.store_busy_tries,
+            busy_backoff_s=self.config.store_busy_backoff_s,
+        )
         self._logs: dict[tuple[str, str], LogReplay] = {}
         self._derived: set[str] = set()  # the log ids this runner writes to
-        self._positions: dict[str, tuple[int, int]] = {}  # gateway -> where its reading goes on
-        self._rescan_from: dict[str, tuple[int, int]] = {}  # gateway -> read again from here, once drained
+        self._positions: dict[str, Position] = {}  # gateway -> where its reading goes on
         self._lag: dict[tuple[str, str], int] = {}
         self._saved: list[LogCursor] = []  # what the cursor file holds
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._executor: ThreadPoolExecutor | None = None
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
-        self.made: dict[str, int] = dict.fromkeys(RESULT_TASKS, 0)
-        self.failures: dict[str, int] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -127,20 +139,38 @@ class TaskRunner:
         again: the results made since are made again (and stored once)."""
         self._logs.clear()
         self._positions.clear()
-        self._rescan_from.clear()
-        self._saved = list(load_cursors(self.cursor_dir).values())
+        self._saved = list(load_cursors(self.cursor_dir, now=self.clock()).values())
         for cursor in self._saved:
             self._add_log(cursor)
+
+    def _forget(self, gateway: str) -> None:
+        """``_reset`` for one gateway: its logs go back to their saved cursors and its segments are
+        read again from the start; every other gateway keeps its place."""
+        saved = {(c.gateway, c.log_id): c for c in self._saved}
+        for key in [key for key in self._logs if key[0] == gateway]:
+            self._add_log(saved.get(key, LogCursor(*key)))
+        self._positions.pop(gateway, None)
 
     # -- one pass -------------------------------------------------------------------------------
 
     async def run_pass(self) -> None:
+        """One pass over every gateway. A gateway whose work fails is forgotten back to its saved
+        cursors (the others go on); a store still busy after its tries ends the pass before the save."""
         self.counters["passes"] += 1
         store = self.writer.store
         counts = await asyncio.to_thread(store.counts)
         for gateway in (g.id for g in counts.gateways):
-            await self._follow(store, gateway)
-        await self._infer_waiting()
+            try:
+                await self._follow(store, gateway)
+                await self._infer_waiting(gateway)
+            except StoreStillBusy as exc:
+                log.warning("cloud tasks: %s; the next pass makes %s's results again", exc, gateway)
+                self._forget(gateway)
+                return
+            except Exception:
+                self.counters["gateway_errors"] += 1
+                log.exception("cloud tasks of gateway %s failed: resuming it from its saved cursors", gateway)
+                self._forget(gateway)
         await asyncio.to_thread(self._measure_lag, store)
         cursors = [r.cursor() for r in self._logs.values()]
         if cursors != self._saved:  # an fsync per pass only when something moved
@@ -148,6 +178,8 @@ class TaskRunner:
             self._saved = cursors
 
     async def _follow(self, store: DatasetStore, gateway: str) -> None:
+        """Read ``gateway``'s segments to their end, and again from where a record was left out
+        whenever a log stops at it (each time, that log processes at least its next LSN)."""
         while True:
             start = self._positions.get(gateway, (0, 0))
             records, position = await asyncio.to_thread(
@@ -157,29 +189,25 @@ class TaskRunner:
             for stored in records:
                 replay = self._replay_for(stored)
                 if replay is not None:
-                    replay.offer(stored.lsn, stored.record)
+                    replay.offer(stored.lsn, stored.record, start)
                     touched.add(replay)
-                    if replay.overflowed:
-                        # What it left out may have been read in any earlier chunk: from the start.
-                        self._rescan_from[gateway] = (0, 0)
             for replay in touched:
-                await self._store([(replay, result) for result in replay.advance()])
+                await self._store(replay, replay.advance())
             self._positions[gateway] = position
-            self._maybe_rescan(gateway)
-            if len(records) < self.config.read_chunk:
+            if len(records) < self.config.read_chunk and not self._rescan(gateway):
                 return
 
-    def _maybe_rescan(self, gateway: str) -> None:
-        """Once every overflowed log of ``gateway`` has processed what it held, read again from where
-        the first record was left out."""
-        again = self._rescan_from.get(gateway)
-        overflowed = [r for (gw, _), r in self._logs.items() if gw == gateway and r.overflowed]
-        if again is None or any(r.buffered for r in overflowed):
-            return
-        for replay in overflowed:
-            replay.overflowed = False
-        self._positions[gateway] = again
-        del self._rescan_from[gateway]
+    def _rescan(self, gateway: str) -> bool:
+        """Whether a log of ``gateway`` stopped where it may have left a record out; if so, read
+        the segments again from the earliest position any of its logs left a record out at."""
+        logs = [r for (gw, _), r in self._logs.items() if gw == gateway and r.left_out is not None]
+        if not any(r.needs_rescan for r in logs):
+            return False
+        self._positions[gateway] = min(r.left_out.read_at for r in logs if r.left_out is not None)
+        for replay in logs:
+            replay.rescanned()
+        self.counters["rescans"] += 1
+        return True
 
     def _replay_for(self, stored: StoredRecord) -> LogReplay | None:
         if stored.log_id in self._derived:
@@ -191,27 +219,33 @@ class TaskRunner:
         return replay
 
     def _add_log(self, cursor: LogCursor) -> LogReplay:
-        replay = LogReplay(cursor, max_buffered=self.config.max_buffered)
+        replay = LogReplay(cursor, max_buffered=self.config.max_buffered, clock=self.clock)
         self._logs[(cursor.gateway, cursor.log_id)] = replay
         self._derived.update(derived_log_id(cursor.log_id, task) for task in RESULT_TASKS)
         return replay
 
-    async def _infer_waiting(self) -> None:
-        for replay in list(self._logs.values()):
+    async def _infer_waiting(self, gateway: str) -> None:
+        """Infer the frames of ``gateway`` whose blob has arrived; fail those that waited
+        ``blob_wait_s`` for it in vain (the gateway sends a record without its blob when it lost it)."""
+        for replay in [r for (gw, _), r in self._logs.items() if gw == gateway]:
             for lsn, waiting in sorted(replay.waiting.items()):
                 frame = FrameForCloud.model_validate(waiting.body)
                 outcome = await self._in_worker(self.inference.infer, replay.gateway, lsn, frame)
                 if isinstance(outcome, BlobNotYet):
-                    continue
+                    waited = self.clock() - waiting.first_seen
+                    if waited < self.config.blob_wait_s:
+                        continue
+                    outcome = Failed(
+                        "blob_missing", f"blob {outcome.blob_id} not committed after {waited:.0f} s"
+                    )
                 if isinstance(outcome, Made):
                     body = outcome.event.model_dump(mode="json")
                 else:
                     body = self._failed(replay, lsn, frame, outcome)
-                await self._store([(replay, Result(CAMERA_TASK, lsn, waiting.device, body))])
+                await self._store(replay, [Result(CAMERA_TASK, lsn, waiting.device, body)])
                 del replay.waiting[lsn]
 
     def _failed(self, replay: LogReplay, lsn: int, frame: FrameForCloud, failed: Failed) -> dict[str, Any]:
-        self.failures[failed.reason] = self.failures.get(failed.reason, 0) + 1
         log.error("%s/%s lsn %d: camera/infer failed: %s", replay.gateway, replay.log_id, lsn, failed.detail)
         return failure_body(
             failed.reason, failed.detail, task="camera/infer", input_lsn=lsn, source=frame.source
@@ -220,36 +254,8 @@ class TaskRunner:
     async def _in_worker(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    async def _store(self, results: list[tuple[LogReplay, Result]]) -> None:
-        """Store results, one batch per derived log (LSNs increasing, each once)."""
-        by_log: dict[tuple[str, str], dict[int, Result]] = {}
-        for replay, result in results:
-            key = (replay.gateway, derived_log_id(replay.log_id, result.task))
-            by_log.setdefault(key, {})[result.lsn] = result
-        now = time.time()
-        for (gateway, log_id), found in by_log.items():
-            entries = [
-                BatchEntry(
-                    lsn=lsn,
-                    data=Record(kind="event", device=result.device, received_ts=now, body=result.body),
-                )
-                for lsn, result in sorted(found.items())
-            ]
-            for i in range(0, len(entries), MAX_BATCH_RECORDS):
-                chunk = entries[i : i + MAX_BATCH_RECORDS]
-                batch = UploadBatch(v=1, gateway=gateway, log_id=log_id, records=chunk)
-                self.counters["stored"] += await self._store_batch(batch)
-            for result in found.values():
-                self.made[result.task] += 1
-
-    async def _store_batch(self, batch: UploadBatch) -> int:
-        """Store one batch, waiting while the store is busy (uploads go first: this is background work)."""
-        while True:
-            try:
-                return (await self.writer.store_batch(batch)).stored
-            except StoreBusy:
-                self.counters["store_busy"] += 1
-                await asyncio.sleep(self.config.poll_interval_s)
+    async def _store(self, replay: LogReplay, results: list[Result]) -> None:
+        await self.results.store(replay.gateway, replay.log_id, results)
 
     def _measure_lag(self, store: DatasetStore) -> None:
         for key, replay in self._logs.items():
@@ -263,12 +269,13 @@ class TaskRunner:
         result made below it is stored; ``reading_lsn`` is where its replay is."""
         saved = {(c.gateway, c.log_id): c for c in self._saved}
         return {
-            "made": dict(self.made),
-            "failures": dict(self.failures),
+            "made": dict(self.results.made),
+            "failures": dict(self.results.failures),
             "waiting_blobs": sum(len(r.waiting) for r in self._logs.values()),
             "lag_records": sum(self._lag.values()),
             "model_loads": self.inference.loads,
             **self.counters,
+            **self.results.counters,
             "logs": [
                 {
                     "gateway": gw,

@@ -24,13 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from models.sensing import Window, WindowBook, aggregate, detect
-from protocol.control import Side
-from protocol.derived import PlacementMarker, SensorAggregate, SensorDetection, SensorParams
+from protocol.derived import PlacementMarker, SensorAggregate, SensorDetection, SensorParams, all_on
 
 AGGREGATE_TASK = "sensor/aggregate"
 DETECT_TASK = "sensor/detect"
-EDGE_SIDES: dict[str, Side] = {"aggregate": "edge", "detect": "edge"}
-CLOUD_SIDES: dict[str, Side] = {"aggregate": "cloud", "detect": "cloud"}
 
 
 @dataclass(frozen=True)
@@ -51,7 +48,7 @@ class SensorReplay:
     def __init__(self, marker: PlacementMarker | None) -> None:
         self.marker = marker
         params = marker.sensor if marker is not None and marker.sensor is not None else SensorParams()
-        self.book = WindowBook(dict(marker.sides) if marker else EDGE_SIDES, params)
+        self.book = WindowBook(dict(marker.sides) if marker else all_on("sensor", "edge"), params)
         self._pending: dict[int, Window] = {}  # edge windows closed here, awaiting the edge aggregate
         self._edge_done: set[int] = set()  # first LSNs of edge aggregates seen before we closed the window
         self._open: dict[str, int] = {}  # device -> first LSN of its open window (the book's, mirrored)
@@ -112,7 +109,7 @@ class SensorReplay:
 
     def _recover(self, window: Window) -> list[Result]:
         self.counters["recovered"] += 1
-        agg = aggregate(window, recovered=True).model_copy(update={"ran_at": dict(CLOUD_SIDES)})
+        agg = aggregate(window, recovered=True).model_copy(update={"ran_at": all_on("sensor", "cloud")})
         return [
             Result(AGGREGATE_TASK, window.first_lsn, window.device, _body(agg)),
             _detection(agg, window.params),

@@ -369,19 +369,47 @@ def test_frames_are_inferred_in_the_cloud_once_their_blob_is_there(cloudd):
     assert (summarised["label"], summarised["severity"], summarised["input"]) == ("square", "info", 5)
     status = tasks_status(cloudd)
     assert status["failures"] == {"frame_undecodable": 1, "model_unavailable": 1}
-    assert status["made"]["camera/summarise"] == 4
+    assert status["made"]["camera/summarise"] == 2  # the failures are counted apart
 
 
-def test_a_full_buffer_keeps_the_lowest_lsns_and_says_it_left_some_out():
+def test_a_frame_that_breaks_the_decoder_fails_alone_and_the_runner_goes_on(cloudd):
+    """An empty blob (OpenCV raises on it rather than saying "no image") is one failure; it does
+    not fail the pass, and the logs after it are processed and saved."""
+    camera = numbered([marker({"infer": "cloud", "summarise": "cloud"}, service="camera")])
+    camera.append((2, frame_record(1, "empty1", b"")))
+    put_blob(cloudd, "empty1", b"")
+    upload(cloudd, camera)
+    wait_until(lambda: 2 in results(cloudd, "camera/summarise"), 30, "the empty frame's outcome")
+    failed = results(cloudd, "camera/summarise")[2]
+    assert (failed["type"], failed["reason"]) == ("task_failed", "frame_undecodable")
+    sensor = numbered([marker(CLOUD), *sensor_stream(650.0, 2), marker(CLOUD)])
+    upload(cloudd, sensor, "bbbb0001")
+    wait_processed(cloudd, len(sensor) + 1, "bbbb0001")
+    assert windows_of(results(cloudd, "sensor/aggregate", "bbbb0001")) == expected_windows(sensor)
+    status = tasks_status(cloudd)
+    assert (status["pass_errors"], status["gateway_errors"], status["waiting_blobs"]) == (0, 0, 0)
+    assert log_status(cloudd)["next_lsn"] == len(camera) + 1  # its cursor was saved
+
+
+def test_a_full_buffer_keeps_the_lowest_lsns_and_says_what_it_left_out():
     from cloud.tasks.cursor import LogCursor
-    from cloud.tasks.replay import LogReplay
+    from cloud.tasks.replay import LeftOut, LogReplay
 
     replay = LogReplay(LogCursor(GW, LOG), max_buffered=3)
-    records = dict(numbered([marker(CLOUD), *sensor_stream(700.0, 1, devices=("a",))]))
-    for lsn in (5, 4, 3, 2):  # the hole at 1 holds them all
-        replay.offer(lsn, records[lsn].model_dump(mode="json"))
-    assert replay.overflowed and replay.buffered == 3
-    assert replay.advance() == [] and replay.next_lsn == 1
-    replay.offer(1, records[1].model_dump(mode="json"))  # the lowest: it pushes 4 out too
+    records = dict(numbered([marker(CLOUD), *sensor_stream(700.0, 2, devices=("a",))]))
+    for lsn, read_at in ((5, (1, 50)), (4, (1, 40)), (3, (1, 30)), (2, (1, 20))):  # the hole at 1 holds them
+        replay.offer(lsn, records[lsn].model_dump(mode="json"), read_at)
+    assert replay.left_out == LeftOut(5, (1, 50)) and replay.buffered == 3
+    assert replay.advance() == [] and replay.next_lsn == 1 and not replay.needs_rescan
+    replay.offer(1, records[1].model_dump(mode="json"), (1, 60))  # the lowest: it pushes 4 out too
     replay.advance()
-    assert replay.next_lsn == 4 and replay.buffered == 0  # 4 and 5 must be read again
+    replay.offer(7, records[7].model_dump(mode="json"), (1, 70))  # live, with room again: kept
+    replay.advance()
+    assert replay.left_out == LeftOut(4, (1, 40))
+    assert replay.next_lsn == 4 and replay.buffered == 1  # 7 is held, above the 4 left out...
+    assert replay.needs_rescan  # ...so only reading again from (1, 40) brings 4 and 5
+    replay.rescanned()
+    for lsn, read_at in ((5, (1, 50)), (4, (1, 40))):
+        replay.offer(lsn, records[lsn].model_dump(mode="json"), read_at)
+    replay.advance()
+    assert replay.next_lsn == 6 and replay.left_out is None
