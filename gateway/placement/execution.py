@@ -22,15 +22,12 @@ from dataclasses import dataclass
 from gateway.placement.plan import Plan
 from gateway.taskgraphs.graph import TaskGraph
 from protocol.control import Side
-from protocol.derived import PlacedService
+from protocol.derived import PLACED_TASKS as PLACED_BY_SERVICE
+from protocol.derived import PlacedService, all_on
 
-PLACED_TASKS: dict[str, tuple[str, ...]] = {
-    "sensor": ("aggregate", "detect"),
-    "camera": ("infer", "summarise"),
-}
-EDGE_SIDES: dict[str, dict[str, Side]] = {
-    service: dict.fromkeys(tasks, "edge") for service, tasks in PLACED_TASKS.items()
-}
+# the protocol's table, looked up by a task graph's name (any str)
+PLACED_TASKS: dict[str, tuple[str, ...]] = {service: tasks for service, tasks in PLACED_BY_SERVICE.items()}
+EDGE_SIDES: dict[str, dict[str, Side]] = {service: all_on(service, "edge") for service in PLACED_BY_SERVICE}
 
 
 def service_sides(plan: Plan, graph: TaskGraph) -> dict[str, Side]:
