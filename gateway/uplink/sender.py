@@ -260,7 +260,11 @@ class Uplink:
                 continue
             if not batch.entries:  # a scan slice ran: go round again
                 continue
-            outcome = await self._send(batch)
+            try:
+                outcome = await self._send(batch)
+            except Exception as exc:  # a bug or a local fault must not end the uplink: count, retry
+                log.exception("uplink: sending a batch failed on the gateway's side")
+                outcome = Outcome("local", f"{type(exc).__name__}: {exc}")
             if outcome.kind == "ok":
                 self._retry.succeeded()
                 self._outage_retry.succeeded()
