@@ -5,7 +5,9 @@ Benchmarks are modules of the ``bench`` package, run from the repository root as
 ``make bench`` skips them.
 
 Invariant: every figure printed is also in bench/results/<name>.json, and every ratio there is
-ours over a baseline measured in the same run (higher is better). The file's form:
+ours over a baseline measured in the same run (higher is better), except the figures an issue named
+among them that are rates or times, which the benchmark's docstring lists with their targets
+(``bench.placement_live``: ``replans_per_min_steady``, ``flap_detect_s``; lower is better). The file's form:
 ``{"bench", "quick", "python", "torch", "cpus", "rows": [{"case", "system", "metric", "value"}],
 "ratios": {name: value}}``, then any ``extra`` keys a benchmark adds.
 """
