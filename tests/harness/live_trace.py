@@ -273,11 +273,8 @@ async def run_live(
 
 def _settle(gateway: Gatewayd, cloud: Any, log_id: str, timeout_s: float) -> None:
     """Wait until the gateway has nothing left to send and cloudd has run every task on it."""
-    wait_until(
-        lambda: (
-            gateway.status()["camera"]["engine"]["pending"] == 0
-            and gateway.status()["ingest"]["windows_open"] == 0
-        ),
+    gateway.wait_status(
+        lambda s: s["camera"]["engine"]["pending"] == 0 and s["ingest"]["windows_open"] == 0,
         timeout_s,
         "the camera idle and every sensor window closed",
     )
