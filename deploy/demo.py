@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
-from cloud.store.dataset import DatasetStore
+from cloud.store.dataset import DatasetStore, StoredRecord
 from devices.sensors import SensorRun, SentRecord, run_sensors
 
 if TYPE_CHECKING:  # amqtt is imported only when the demo runs its own broker
@@ -171,8 +171,8 @@ class Demo:
                 print(f"sensors done: {self.sent.total} messages acknowledged by the broker; draining")
                 deadline = time.monotonic() + self.args.drain_timeout
                 while time.monotonic() < deadline:
-                    stored = await self._show(session, time.monotonic() - start)
-                    if stored >= self.sent.total:
+                    await self._show(session, time.monotonic() - start)
+                    if await asyncio.to_thread(self._telemetry_stored) >= self.sent.total:
                         break
                     await asyncio.sleep(1.0)
         finally:
@@ -195,10 +195,24 @@ class Demo:
         )
         return stored
 
+    def _telemetry(self) -> list[StoredRecord]:
+        """The telemetry cloudd stored (beside it: the gateway's sensor results and markers, and
+        the results cloudd's task runner made)."""
+        store = DatasetStore.open(self.data / "cloud", readonly=True)
+        return [r for r in store.iter_records(GATEWAY) if r.record["kind"] == "telemetry"]
+
+    def _telemetry_stored(self) -> int:
+        return len(self._telemetry()) if (self.data / "cloud" / "meta.sqlite").exists() else 0
+
+    def _windows_by_side(self) -> Counter[str]:
+        """Sensor windows aggregated, by where the plan ran ``aggregate`` (gateway or cloudd)."""
+        store = DatasetStore.open(self.data / "cloud", readonly=True)
+        bodies = (r.record["body"] for r in store.iter_records(GATEWAY))
+        return Counter(b["ran_at"]["aggregate"] for b in bodies if b.get("type") == "sensor_aggregate")
+
     def account(self) -> int:
         """Compare what the broker acknowledged to the sensors with what the cloud stored."""
-        store = DatasetStore.open(self.data / "cloud", readonly=True)
-        stored = Counter((r.record["device"], r.record["body"]["seq"]) for r in store.iter_records(GATEWAY))
+        stored = Counter((r.record["device"], r.record["body"]["seq"]) for r in self._telemetry())
         sent = {(device, seq) for device, seqs in self.sent.sent.items() for seq in seqs}
         missing = sent - stored.keys()
         duplicates = sum(n - 1 for n in stored.values() if n > 1)
@@ -213,6 +227,9 @@ class Demo:
         for device, seqs in sorted(self.sent.sent.items()):
             have = sum(1 for seq in seqs if (device, seq) in stored)
             print(f"  {device}: sent {len(seqs)}, stored {have}")
+        windows = self._windows_by_side()
+        where = ", ".join(f"{n} at the {side}" for side, n in sorted(windows.items())) or "none"
+        print(f"sensor windows aggregated: {where} (where the placement plan ran them)")
         ok = not missing and not duplicates
         print("OK: every record sent is stored exactly once" if ok else "FAILED: records lost or duplicated")
         return 0 if ok else 1
