@@ -148,6 +148,8 @@ class GatewayRunner:
         self.handlers.connect("gateway", GatewayHandler())
         self.handlers.connect("placement", PlacementHandler(self.set_placement_pins))
         self.camera = self._make_camera(control_settings) if config.camera is not None else None
+        if self.camera is not None:  # frames for the cloud wait out of the log until the uplink sends
+            self.uplink.add_before_batch(self.camera.events.release_held)
         if self.camera is not None:
             self.handlers.connect("camera", CameraHandler(self.camera.apply_camera))
             self.handlers.connect("models", ModelsHandler(self.camera.apply_pins))

@@ -4,14 +4,16 @@
                                        CameraEvent (summarise here) or InferenceResult (summarise in
                                        the cloud) -> log -> flush -> durable -> on_durable()
                                        MQTT event, QoS 0, on edgefed/<gw>/events/<camera_id>
-    router task (routing.py) ---------> PlacementMarker; FrameForCloud + its JPEG in the BlobSpool
+    router task (routing.py) ---------> PlacementMarker; FrameForCloud (its JPEG in the BlobSpool),
+                                       held in the CloudHandoff until the uplink takes it (handoff.py)
 
 Owner: the camera runner (gateway/camera/runner.py) builds one ``CameraEventRecorder`` for its whole
 life, so its counters outlive a camera restart. Each run calls ``start`` with that run's engine and
 MQTT adapter (the consumer task begins), and at its end stops the engine, then calls ``drain``: the
 consumer logs what the engine finished, flushes, and returns. The router task of the run appends the
 markers and the frames sent to the cloud through ``append_marker``, ``append_for_cloud``,
-``flush_routed``, and waits with ``settle`` for the consumer before a switch.
+``flush_routed``, and waits with ``settle`` for the consumer before a switch; the uplink's task
+appends the held frames for the cloud through ``release_held`` (``drain`` releases what is left).
 
 Invariant: every inference result the consumer takes becomes exactly one event record appended to the
 log (a ``CameraEvent`` when its frame's ``summarise`` runs here, an ``InferenceResult`` otherwise), or
@@ -29,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.camera.handoff import CloudHandoff, HeldFrame
 from gateway.camera.inference import InferenceEngine
 from gateway.mqtt.adapter import MqttAdapter, MqttError
 from gateway.placement.execution import ServiceSides
@@ -45,6 +48,7 @@ from runtime.tasks import wait_event
 log = logging.getLogger(__name__)
 
 DURABLE_WAIT_S = 30.0
+HELD_FOR_CLOUD = 16  # frames for the cloud held out of the log at most (handoff.py); ~1 MB each decoded
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,7 @@ class CameraEventRecorder:
         self._routed_unflushed = 0  # records the router appended since its last flush...
         self._routed_since = 0.0  # ...the first of them at this time.monotonic()
         self.applied: ServiceSides | None = None  # the sides of this run's last marker
+        self.handoff = CloudHandoff(HELD_FOR_CLOUD, on_held=on_durable)  # on_durable wakes the uplink
         self.counters = {
             "events_logged": 0,
             "events_log_full": 0,
@@ -133,6 +138,7 @@ class CameraEventRecorder:
 
     async def drain(self) -> None:
         """End the consumer once it has taken, logged and flushed all the (stopped) engine finished."""
+        await self.release_held()  # the router has ended: what it held for the cloud goes into the log
         if self._consumer is None:
             return
         self._draining = True
@@ -214,8 +220,9 @@ class CameraEventRecorder:
         return True
 
     async def append_for_cloud(self, frame: Any, model: str, model_version: str) -> bool:
-        """A frame whose ``infer`` runs in the cloud: its JPEG spooled, a FrameForCloud appended.
-        False when it cannot go (no JPEG, the spool full or failing): the caller infers it here."""
+        """A frame whose ``infer`` runs in the cloud: its JPEG spooled, its FrameForCloud held for the
+        uplink (handoff.py). False when it cannot go (no JPEG, the spool full or failing): the caller
+        infers it here."""
         ref = await self._spool_frame(frame.jpeg)
         if ref is None:
             return False
@@ -228,10 +235,20 @@ class CameraEventRecorder:
             camera=self.config.alert_params(),
             blob=ref.to_body(),
         )
-        if await self._append(body.model_dump(mode="json"), "frames_for_cloud"):
+        await self.handoff.hold(HeldFrame(frame, body.model_dump(mode="json")), self._append_held)
+        return True  # held (then appended, or counted as lost to a full log), or reclaimed by the router
+
+    async def _append_held(self, item: HeldFrame) -> None:
+        if await self._append(item.body, "frames_for_cloud"):
             self.counters["frames_for_cloud"] += 1
             self._routed(1)
-        return True  # appended, or counted as lost to a full log: either way not inferred here
+
+    async def release_held(self) -> None:
+        """Append the frames held for the cloud and make them durable (the uplink calls this before
+        it chooses a batch: the batch then carries them)."""
+        if await self.handoff.release(self._append_held):
+            self._routed_unflushed = 0  # the flush below covers everything appended so far
+            await self._flush()
 
     def _routed(self, records: int) -> None:
         if not self._routed_unflushed:

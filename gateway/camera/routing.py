@@ -2,22 +2,28 @@
 "Camera tasks"), and a plan change switches the camera over between two frames.
 
     CameraSource --router task--> InferenceEngine (infer at the edge; tagged with where summarise runs)
-                              \\-> FrameForCloud record + the JPEG in the blob spool (infer in the cloud)
+                              \\-> the JPEG in the blob spool, its FrameForCloud held for the uplink
+                                  (handoff.py; infer in the cloud)
 
 Owner: the camera runner starts one router task per run (``route_frames``) and ends it by stopping
 the source; the task returns once the stopped source's queue is taken.
 
 Switching: before each frame the router reads the sides the plan gives the camera service. When they
-differ from those in force (and at the start of every run), it waits until every frame already routed
-to the engine has its record in the log (``CameraEventRecorder.settle``), then appends the camera's
-``PlacementMarker``; frames after the marker go where it says. Without a blob spool a frame cannot
-reach the cloud, so ``infer`` stays at the edge whatever the plan says (the marker says so too); a
-frame the full spool refuses is inferred here (``frames_cloud_fallback``), its record saying so.
+differ from those in force (and at the start of every run), it first empties the cloud handoff: when
+``infer`` stays in the cloud the held frames are appended (routed under the old sides, they precede
+the marker); when it leaves, they are reclaimed and routed again after the marker, so a frame the link
+never carried is inferred here rather than waiting out an outage. Then it waits until every frame
+already routed to the engine has its record in the log (``CameraEventRecorder.settle``), and appends
+the camera's ``PlacementMarker``; frames after the marker go where it says. Without a blob spool a
+frame cannot reach the cloud, so ``infer`` stays at the edge whatever the plan says (the marker says
+so too); a frame the full spool refuses is inferred here (``frames_cloud_fallback``), its record
+saying so.
 
-Invariant: every frame the source delivers is routed exactly once: submitted to the engine (whose
-own invariant accounts for it) or appended as one ``FrameForCloud`` record, or counted
-(``frames_for_cloud_log_full``); a frame's record never precedes the marker in force when it was
-routed, nor follows the next one.
+Invariant: every frame the source delivers is routed exactly once to where it is processed: submitted
+to the engine (whose own invariant accounts for it), or appended as one ``FrameForCloud`` record, or
+counted (``frames_for_cloud_log_full``); a frame reclaimed from the handoff was never appended and is
+routed again. A frame's record never precedes the marker in force when it was last routed, nor
+follows the next one.
 """
 
 from __future__ import annotations
@@ -58,8 +64,7 @@ async def route_frames(
         if frame is None:
             continue
         await _follow(engine, events, sides)  # the plan may have changed while waiting
-        applied = events.applied  # None only while no marker could be appended (a full log)
-        await _route(frame, engine, events, applied.sides if applied else EDGE_SIDES["camera"])
+        await _route_applied(frame, engine, events)
         routed += 1
         await events.flush_routed(idle=source.queued() == 0)  # the cloud's frames, durable soon
     return routed
@@ -71,13 +76,27 @@ async def _follow(
     want = effective_sides(sides(), events.can_upload_frames)
     if events.applied is not None and want.sides == events.applied.sides:
         return
+    reclaimed = []
+    if want.sides["infer"] == "cloud":
+        await events.release_held()  # routed under the old sides: their records go before the marker
+    else:
+        reclaimed = await events.handoff.reclaim()  # never sent: inferred here, after the marker
     await events.settle(engine)  # every frame routed under the old sides has its record first
     if await events.append_marker(want):
         log.info(
-            "camera: tasks run %s from here (plan v%d)",
+            "camera: tasks run %s from here (plan v%d)%s",
             sides_text(want.sides),
             want.plan,
+            f"; {len(reclaimed)} frame(s) the link had not carried are inferred here" if reclaimed else "",
         )
+    for held in reclaimed:
+        await _route_applied(held.frame, engine, events)
+
+
+async def _route_applied(frame: Any, engine: InferenceEngine, events: CameraEventRecorder) -> None:
+    """Route ``frame`` by the sides of the last marker."""
+    applied = events.applied  # None only while no marker could be appended (a full log)
+    await _route(frame, engine, events, applied.sides if applied else EDGE_SIDES["camera"])
 
 
 async def _route(

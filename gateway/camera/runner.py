@@ -337,7 +337,10 @@ class CameraRunner:
         }
 
     def _event_counters(self) -> dict[str, int]:
-        return {**self.events.counters, **self.counters}
+        handoff = self.events.handoff
+        held = {f"frames_{k}_for_cloud": v for k, v in handoff.counters.items()}
+        held["frames_waiting_for_uplink"] = handoff.waiting()
+        return {**self.events.counters, **held, **self.counters}
 
     def status(self) -> dict[str, Any]:
         settings = self._settings
@@ -368,4 +371,10 @@ class CameraRunner:
         return out
 
 
-METRIC_GAUGES = {"running", "capture_queued", "inference_pending", "inference_largest_batch"}
+METRIC_GAUGES = {
+    "running",
+    "capture_queued",
+    "inference_pending",
+    "inference_largest_batch",
+    "frames_waiting_for_uplink",
+}

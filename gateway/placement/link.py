@@ -21,6 +21,10 @@ Invariants:
   made it, or the first snapshot that saw it), None while not flapping; ``first_flapping_at`` and
   ``flapping_episodes`` keep the history.
 - Every sample store is bounded (``window_samples``); nothing here does I/O (see ``probe.py``).
+- A *stall* (``observe_stall``: a request outstanding for its ``stall_after_s``, told by its owner)
+  is a failure: through a black hole nothing fails until a timeout far off, but a request that
+  takes ``stall_factor`` times what the estimates predict (never under ``min_stall_s``) is
+  evidence enough to confirm the link now. Its answer, when it comes, is observed as usual.
 - Listeners (``add_listener``) are called synchronously on each up/down transition, in order;
   suspect listeners (``add_suspect_listener``) on each failure that leaves the link believed up
   (so that a prober can confirm or clear it now, not one probe interval later).
@@ -41,12 +45,14 @@ from typing import Literal
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway.placement.cost import LINK_STATES, LinkState, LinkView
+from gateway.placement.estimators import GoodputFilter, ShiftingEwma
 
 log = logging.getLogger(__name__)
 
 RTT_FLOOR_SAMPLES = 3  # the round trip taken out of an upload's time: the least of this many probes
 
-Observation = Literal["probe", "upload"]  # the edgefed_link_observations "kind" label
+Observation = Literal["probe", "upload", "stall"]  # the edgefed_link_observations "kind" label
+DEFAULT_RTT_S = 0.1  # the round trip assumed before any probe answered
 
 
 @dataclass(frozen=True)
@@ -64,108 +70,10 @@ class LinkEstimate:
     last_success_at: float | None
     flapping_since: float | None = None  # the current flapping episode began (None: not flapping)
 
-    def view(self, default_rtt_s: float = 0.1) -> LinkView:
+    def view(self, default_rtt_s: float = DEFAULT_RTT_S) -> LinkView:
         """What the planner sees: EWMA values (smooth) and the availability state."""
         rtt = self.rtt_s if self.rtt_s is not None else default_rtt_s
         return LinkView(self.state, rtt, self.goodput_Bps, self.up_fraction)
-
-
-class ShiftingEwma:
-    """An EWMA (linear or in log space) that jumps to a new level once two samples in a row confirm it.
-
-    A sample more than ``shift_ratio`` times above (or below) the estimate is *suspect*; when the
-    next sample is suspect on the same side too, the estimate becomes the two samples' geometric
-    mean and ``shifts`` counts it. Otherwise samples are averaged with weight ``alpha``.
-    """
-
-    def __init__(
-        self, alpha: float, shift_ratio: float, *, log_space: bool, initial: float | None = None
-    ) -> None:
-        self.alpha = alpha
-        self.shift_ratio = shift_ratio
-        self.log_space = log_space
-        self.value = initial
-        self.shifts = 0
-        self._suspect: tuple[int, float] | None = None  # (side: +1 above / -1 below, sample)
-
-    def add(self, sample: float) -> float:
-        old = self.value
-        if old is None:
-            self.value = sample
-            return sample
-        side = 1 if sample > old * self.shift_ratio else -1 if sample * self.shift_ratio < old else 0
-        if side and self._suspect is not None and self._suspect[0] == side:
-            self.value = math.sqrt(self._suspect[1] * sample)
-            self.shifts += 1
-            self._suspect = None
-            return self.value
-        self._suspect = (side, sample) if side else None
-        if self.log_space:
-            self.value = math.exp((1 - self.alpha) * math.log(old) + self.alpha * math.log(sample))
-        else:
-            self.value = (1 - self.alpha) * old + self.alpha * sample
-        return self.value
-
-
-class GoodputFilter:
-    """Goodput from upload samples whose noise is one-sided: the estimate climbs freely, falls on evidence.
-
-    A sample above the estimate is averaged in (log space, weight ``alpha``), or jumped to once two
-    in a row are ``shift_ratio`` above it. A *censored* sample (a lower bound) below it says nothing.
-    A *measured* sample below it is kept: two in a row ``shift_ratio`` below make the estimate jump
-    to their geometric mean (a collapsed link, believed in two samples); otherwise the median of the
-    last ``DRIFT_SAMPLES`` below, when ``DRIFT_RATIO`` under the estimate, replaces it (a slower link,
-    believed once most recent measurements agree; one slow fsync in the time is not one).
-    A sample above the estimate, or a censored one within ``shift_ratio`` of it, forgets the ones
-    below (the link was just seen fast: the slow ones were the server's, not the link's).
-    """
-
-    DRIFT_SAMPLES = 4
-    DRIFT_RATIO = 1.5  # the planner's goodput band: a smaller drift would not change a plan anyway
-
-    def __init__(self, alpha: float, shift_ratio: float, prior: float) -> None:
-        self.alpha = alpha
-        self.shift_ratio = shift_ratio
-        self.value = prior
-        self.measured = False
-        self.shifts = 0
-        self._above: float | None = None  # the last sample, when it was shift_ratio above
-        self._below: deque[float] = deque(maxlen=self.DRIFT_SAMPLES)  # measured, since the last above
-
-    def add(self, sample: float, *, censored: bool) -> bool:
-        """Take one sample; False when it told nothing (a lower bound under the estimate)."""
-        if not self.measured:  # the prior is a guess, not a level to confirm a shift against
-            self.value, self.measured = sample, True
-            return True
-        if sample > self.value:
-            self._below.clear()
-            if self._above is not None and sample > self.value * self.shift_ratio:
-                self._jump(math.sqrt(self._above * sample))
-            else:
-                self._above = sample if sample > self.value * self.shift_ratio else None
-                self.value = math.exp((1 - self.alpha) * math.log(self.value) + self.alpha * math.log(sample))
-            return True
-        self._above = None
-        if censored:
-            if sample * self.shift_ratio >= self.value:
-                self._below.clear()  # a small upload at about the usual rate: the link did not collapse
-            return False
-        self._below.append(sample)
-        last_two = list(self._below)[-2:]
-        if len(last_two) == 2 and all(b * self.shift_ratio < self.value for b in last_two):
-            self._jump(math.sqrt(last_two[0] * last_two[1]))
-        elif len(self._below) == self.DRIFT_SAMPLES:
-            median = statistics.median(self._below)
-            if median * self.DRIFT_RATIO < self.value:
-                self.value = median
-                self._below.clear()
-        return True
-
-    def _jump(self, level: float) -> None:
-        self.value = level
-        self.shifts += 1
-        self._above = None
-        self._below.clear()
 
 
 class LinkMonitor:
@@ -184,6 +92,8 @@ class LinkMonitor:
         min_goodput_bytes: int = 4096,
         min_transfer_s: float = 0.5,
         large_upload_bytes: int = 32 * 1024,
+        stall_factor: float = 4.0,
+        min_stall_s: float = 1.0,
         registry: CollectorRegistry | None = None,
     ) -> None:
         if not 0 < alpha <= 1:
@@ -197,6 +107,7 @@ class LinkMonitor:
         self._settle_factor = settle_factor
         self._min_goodput_bytes = min_goodput_bytes
         self._min_transfer_s = min_transfer_s
+        self._stall_factor, self._min_stall_s = stall_factor, min_stall_s
         self._rtt = ShiftingEwma(alpha, shift_ratio, log_space=False)
         # Goodput spans orders of magnitude (MB/s to kB/s): averaged in log space, so that one sample
         # of a collapsed link moves the estimate by a factor, not by alpha of the old value.
@@ -281,6 +192,21 @@ class LinkMonitor:
             else:
                 self.censored_goodput_samples += 1
         self._success(now, "upload")
+
+    def stall_after_s(self, nbytes: int) -> float:
+        """How long a request carrying ``nbytes`` may take before it is a stall: ``stall_factor`` times
+        one round trip plus the transfer at the estimated goodput, at least ``min_stall_s``."""
+        rtt = self._rtt.value if self._rtt.value is not None else DEFAULT_RTT_S
+        expected = rtt + nbytes / self._goodput.value
+        return max(self._min_stall_s, self._stall_factor * expected)
+
+    def observe_stall(self) -> None:
+        """A request has been outstanding for its ``stall_after_s``: a failure (module docstring)."""
+        self._failure("stall")
+
+    def probe_timeout_s(self, longest_s: float) -> float:
+        """A light probe's timeout: ``stall_after_s`` of an empty request, at most ``longest_s``."""
+        return min(longest_s, self.stall_after_s(0))
 
     def _rtt_floor(self) -> float:
         """The smallest of the last ``RTT_FLOOR_SAMPLES`` round trips, 0 when none is known."""

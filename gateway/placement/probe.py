@@ -1,6 +1,8 @@
 """LinkProber: one asyncio task that probes an HTTP URL (e.g. cloudd's /healthz) and feeds a LinkMonitor.
 
-Invariants: one owner starts and stops it; every request has a timeout; a failure of any kind
+Invariants: one owner starts and stops it; every request has a timeout (a light probe's is the
+monitor's ``probe_timeout_s``: a few round trips of the link as estimated, at most ``timeout_s``,
+so a black hole is told apart from a live link quickly); a failure of any kind
 (timeout, reset, refused, HTTP 5xx) is reported to the monitor as a failed probe, never raised.
 Probes are spaced ``interval_s`` apart, jittered by +-``jitter`` of it (a link flapping with a period
 near the interval must not be sampled in the same phase every time, or it looks simply down), and
@@ -62,7 +64,7 @@ class LinkProber:
         self._rng = rng or random.Random()
         self._payload_every_s = goodput_every * interval_s
         self._last_payload_at: float | None = None
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._timeout_s = timeout_s
         self._upload_timeout = aiohttp.ClientTimeout(total=upload_timeout_s)  # a slow link is not a dead one
         self._goodput_url = goodput_url
         self._payload = b"\0" * payload_bytes
@@ -82,7 +84,7 @@ class LinkProber:
     async def start(self) -> None:
         if self._task is not None:
             raise RuntimeError("LinkProber already started")
-        self._session = aiohttp.ClientSession(timeout=self._timeout)
+        self._session = aiohttp.ClientSession()
         self._task = asyncio.create_task(self._run(), name="link-prober")
 
     async def stop(self) -> None:
@@ -97,8 +99,9 @@ class LinkProber:
         assert self._session is not None, "start() first"
         start = self._clock()
         rtt: float | None = None
+        timeout = aiohttp.ClientTimeout(total=self._monitor.probe_timeout_s(self._timeout_s))
         try:
-            async with self._session.get(self._url, timeout=self._timeout) as resp:
+            async with self._session.get(self._url, timeout=timeout) as resp:
                 await resp.read()
                 if resp.status < 500:
                     rtt = self._clock() - start

@@ -35,7 +35,13 @@ LINK_FAILURES: tuple[FailureKind, ...] = ("connection", "timeout")
 
 
 class UploadObserver(Protocol):
+    """What the uplink tells the link monitor (gateway/placement/link.py) about its requests."""
+
     def observe_upload(self, nbytes: int, seconds: float, ok: bool) -> None: ...
+
+    def stall_after_s(self, nbytes: int) -> float: ...
+
+    def observe_stall(self) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,19 @@ batch is a live batch, so live data is never held up by more than one backlog st
 Short up windows: a batch that failed on the link (refused, timed out) is retried after at most
 ``OUTAGE_RETRY_MAX_S`` (jittered), whatever the link monitor says, so a link that is up for two
 seconds carries data in them; a retry also happens at once when the monitor sees the link come
-back (``link_changed``), and a request made while the monitor held the link down is abandoned then
-(through a black hole it would wait for its whole timeout; sent again, it is a duplicate the cloud
-acknowledges, and a blob resumes at the cloud's offset). Other failures back off exponentially up
+back (``link_changed``), and a request that was in flight while the monitor held the link down is
+abandoned then (through a black hole it would wait for its whole timeout; sent again, it is a
+duplicate the cloud acknowledges, and a blob resumes at the cloud's offset). A request outstanding
+for the monitor's ``stall_after_s`` is reported as a stall (``stalls``), once: that is how a black
+hole is seen in a few seconds rather than at the request's timeout. Other failures back off exponentially up
 to ``backoff_max_s``; a 401/403 backs off to the maximum at once (an operator must fix the token)
 and a 400 is logged with the cloud's own words. An optional token bucket caps the uplink's
 bandwidth. Every upload is reported to the link monitor.
+
+Producers that hold records out of the log until they can go at once (the camera's frames for the
+cloud, gateway/camera/handoff.py) register with ``add_before_batch``: their hook appends what they
+hold before the uplink chooses its next batch, but only while the uplink is not backing off from a
+failure (a record that cannot leave is better held where its producer can take it back).
 
 Full log (policy "drop_oldest"): the uplink follows the log's trim point past a drop (the backlog
 forgets what is gone); what the drop lost, and the LogGap records that tell the cloud, are gaps.py's.
@@ -37,7 +44,7 @@ import contextvars
 import logging
 import random
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Literal
 
@@ -46,7 +53,7 @@ import aiohttp
 from gateway.ratelimit import RateLimitedLog
 from gateway.storage.interface import RecordLog
 from gateway.uplink.batches import Batch, read_entries
-from gateway.uplink.blobs import BlobSpool, BlobUploader, blob_refs
+from gateway.uplink.blobs import BlobRef, BlobSpool, BlobUploader, blob_refs
 from gateway.uplink.drain import (
     CLASSES,
     AckedRanges,
@@ -131,10 +138,10 @@ class Uplink:
         self._wake = asyncio.Event()
         self._link_up = asyncio.Event()  # wakes a backoff wait
         self._link_returned = asyncio.Event()  # ends a request made while the link was down
-        self._link_down = False  # the link monitor's last verdict
         self._warn = RateLimitedLog(log)
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._before_batch: list[Callable[[], Awaitable[None]]] = []
         self._acked = AckedRanges()
         self._index = BacklogIndex()
         self._live_next = 1  # first LSN of the live tail not yet acknowledged
@@ -157,6 +164,8 @@ class Uplink:
             "backlog_scanned": 0,
             "link_up_wakeups": 0,
             "abandoned_on_link_return": 0,
+            "stalls": 0,
+            "before_batch_errors": 0,
             "throttled_s": 0,
             "blob_refs_without_spool": 0,
             "absorbed_into_backlog": 0,
@@ -166,15 +175,28 @@ class Uplink:
         self.uploaded_by_class: dict[DrainClass, int] = dict.fromkeys(CLASSES, 0)
         self.failures: dict[str, int] = dict.fromkeys(FAILURE_KINDS, 0)  # by FailureKind
 
+    def add_before_batch(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Await ``hook()`` before each batch is chosen, unless backing off (module docstring)."""
+        self._before_batch.append(hook)
+
+    async def _producers_append(self) -> None:
+        if self.state == "backoff":
+            return
+        for hook in self._before_batch:
+            try:
+                await hook()
+            except Exception:  # a producer's bug must not end the uplink
+                self.counters["before_batch_errors"] += 1
+                log.exception("uplink: a producer's before-batch hook failed")
+
     def wake(self) -> None:
         """New durable records: send them now rather than at the next idle check."""
         self._wake.set()
 
     def link_changed(self, up: bool) -> None:
         """The link monitor's verdict changed. Back up: retry now rather than when the backoff ends,
-        and abandon a request made while it was down, unless that request's own answer is what
-        brought the link back."""
-        self._link_down = not up
+        and abandon a request that waited while it was down, unless that request's own answer is
+        what brought the link back."""
         if up:
             self._link_up.set()
             self._wake.set()
@@ -252,6 +274,7 @@ class Uplink:
     # -- the loop ------------------------------------------------------------------------------
     async def _run(self) -> None:
         while True:
+            await self._producers_append()
             batch = await self._next_batch()
             if batch is None:
                 self.state = "idle"
@@ -380,6 +403,7 @@ class Uplink:
     # -- sending -------------------------------------------------------------------------------
     async def send_one_batch(self) -> Outcome:
         """Choose and send one batch (as the loop would); "ok" with nothing to send is "ok"."""
+        await self._producers_append()
         batch = await self._next_batch()
         while batch is not None and not batch.entries and batch.source == "scan":
             batch = await self._next_batch()
@@ -392,8 +416,7 @@ class Uplink:
         acknowledged it, the bookkeeping and the trim (which nothing abandons)."""
         self._in_flight = runs_of(lsn for lsn, _ in batch.entries)
         try:
-            transfer = self._transfer(batch)
-            outcome = await (self._unless_link_returns(transfer) if self._link_down else transfer)
+            outcome = await self._unless_link_returns(self._transfer(batch))
             if outcome.kind == "ok":
                 outcome = self._acknowledged(batch, outcome)
         finally:
@@ -408,8 +431,9 @@ class Uplink:
 
     async def _unless_link_returns(self, sending: Coroutine[None, None, Outcome]) -> Outcome:
         """``sending``'s outcome, or a "connection" failure if a probe sees the link come back first
-        (the request may be stuck on a connection the outage left dead). A return that the request's
-        own answer showed the monitor (``_OWN_REQUEST``) abandons nothing."""
+        (the link went down while the request waited: it may be stuck on a connection the outage left
+        dead). A return that the request's own answer showed the monitor (``_OWN_REQUEST``) abandons
+        nothing; a link that stays up never "returns"."""
         self._link_returned.clear()
         context = contextvars.copy_context()
         context.run(_OWN_REQUEST.set, True)  # its blob uploads (gather's tasks) copy this context
@@ -429,8 +453,28 @@ class Uplink:
     async def _transfer(self, batch: Batch) -> Outcome:
         """The batch's blobs, then the batch, on the wire; the cloud's answer."""
         entries = batch.entries
+        refs = [ref for _, data in entries for ref in blob_refs(data)]
+        stall = self._watch_for_stall(sum(len(data) for _, data in entries) + sum(r.size for r in refs))
+        try:
+            return await self._blobs_then_batch(entries, refs)
+        finally:
+            if stall is not None:
+                stall.cancel()
+
+    def _watch_for_stall(self, nbytes: int) -> asyncio.TimerHandle | None:
+        """Report a stall to the monitor if the transfer of ``nbytes`` outlasts its ``stall_after_s``."""
+        if self._monitor is None:
+            return None
+        return asyncio.get_running_loop().call_later(self._monitor.stall_after_s(nbytes), self._stalled)
+
+    def _stalled(self) -> None:
+        self.counters["stalls"] += 1
+        assert self._monitor is not None
+        self._monitor.observe_stall()
+
+    async def _blobs_then_batch(self, entries: list[tuple[int, bytes]], refs: list[BlobRef]) -> Outcome:
         first, last = entries[0][0], entries[-1][0]
-        blob_failure = await self._upload_blobs(entries)
+        blob_failure = await self._upload_blobs(refs)
         if blob_failure is not None:
             return blob_failure
         body = encode_batch(self.gateway_id, self._log.log_id, entries)
@@ -477,10 +521,9 @@ class Uplink:
         self.last_success_ts = time.time()
         return outcome
 
-    async def _upload_blobs(self, entries: list[tuple[int, bytes]]) -> Outcome | None:
+    async def _upload_blobs(self, refs: list[BlobRef]) -> Outcome | None:
         """Upload the blobs the batch's records reference, before the records (blobs.py docstring)."""
         assert self._session is not None, "start() first"
-        refs = [ref for _, data in entries for ref in blob_refs(data)]
         if self.blobs is None:
             self.counters["blob_refs_without_spool"] += len(refs)
             return None

@@ -42,6 +42,25 @@ def test_goodput_from_uploads_subtracts_one_rtt_and_ignores_small_ones():
     assert mon.snapshot().goodput_Bps == pytest.approx(100_000)
 
 
+def test_a_stall_is_a_failure_with_a_bound_from_the_estimates():
+    clock = Clock()
+    mon = LinkMonitor(
+        clock=clock, down_after_failures=2, prior_goodput_Bps=100_000, stall_factor=4, min_stall_s=1
+    )
+    suspects: list[int] = []
+    mon.add_suspect_listener(lambda: suspects.append(1))
+    assert mon.stall_after_s(0) == 1.0  # no round trip known yet: 4 x 0.1 s, but never under 1 s
+    mon.observe_probe(0.5)
+    assert mon.stall_after_s(100_000) == pytest.approx(4 * (0.5 + 1.0))  # a round trip + 1 s of transfer
+    assert mon.probe_timeout_s(longest_s=2.0) == 2.0  # 4 round trips, capped by the configured timeout
+    mon.observe_stall()
+    assert mon.snapshot().state == "up" and suspects == [1]  # suspect: a prober confirms it now
+    mon.observe_probe(None)
+    assert mon.snapshot().state == "down"
+    mon.observe_upload(10_000, 0.6, ok=True)  # the stalled request answered after all: the link is up
+    assert mon.snapshot().state == "up" and mon.snapshot().consecutive_failures == 0
+
+
 def test_down_after_consecutive_failures_and_up_after_one_success():
     clock = Clock()
     mon = LinkMonitor(clock=clock, down_after_failures=2)

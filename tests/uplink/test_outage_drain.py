@@ -1,8 +1,9 @@
 """The uplink through an outage, against a real cloudd: everything written while the cloud was
 unreachable is backlog (alerts acknowledged before the raw data of the same period), and a full log
 under "drop_oldest" neither wedges the uplink nor miscounts: the loss is exact and LogGap records
-name exactly the LSNs that never arrive; a request stuck in a black hole is abandoned when the link
-returns."""
+name exactly the LSNs that never arrive; a request stuck in a black hole is reported as a stall,
+the link is called down long before the request's timeout, and the request is abandoned when the
+link returns."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import asyncio
 import pytest
 
 from gateway.placement.link import LinkMonitor
+from gateway.placement.probe import LinkProber
 from gateway.storage.epoch_log import EpochLog
 from gateway.uplink.blobs import BlobSpool, blob_record
 from gateway.uplink.sender import Uplink
@@ -134,6 +136,51 @@ async def test_a_request_stuck_in_a_black_hole_is_abandoned_when_the_link_return
         assert uplink.counters["abandoned_on_link_return"] == 1
         assert uplink.failures["timeout"] == 0  # nothing waited out its timeout
     finally:
+        await uplink.stop()
+        await log.close()
+        await proxy.stop()
+        await asyncio.to_thread(cloud.stop)
+    assert sorted(r.lsn for r in cloud.records("gw1")) == list(range(1, 11))
+
+
+async def test_a_black_hole_opened_under_a_request_is_seen_from_its_stall(tmp_path):
+    """The link is up and probed every 5 s; a black hole opens under the uplink's POST (60 s
+    timeout). The POST outlasting its ``stall_after_s`` is a failure; the prober's confirming probe
+    fails too: the link is down without waiting for either timeout. When the black hole closes the
+    prober sees the link return and the stuck POST is abandoned and sent again."""
+    cloud = make_cloudd(tmp_path / "cloud")
+    await asyncio.to_thread(cloud.start)
+    proxy = FaultProxy(cloud.port)
+    port = await proxy.start()
+    log = EpochLog(tmp_path / "log")
+    await log.open()
+    monitor = LinkMonitor(down_after_failures=2)
+    url = f"http://127.0.0.1:{port}"
+    uplink = Uplink(log, "gw1", config(url, cloud.token_for("gw1"), timeout_s=60.0), monitor=monitor)
+    monitor.add_listener(uplink.link_changed)
+    prober = LinkProber(monitor, url + "/healthz", interval_s=5.0, timeout_s=2.0, goodput_url=None)
+    states: list[str] = []
+    monitor.add_listener(lambda up: states.append("up" if up else "down"))
+    await uplink.start()
+    await prober.start()
+    try:
+        await eventually(
+            lambda: prober.probes >= 1 and monitor.snapshot().rtt_s is not None, 10, "a first probe"
+        )
+        await proxy.set_mode("blackhole")
+        for lsn in range(1, 11):
+            await log.append(record(lsn))
+        await log.flush(wait=True)
+        uplink.wake()
+        await eventually(lambda: states == ["down"], 30, "the link called down")
+        assert uplink.counters["stalls"] == 1 and uplink.failures["timeout"] == 0  # the POST still waits
+        await proxy.set_mode("pass")
+        await eventually(lambda: log.trimmed_lsn == 10, 30, "the records sent again and trimmed")
+        assert states == ["down", "up"]
+        assert uplink.counters["abandoned_on_link_return"] == 1
+        assert uplink.failures["timeout"] == 0  # nothing waited out its timeout
+    finally:
+        await prober.stop()
         await uplink.stop()
         await log.close()
         await proxy.stop()
