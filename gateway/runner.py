@@ -88,6 +88,10 @@ class GatewayRunner:
     ) -> None:
         self.config = config
         gw = config.gateway_id
+        try:  # before anything is built: an invalid file starts nothing
+            base = base_from_file(config)
+        except ControlError as exc:
+            raise StartupError(f"invalid config: {exc.detail}") from None
         self.started_at = time.monotonic()
         self._lock = DataDirLock(config.data_dir)
         self.config_path = config_path
@@ -151,14 +155,12 @@ class GatewayRunner:
         if self.camera is not None:  # frames for the cloud wait out of the log until the uplink sends
             self.uplink.add_before_batch(self.camera.events.release_held)
         if self.camera is not None:
+            if self.placement is not None:  # the plan uses what the camera measures (docs/placement.md)
+                self.placement.add_measurement_source(self.camera.measurements)
             self.handlers.connect("camera", CameraHandler(self.camera.apply_camera))
             self.handlers.connect("models", ModelsHandler(self.camera.apply_pins))
         self.training = self._make_training()
         self.handlers.connect("training", TrainingHandler(self.training.apply))
-        try:
-            base = base_from_file(config)
-        except ControlError as exc:
-            raise StartupError(f"invalid config: {exc.detail}") from None
         store = ControlStore(config.data_dir / "control")
         self.control = ControlPlane(
             gw,

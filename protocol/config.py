@@ -6,6 +6,7 @@ rejected whole with a message naming the field (``load_gateway_config`` raises P
 
 from __future__ import annotations
 
+import math
 import tomllib
 from pathlib import Path
 from typing import Literal
@@ -157,6 +158,26 @@ class PlacementConfig(_Section):
     up_fraction_delta: float = Field(default=0.2, gt=0, le=1)
     pins: dict[str, Side] = Field(default_factory=dict, description='"service/task" -> side')
     decisions_in_status: int = Field(default=20, ge=1, le=256)
+    # Costs (docs/placement.md, "Measured costs"): plan with what this box measures (the camera's
+    # inference cost, frame rate, changed fraction and frame size), each value kept until a measurement
+    # leaves [in force / cost_band_ratio, in force x cost_band_ratio]; an edge cost declared here is in
+    # force whatever is measured (gatewayd checks that it names a task).
+    measure_costs: bool = True
+    cost_band_ratio: float = Field(default=1.5, gt=1)
+    edge_costs: dict[str, float] = Field(
+        default_factory=dict, description='"service/task" -> edge seconds per input, declared'
+    )
+
+    @field_validator("edge_costs")
+    @classmethod
+    def _service_task_seconds(cls, value: dict[str, float]) -> dict[str, float]:
+        for key, seconds in value.items():
+            service, slash, task = key.partition("/")
+            if not (service and slash and task):
+                raise ValueError(f'{key!r}: must be "service/task"')
+            if not (math.isfinite(seconds) and seconds >= 0):
+                raise ValueError(f"{key}: must be a number of seconds >= 0, not {seconds}")
+        return value
 
 
 class CameraConfig(_Section):

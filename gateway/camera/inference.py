@@ -9,6 +9,13 @@ loop; only then is the active model replaced (one reference assignment on the lo
 flight finishes on the old model and the next batch uses the new one. A failed load or probe
 leaves the old model running and is reported (counter + last error + the returned value).
 
+Cost: the engine measures what one input costs here (docs/placement.md, "Measured costs"): the wall
+seconds of each batch (timed in the executor thread) divided by its size, as the median of the last
+``COST_WINDOW`` batches of the active model. A model that has not run yet (just loaded or swapped in,
+or ``infer`` placed in the cloud from the start) has the median of ``PROBE_RUNS`` timed runs of its
+probe input, after the load's own probe as a warm-up, until ``MIN_COST_BATCHES`` real batches
+replace it; so the placement planner can learn that the edge is fast before it ever sends a frame here.
+
 Invariant: every submitted item ends exactly once as a result, a drop (input queue full, oldest
 first) or a failure (its batch raised): ``submitted == inferred + dropped + failed + pending``.
 """
@@ -23,9 +30,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.taskgraphs.profile import RunningMedian, profile_edge_cost
 from models.artifact import ArtifactError, ModelArtifact
-from models.inference import InferenceInput, Inferred, LoadedModel, load_and_probe, run_batch
+from models.inference import InferenceInput, Inferred, LoadedModel, load_and_probe, probe_input, run_batch
 from runtime.tasks import cancel_and_wait
+
+COST_WINDOW = 32  # batches in the running median of the cost per input
+PROBE_RUNS = 5  # timed probe runs of a model just loaded
+MIN_COST_BATCHES = 3  # real batches before they replace the probe's figure
 
 
 @dataclass(frozen=True)
@@ -59,11 +71,15 @@ class InferenceEngine:
         results_size: int = 1024,
         threads: int = 1,
         clock: Callable[[], float] = time.time,
+        timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.max_batch, self.queue_size, self.results_size = max_batch, queue_size, results_size
         self.threads = threads
         self.counters = InferenceCounters()
         self._clock = clock
+        self._timer = timer
+        self._batch_costs = RunningMedian(COST_WINDOW)  # seconds per input, the active model's batches
+        self._probe_cost_s: float | None = None  # the active model's probe runs, until batches replace it
         self._inputs: collections.deque[InferenceInput] = collections.deque()
         self._results: collections.deque[Inferred] = collections.deque()
         self._input_ready = asyncio.Event()
@@ -86,6 +102,16 @@ class InferenceEngine:
     @property
     def pinned(self) -> str | None:
         return self._pinned
+
+    def cost_per_input(self) -> tuple[float | None, str]:
+        """Seconds one input costs here, and from what: ``"batches"`` or ``"probe"`` (None: no model)."""
+        if len(self._batch_costs) >= MIN_COST_BATCHES:
+            return self._batch_costs.value, "batches"
+        return self._probe_cost_s, "probe"
+
+    def cost_status(self) -> dict[str, Any]:
+        cost, source = self.cost_per_input()
+        return {"cost_s_per_input": cost, "cost_from": source, "cost_batches": len(self._batch_costs)}
 
     def pending(self) -> int:
         return len(self._inputs) + self._in_flight
@@ -159,12 +185,16 @@ class InferenceEngine:
         async with self._swap_lock:
             loop = asyncio.get_running_loop()
             try:
-                loaded = await loop.run_in_executor(None, load_and_probe, artifact, self.threads)
+                loaded, probe_cost_s = await loop.run_in_executor(
+                    None, _load_and_time, artifact, self.threads, self._timer
+                )
             except ArtifactError as exc:
                 self.counters.swap_failures += 1
                 self.counters.last_error = f"{artifact.name}@{artifact.version}: {exc}"
                 return SwapOutcome(False, artifact.version, exc.reason, exc.detail)
             self._active = loaded  # the swap: one assignment on the loop thread
+            self._batch_costs.clear()  # the old model's cost says nothing about this one
+            self._probe_cost_s = probe_cost_s
             self.counters.swaps += 1
             self._input_ready.set()  # inputs that waited for a first model can run now
             return SwapOutcome(True, artifact.version)
@@ -185,7 +215,11 @@ class InferenceEngine:
             model = self._active  # snapshot: a swap during this batch affects the next one
             self._in_flight = len(batch)
             try:
-                results = await loop.run_in_executor(self._executor, run_batch, model, batch)
+                results, seconds = await loop.run_in_executor(
+                    self._executor, _timed_batch, model, batch, self._timer
+                )
+                if model is self._active:  # a batch that ended on a swapped-out model is not its cost
+                    self._batch_costs.add(seconds / len(batch))
             except Exception as exc:
                 self.counters.failed += len(batch)
                 self.counters.last_error = f"batch failed on {model.version}: {exc}"[:300]
@@ -201,6 +235,29 @@ class InferenceEngine:
                     self.counters.results_dropped += 1
                 self._results.append(result)
             self._result_ready.set()
+
+
+def _load_and_time(
+    artifact: ModelArtifact, threads: int, timer: Callable[[], float]
+) -> tuple[LoadedModel, float]:
+    """Blocking: load and probe (``load_and_probe``), then time the probe input: seconds per input."""
+    model = load_and_probe(artifact, threads)  # its probe run is the warm-up
+    try:
+        cost = profile_edge_cost(
+            lambda item: run_batch(model, [item]), probe_input(artifact), PROBE_RUNS, warmup=0, clock=timer
+        )
+    except Exception as exc:  # it ran once in load_and_probe; failing now is still a probe failure
+        raise ArtifactError("probe_failed", str(exc)[:300]) from None
+    return model, cost
+
+
+def _timed_batch(
+    model: LoadedModel, batch: list[InferenceInput], timer: Callable[[], float]
+) -> tuple[list[Inferred], float]:
+    """Blocking: ``run_batch`` and its wall seconds, timed in the thread that runs it."""
+    start = timer()
+    results = run_batch(model, batch)
+    return results, timer() - start
 
 
 async def feed_from_camera(source: Any, engine: InferenceEngine, *, poll_s: float = 0.5) -> int:

@@ -5,7 +5,8 @@ updates, and the events they produce, started and stopped as one unit (docs/came
                              \--> FrameForCloud log record (infer placed in the cloud; routing.py)
     MQTT notice (edgefed/<gw>/models/<name>) --notice task--> ModelUpdater (+ polling) --swap--> engine
 
-This module is the lifecycle (start, stop, source switches, pins) and the numbers; what becomes of each
+This module is the lifecycle (start, stop, source switches, pins) and the numbers (among them
+``measurements()``, what placement plans the camera with: gateway/camera/traffic.py); what becomes of each
 result (the consumer task: log, frame spool, MQTT event, flushes) is gateway/camera/events.py; where
 each frame goes (the router task: the engine, or the cloud) is gateway/camera/routing.py.
 
@@ -39,10 +40,12 @@ from gateway.camera.inference import InferenceEngine
 from gateway.camera.ota import ModelUpdater
 from gateway.camera.routing import route_frames
 from gateway.camera.source import CameraSource, CameraSourceConfig
+from gateway.camera.traffic import CameraTraffic, camera_quantities
 from gateway.control.handlers import Applied
 from gateway.mqtt.adapter import MqttAdapter, MqttSettings
 from gateway.placement.execution import ServiceSides
 from gateway.storage.interface import RecordLog
+from gateway.taskgraphs.measured import Quantity
 from gateway.uplink.blobs import BlobSpool
 from models.artifact import ArtifactError, load_artifact
 from protocol.config import CameraConfig
@@ -130,6 +133,7 @@ class CameraRunner:
         self.engine: InferenceEngine | None = None
         self.updater: ModelUpdater | None = None
         self.source: CameraSource | None = None
+        self._traffic = CameraTraffic()  # the current source's; a new source starts a new one
         self._adapter: MqttAdapter | None = None
         self._router: asyncio.Task[int] | None = None
         self._notices: asyncio.Task[None] | None = None
@@ -261,6 +265,7 @@ class CameraRunner:
     async def _start_source(self, settings: CameraSettings) -> None:
         assert self.engine is not None
         self.source = CameraSource(source_config(self.config, settings))
+        self._traffic = CameraTraffic()
         await self.source.start()
         self._router = asyncio.create_task(
             route_frames(self.source, self.engine, self.events, self._sides), name="camera-router"
@@ -319,6 +324,13 @@ class CameraRunner:
 
     # --- numbers ---------------------------------------------------------------------------------
 
+    def measurements(self) -> dict[Quantity, float]:
+        """The camera graph's figures measured now (placement's measurement source); empty when off."""
+        if self.engine is None or self.source is None:
+            return {}
+        self._traffic.observe(self.source.counters)
+        return camera_quantities(self.engine.cost_per_input()[0], self._traffic.figures())
+
     def status_parts(self) -> dict[str, Any]:
         source, engine, updater = self.source, self.engine, self.updater
         return {
@@ -331,6 +343,7 @@ class CameraRunner:
                 "active_version": engine.active_version,
                 "pinned": engine.pinned,
                 "pending": engine.pending(),
+                **engine.cost_status(),
                 **dataclasses.asdict(engine.counters),
             },
             "updater": None if updater is None else dataclasses.asdict(updater.counters),
@@ -377,4 +390,6 @@ METRIC_GAUGES = {
     "inference_pending",
     "inference_largest_batch",
     "frames_waiting_for_uplink",
+    "inference_cost_s_per_input",
+    "inference_cost_batches",
 }

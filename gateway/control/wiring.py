@@ -2,8 +2,9 @@
 (the file's values) and the task catalog placement pins are checked against.
 
 Invariant: ``base_from_file`` returns a valid DesiredConfig or raises ControlError naming the file's
-field (``devices.allow``, ``placement.pins``, ``camera.source``), so a SIGHUP with such a file is
-refused whole.
+field (``devices.allow``, ``placement.pins``, ``camera.source``, or ``placement.edge_costs`` when a
+declared cost names no task of the catalog), so a SIGHUP with such a file is refused whole, and
+gatewayd refuses to start with it.
 """
 
 from __future__ import annotations
@@ -12,13 +13,18 @@ from pydantic import ValidationError
 
 from gateway.control.ops import TaskCatalog
 from gateway.taskgraphs.catalog import default_graphs
+from gateway.taskgraphs.measured import check_edge_costs
 from protocol.config import GatewayConfig
 from protocol.control import ControlError, DesiredConfig, control_error_from
 
 
 def base_from_file(config: GatewayConfig) -> DesiredConfig:
     """The config file's say: ``[devices] allow``, ``log_level``, ``[placement] pins``, ``[camera]``
-    enabled/source/sample_fps, ``[training]`` enabled/private; the rest default."""
+    enabled/source/sample_fps, ``[training]`` enabled/private; the rest default. The file's
+    ``[placement.edge_costs]`` are not the control plane's, but are checked here all the same."""
+    errors = check_edge_costs(default_graphs(), config.placement.edge_costs)
+    if errors:
+        raise ControlError("invalid", "; ".join(errors), field="placement.edge_costs")
     data: dict = {
         "sensor": {"allow": list(config.devices.allow)},
         "gateway": {"log_level": config.log_level},

@@ -8,8 +8,9 @@ from gateway.placement.controller import PlacementController
 from gateway.placement.cost import Budgets, LinkView
 from gateway.placement.execution import PlannedSides, ServiceSides, service_sides
 from gateway.placement.link import LinkEstimate, LinkMonitor
+from gateway.placement.pins import PinError, check_pins
 from gateway.placement.plan import Decision, Plan, ServicePlan
-from gateway.placement.planner import Hysteresis, PinError, PlacementPlanner, check_pins, plan_placement
+from gateway.placement.planner import Hysteresis, PlacementPlanner, plan_placement
 from gateway.placement.probe import LinkProber
 
 __all__ = [

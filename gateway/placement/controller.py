@@ -1,8 +1,10 @@
 """PlacementController: one asyncio task that watches a LinkMonitor and re-plans through a planner.
 
 Invariants: one owner starts and stops it; the first plan is made in ``start`` (so a started
-controller always has a plan); ``on_plan`` is called once per new plan, in order, from this task
-only; an exception in ``on_plan`` is logged and counted, never kills the loop.
+controller always has a plan); ``before_check`` (the owner's refresh of the planner's inputs, e.g.
+measured costs) runs before every check, the first included, in this task; ``on_plan`` is called
+once per new plan, in order, from this task only; an exception in either is logged and counted
+(``callback_errors``), never kills the loop.
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ class PlacementController:
         *,
         interval_s: float = 1.0,
         default_rtt_s: float = 0.1,
+        before_check: Callable[[], None] | None = None,
     ) -> None:
         self.planner = planner
         self._monitor = monitor
         self._on_plan = on_plan
+        self._before_check = before_check
         self._interval = interval_s
         self._default_rtt = default_rtt_s
         self._wake = asyncio.Event()
@@ -60,6 +64,12 @@ class PlacementController:
         self._wake.set()
 
     async def check(self) -> Plan | None:
+        if self._before_check is not None:
+            try:
+                self._before_check()
+            except Exception:
+                self.callback_errors += 1
+                log.exception("placement: before_check failed; planning with the inputs it had")
         plan = self.planner.update(self._monitor.snapshot().view(self._default_rtt))
         if plan is not None:
             log.info("placement %s", self.planner.decisions[-1].to_text())

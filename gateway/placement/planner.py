@@ -5,11 +5,12 @@ Invariants:
   pin, puts every unpinned task at the edge when the link is down, and otherwise returns the best
   placement ``search.choose`` finds (exact for small graphs).
 - ``PlacementPlanner`` evaluates a new placement only when the link leaves the hysteresis band
-  around the estimate of its last evaluation, when the link state changes, or when pins, budgets or
-  services change. A *new plan version* is made only when the placement changes, the link state
-  changes or something was forced; an evaluation that finds the same placement keeps the current
-  plan (``plans_kept`` counts it) and only moves the band's basis. Each new version appends one
-  ``Decision`` to a bounded log (evictions counted).
+  around the estimate of its last evaluation, when the link state changes, when the services' figures
+  are revised (measured costs), or when pins, budgets or services change. A *new plan version* is
+  made only when the placement changes, the link state changes or something was forced (pins,
+  budgets, ``set_services``; never a revision); an evaluation that finds the same placement keeps the
+  current plan (``plans_kept`` counts it) and only moves the band's basis. Each new version appends
+  one ``Decision`` to a bounded log (evictions counted).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.placement.cost import (
@@ -33,45 +34,12 @@ from gateway.placement.cost import (
     option_latency,
     queue_factor,
 )
+from gateway.placement.pins import PinError, Pins, check_pins, pins_for
 from gateway.placement.plan import Decision, Plan, ServicePlan, moves_between, placement_strings
 from gateway.placement.search import choose, service_options
-from gateway.taskgraphs.graph import SIDES, Side, TaskGraph
+from gateway.taskgraphs.graph import Side, TaskGraph
 
 log = logging.getLogger(__name__)
-
-Pins = Mapping[str, Side]  # "service/task" -> side, set by the operator
-
-
-class PinError(ValueError):
-    """An operator pin that names no task or contradicts the service (source, privacy)."""
-
-
-def check_pins(services: Sequence[TaskGraph], pins: Pins) -> tuple[str, ...]:
-    """Errors as values: one message per bad pin, empty when all are acceptable."""
-    errors = []
-    by_name = {s.name: s for s in services}
-    for key, side in pins.items():
-        service_name, _, task = key.partition("/")
-        service = by_name.get(service_name)
-        if side not in SIDES:
-            errors.append(f"{key}: side must be edge or cloud, not {side!r}")
-        elif service is None or task not in {t.name for t in service.tasks}:
-            errors.append(f"{key}: no such service/task")
-        else:
-            required = service.required_pins().get(task)
-            if required is not None and required != side:
-                errors.append(
-                    f"{key}: must stay at the {required} ({'private' if service.private else 'source'}"
-                    f" or declared pin)"
-                )
-    return tuple(errors)
-
-
-def _pins_for(service: TaskGraph, pins: Pins) -> dict[str, Side]:
-    merged = dict(service.required_pins())
-    prefix = service.name + "/"
-    merged.update({k[len(prefix) :]: v for k, v in pins.items() if k.startswith(prefix)})
-    return merged
 
 
 def _kB(x: float) -> str:
@@ -102,7 +70,7 @@ def plan_placement(
         for s in services
         if s.private
     ]
-    per_service_pins = [_pins_for(s, pins) for s in services]
+    per_service_pins = [pins_for(s, pins) for s in services]
 
     if link.state == "down":
         options = [
@@ -311,6 +279,7 @@ class PlacementPlanner:
         self._pins: dict[str, Side] = {}
         self._clock = clock
         self._forced: str | None = None
+        self._revised: str | None = None  # why the services' figures changed since the last evaluation
         self.current: Plan | None = None
         # The link of the last evaluation: the current plan's, or a newer one that found the same plan.
         self.basis: LinkView | None = None
@@ -343,23 +312,36 @@ class PlacementPlanner:
         self._services = tuple(services)
         self._forced = "services changed"
 
+    def revise_services(self, services: Sequence[TaskGraph], reason: str) -> None:
+        """New figures for the services (measured costs, rates, sizes): the next ``update`` evaluates
+        the placement again, but makes a new version only if a task moves (else ``plans_kept``).
+        Pins are checked as in ``set_services`` (PinError, nothing changed)."""
+        errors = check_pins(services, self._pins)
+        if errors:
+            raise PinError("; ".join(errors))
+        self._services = tuple(services)
+        self._revised = reason
+
     def update(self, link: LinkView) -> Plan | None:
-        """Re-plan if the link left the band (or something was forced); return a new plan or None.
+        """Re-plan if the link left the band or the services were revised (or something was forced);
+        return a new plan or None.
 
         None also when the evaluation found the placement the current plan already has, in the same
-        link state: an estimate that moved without changing the answer is not a new plan."""
+        link state: an estimate or a figure that moved without changing the answer is not a new plan."""
         if self.current is None or self.basis is None:
             return self.replan(link, "first plan")
         if self._forced is not None:
             return self.replan(link, self._forced)
-        trigger = replan_trigger(self.basis, link, self._band)
-        if trigger is None:
+        moved = (replan_trigger(self.basis, link, self._band), self._revised)
+        trigger = "; ".join(t for t in moved if t)
+        if not trigger:
             return None
         candidate = self._plan(link, self.current.version + 1)
         if link.state == self.current.link.state and (
             candidate.placement_key() == self.current.placement_key()
         ):
             self.basis = link
+            self._revised = None
             self.plans_kept += 1
             log.debug("placement kept v%d (%s): no task would move", self.current.version, trigger)
             return None
@@ -391,5 +373,5 @@ class PlacementPlanner:
         )
         self.current = plan
         self.basis = plan.link
-        self._forced = None
+        self._forced = self._revised = None
         return plan

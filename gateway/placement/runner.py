@@ -4,10 +4,17 @@ Owns the LinkProber and the PlacementController (the LinkMonitor is made by ``ma
 the uplink can feed it before this starts). Start order: prober, then controller (whose first
 plan is made in its ``start``); stop in reverse. ``sides`` (a ``PlannedSides``) is updated with
 each new plan before ``on_plan`` is called: the owners of the placed services read it there
-(execution.py). Invariant: ``status()`` always reflects the planner's current plan and its last
-decisions; a new pin set (the control plane's, through
-``GatewayRunner.set_placement_pins``) is validated whole by the planner first, so a bad pin raises
-``PinError`` and changes nothing.
+(execution.py).
+
+Costs: ``costs`` (a ``MeasuredGraphs``) holds the graphs the planner plans with: the catalog's, with
+the edge costs the config declares, and what the measurement sources (``add_measurement_source``:
+the camera runner's, when a camera runs) measure. With ``measure_costs`` the controller's task polls
+the sources before each check; values that left their band revise the planner's services, which
+makes a new plan version only if a task moves.
+
+Invariant: ``status()`` always reflects the planner's current plan, its last decisions and the
+costs in force; a new pin set (the control plane's, through ``GatewayRunner.set_placement_pins``)
+is validated whole by the planner first, so a bad pin raises ``PinError`` and changes nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import dataclasses
 import inspect
 import logging
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gateway.placement.controller import OnPlan, PlacementController
@@ -25,10 +33,14 @@ from gateway.placement.link import LinkMonitor
 from gateway.placement.plan import Plan
 from gateway.placement.planner import Hysteresis, PlacementPlanner
 from gateway.placement.probe import LinkProber
+from gateway.ratelimit import RateLimitedLog
 from gateway.taskgraphs import TaskGraph, default_graphs
+from gateway.taskgraphs.measured import MeasuredGraphs, Quantity
 from protocol.config import PlacementConfig
 
 log = logging.getLogger(__name__)
+
+MeasurementSource = Callable[[], Mapping[Quantity, float]]  # what a subsystem measures now
 
 
 def make_monitor(config: PlacementConfig) -> LinkMonitor:
@@ -75,7 +87,16 @@ class PlacementRunner:
     ) -> None:
         self.config = config
         self.monitor = monitor
-        graphs = services or default_graphs()
+        self.costs = MeasuredGraphs(  # CostError if a declared cost names no task
+            services or default_graphs(),
+            config.edge_costs,
+            band_ratio=config.cost_band_ratio,
+            measure=config.measure_costs,
+        )
+        graphs = self.costs.graphs
+        self._sources: list[MeasurementSource] = []
+        self.source_errors = 0
+        self._warn = RateLimitedLog(log)
         self.sides = PlannedSides(graphs)
         self._on_plan = on_plan
         self.planner = PlacementPlanner(
@@ -97,9 +118,33 @@ class PlacementRunner:
             confirm_after_s=config.confirm_after_s,
         )
         self.controller = PlacementController(
-            self.planner, monitor, self._new_plan, interval_s=config.replan_interval_s
+            self.planner,
+            monitor,
+            self._new_plan,
+            interval_s=config.replan_interval_s,
+            before_check=self._poll_costs,
         )
         self._started: list[str] = []
+
+    def add_measurement_source(self, source: MeasurementSource) -> None:
+        """Polled before each check (with ``measure_costs``); add them before ``start``."""
+        self._sources.append(source)
+
+    def _poll_costs(self) -> None:
+        """Offer what the sources measure now; revise the planner's services if a value moved."""
+        if not self.costs.measure or not self._sources:
+            return
+        measured: dict[Quantity, float] = {}
+        for source in self._sources:
+            try:
+                measured.update(source())
+            except Exception as exc:  # one broken source must not stop planning with the others
+                self.source_errors += 1
+                self._warn.warning("source", "placement: a measurement source failed: %r", exc)
+        moved = self.costs.offer(measured)
+        if moved:
+            self.planner.revise_services(self.costs.graphs, "costs: " + ", ".join(moved))
+            log.info("placement: costs in force now %s", ", ".join(moved))
 
     async def _new_plan(self, plan: Plan) -> None:
         self.sides.update(plan)
@@ -143,4 +188,5 @@ class PlacementRunner:
             "callback_errors": self.controller.callback_errors,
             "sides": self.sides.to_dict(),
             "sides_changes": self.sides.changes,
+            "costs": {**self.costs.status(), "source_errors": self.source_errors},
         }

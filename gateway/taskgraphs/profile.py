@@ -1,11 +1,13 @@
 """Measuring a task's edge cost on this box, and putting the measurement into a service.
 
 Invariant: a profiled cost is the median wall time of ``repeats`` calls after ``warmup`` calls,
-measured with the injected clock; nothing here guesses a number.
+measured with the injected clock; a running cost (``RunningMedian``) is the median of the last
+``size`` samples it was given; nothing here guesses a number.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import statistics
 import time
@@ -35,6 +37,30 @@ def profile_edge_cost(
         fn(sample)
         times.append(clock() - start)
     return statistics.median(times)
+
+
+class RunningMedian:
+    """The median of the last ``size`` samples: a stall (a GC pause, a busy neighbour core) in a few
+    of them does not move it, a lasting change does within ``size / 2`` samples."""
+
+    def __init__(self, size: int = 32) -> None:
+        if size < 1:
+            raise ValueError("size must be >= 1")
+        self._samples: collections.deque[float] = collections.deque(maxlen=size)
+
+    def add(self, value: float) -> None:
+        self._samples.append(value)
+
+    def clear(self) -> None:
+        self._samples.clear()
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    @property
+    def value(self) -> float | None:
+        """None until a sample was added."""
+        return statistics.median(self._samples) if self._samples else None
 
 
 def with_profiled_costs(service: TaskGraph, edge_costs_s: Mapping[str, float]) -> TaskGraph:

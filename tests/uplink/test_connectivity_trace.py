@@ -56,6 +56,9 @@ prior_goodput_Bps = 100000.0
 uplink_budget_Bps = 1000000.0
 up_fraction_delta = 0.3
 decisions_in_status = 256
+
+[placement.edge_costs]
+"camera/infer" = 0.45                # a Raspberry-Pi-class box: on a fast link, inference goes up
 """
 
 
