@@ -194,7 +194,7 @@ class GatewayRunner:
             "ingest_rejected", "device messages rejected, by reason", "reason", lambda: self.ingest.rejected
         )
         collector.add(
-            "uplink", lambda: {**self.uplink.counters, "backlog": self.uplink.backlog}, gauges={"backlog"}
+            "uplink", lambda: {**self.uplink.figures, "backlog": self.uplink.backlog}, gauges={"backlog"}
         )
         collector.add_labeled_counter(
             "uplink_failures", "failed uploads, by kind", "kind", lambda: self.uplink.failures
@@ -447,9 +447,9 @@ class GatewayRunner:
                 "backlog": self.uplink.backlog,
                 "last_error": self.uplink.last_error,
                 "last_success_ts": self.uplink.last_success_ts,
-                **self.uplink.counters,
+                **self.uplink.figures,
                 "failures": dict(self.uplink.failures),
-                "drain": self.uplink.drain_status(),
+                "drain": self.uplink.chooser.status(),
             },
             "placement": self.placement.status() if self.placement is not None else None,
             "heartbeat": dict(self.heartbeat.counters),

@@ -1,4 +1,4 @@
-"""One batch's records, read from the log within the batch limits.
+"""A batch's records, read from the log within the batch limits.
 
 Invariant: a batch's entries are in increasing LSN order, at most ``max_records`` of them, and fit
 ``max_bytes`` by the estimate (each record's bytes plus ``RECORD_OVERHEAD_BYTES``), except that the
@@ -7,20 +7,9 @@ first record always goes in: a record larger than the limit is sent alone, never
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 from gateway.storage.interface import RecordLog
-from gateway.uplink.drain import DrainClass
 
 RECORD_OVERHEAD_BYTES = 32  # the batch format's bytes around one record, estimated
-BatchSource = Literal["live", "scan"] | DrainClass  # "scan": an empty batch, after a backlog scan slice
-
-
-@dataclass(frozen=True)
-class Batch:
-    source: BatchSource
-    entries: list[tuple[int, bytes]]
 
 
 async def read_entries(

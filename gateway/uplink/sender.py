@@ -6,14 +6,9 @@ retried until the cloud answers 200 with a matching ``BatchAck``, so nothing is 
 the way up. Batches may carry non-contiguous LSNs (in increasing order); the cloud keeps LSN
 intervals, so a batch re-sent after a restart stores nothing twice.
 
-Draining (docs/gateway.md, "Uplink drain"): while the link keeps up, batches are the log's records
-in order (the *live tail*). Everything written while the link was down or slow is *backlog*: a
-failed batch moves the whole live tail into it, and so does a live tail grown past
-``backlog_threshold_records``; the backlog grows for as long as the outage or the slow link lasts.
-It is classified (``drain.classify``, in slices, so live data keeps moving while a million records
-are scanned) and drained alerts first, then summaries, then raw data, each class oldest- or
-newest-first, over every unacknowledged record it holds. Whenever live records wait, every other
-batch is a live batch, so live data is never held up by more than one backlog step.
+Draining (docs/gateway.md, "Uplink drain"): what to send next, the live tail or the backlog (alerts,
+then summaries, then raw data) or both in one batch, and the bookkeeping of what the cloud
+acknowledged, are chooser.py's; this module sends, retries and trims.
 
 Short up windows: a batch that failed on the link (refused, timed out) is retried after at most
 ``OUTAGE_RETRY_MAX_S`` (jittered), whatever the link monitor says, so a link that is up for two
@@ -52,17 +47,9 @@ import aiohttp
 
 from gateway.ratelimit import RateLimitedLog
 from gateway.storage.interface import RecordLog
-from gateway.uplink.batches import Batch, read_entries
 from gateway.uplink.blobs import BlobRef, BlobSpool, BlobUploader, blob_refs
-from gateway.uplink.drain import (
-    CLASSES,
-    AckedRanges,
-    BacklogIndex,
-    DrainClass,
-    TokenBucket,
-    classify,
-    runs_of,
-)
+from gateway.uplink.chooser import Batch, BatchChooser, Limits
+from gateway.uplink.drain import TokenBucket, runs_of
 from gateway.uplink.gaps import GapRecords, lost_in_flight, unacked_runs
 from gateway.uplink.outcome import FAILURE_KINDS, LINK_FAILURES, Outcome, UploadObserver, post
 from protocol.batch import encode_batch, idempotency_key
@@ -73,8 +60,6 @@ from runtime.tasks import cancel_and_wait, wait_event
 log = logging.getLogger(__name__)
 
 IDLE_WAKE_S = 5.0  # look at the log at least this often even without a wake-up
-SCAN_SLICE_RECORDS = 10_000  # backlog records read and classified per round (~0.2 s; then a live batch)
-SPAN_PER_RECORD = 20  # a backlog batch spans at most this many log LSNs per record it carries
 # True inside a request the uplink may abandon: a link return it reports itself abandons nothing
 _OWN_REQUEST: contextvars.ContextVar[bool] = contextvars.ContextVar("uplink_own_request", default=False)
 OUTAGE_RETRY_MAX_S = 1.0  # longest wait after a link failure: a short up window is never slept through
@@ -130,11 +115,12 @@ class Uplink:
             if blob_spool is not None
             else None
         )
-        self._order = {
-            "alert": config.drain_alerts,
-            "summary": config.drain_summaries,
-            "raw": config.drain_raw,
-        }
+        self.chooser = BatchChooser(
+            record_log,
+            Limits(config.batch_max_records, config.batch_max_bytes),
+            {"alert": config.drain_alerts, "summary": config.drain_summaries, "raw": config.drain_raw},
+            config.backlog_threshold_records,
+        )
         self._wake = asyncio.Event()
         self._link_up = asyncio.Event()  # wakes a backoff wait
         self._link_returned = asyncio.Event()  # ends a request made while the link was down
@@ -142,12 +128,6 @@ class Uplink:
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._before_batch: list[Callable[[], Awaitable[None]]] = []
-        self._acked = AckedRanges()
-        self._index = BacklogIndex()
-        self._live_next = 1  # first LSN of the live tail not yet acknowledged
-        self._scan_next = 1  # next backlog LSN to classify (the scan is done when > index.upto)
-        self._turn: Literal["live", "backlog"] = "backlog"  # which kind of batch goes next, when both wait
-        self._absorb = False  # a batch failed: what waits joins the backlog before the next choice
         self._in_flight: list[tuple[int, int]] = []  # the LSN runs of the batch being sent
         self._gap_records = GapRecords(record_log, gateway_id)
         self._synced = False
@@ -159,20 +139,15 @@ class Uplink:
             "records_uploaded": 0,
             "bytes_uploaded": 0,
             "attempts": 0,
-            "live_batches": 0,
-            "backlog_batches": 0,
-            "backlog_scanned": 0,
             "link_up_wakeups": 0,
             "abandoned_on_link_return": 0,
             "stalls": 0,
             "before_batch_errors": 0,
             "throttled_s": 0,
             "blob_refs_without_spool": 0,
-            "absorbed_into_backlog": 0,
             "drops_followed": 0,
             "gap_records": 0,
         }
-        self.uploaded_by_class: dict[DrainClass, int] = dict.fromkeys(CLASSES, 0)
         self.failures: dict[str, int] = dict.fromkeys(FAILURE_KINDS, 0)  # by FailureKind
 
     def add_before_batch(self, hook: Callable[[], Awaitable[None]]) -> None:
@@ -225,49 +200,39 @@ class Uplink:
     @property
     def backlog(self) -> int:
         """Records in the log the cloud has not acknowledged."""
-        return max(0, self._log.durable_lsn - self._log.trimmed_lsn - self._acked.count)
+        return max(0, self._log.durable_lsn - self._log.trimmed_lsn - self.chooser.acked.count)
 
     def acknowledged(self, lsn: int) -> bool:
         """Whether the cloud has acknowledged ``lsn`` (trimmed, or in an acknowledged range)."""
-        return lsn <= self._log.trimmed_lsn or self._acked.contains(lsn)
+        return lsn <= self._log.trimmed_lsn or self.chooser.acked.contains(lsn)
 
-    def drain_status(self) -> dict[str, object]:
-        return {
-            "backlog_upto": self._index.upto,
-            "backlog_pending": self._index.pending(),
-            "backlog_by_class": {c: self._index.pending(c) for c in CLASSES},
-            "scan_done": self._scan_next > self._index.upto,
-            "live_next": self._live_next,
-            "acked_untrimmed": self._acked.count,
-            "uploaded_by_class": dict(self.uploaded_by_class),
-        }
+    @property
+    def figures(self) -> dict[str, float]:
+        """The sender's counters and the chooser's, for /status and /metrics."""
+        return {**self.counters, **self.chooser.counters}
 
     def _sync_with_log(self) -> None:
         """Start from the log's trim point; everything untrimmed is sent again (idempotent)."""
         if self._synced:
             return
-        self._acked = AckedRanges(self._log.trimmed_lsn)
-        self._live_next = self._scan_next = self._log.trimmed_lsn + 1
+        self.chooser.start_at(self._log.trimmed_lsn)
         self._log.set_unacked_view(self._unacked)
         self._synced = True
 
     def _unacked(self, first: int, last: int) -> list[tuple[int, int]]:
-        return unacked_runs(self._acked, self._in_flight, first, last)
+        return unacked_runs(self.chooser.acked, self._in_flight, first, last)
 
     def _follow_drops(self) -> None:
         """The log dropped segments (policy "drop_oldest"): what is gone is neither backlog nor live."""
         trimmed = self._log.trimmed_lsn
-        if trimmed <= self._acked.trimmed:
+        if trimmed <= self.chooser.acked.trimmed:
             return
         self.counters["drops_followed"] += 1
-        self._gap_records.forget_dropped(trimmed, self._acked)
-        self._acked.trimmed_to(trimmed)
-        self._index.forget_upto(trimmed)
-        self._live_next = max(self._live_next, trimmed + 1)
-        self._scan_next = max(self._scan_next, trimmed + 1)
+        self._gap_records.forget_dropped(trimmed, self.chooser.acked)
+        self.chooser.follow_drops(trimmed)
 
     async def _count_lost(self, failed: list[tuple[int, int]]) -> None:
-        lost = lost_in_flight(self._acked, failed, self._log.trimmed_lsn)  # before the await
+        lost = lost_in_flight(self.chooser.acked, failed, self._log.trimmed_lsn)  # before the await
         if lost:
             await self._log.add_lost(lost)
 
@@ -326,79 +291,11 @@ class Uplink:
 
     # -- choosing what to send -----------------------------------------------------------------
     async def _next_batch(self) -> Batch | None:
-        """The next batch (one live batch whenever live records wait, then one backlog step), an empty
-        batch after a scan slice, or None.
-
-        A backlog is formed only when none is being drained: the records waiting then become it, and
-        everything appended later is the live tail for good (never demoted behind the backlog), so a
-        live record waits for at most the live batches ahead of it plus one backlog step each.
-        """
+        """The chooser's next batch, once the log's drops are followed and their gaps recorded."""
         self._sync_with_log()
         self._follow_drops()
         self.counters["gap_records"] += await self._gap_records.write()
-        durable = self._log.durable_lsn
-        waiting = durable - self._live_next + 1
-        if waiting > 0 and (self._absorb or waiting > self._config.backlog_threshold_records):
-            self._absorb_live_tail(durable)
-        self._absorb = False
-        scanning = self._scan_next <= self._index.upto
-        live = self._live_next <= durable
-        backlog = scanning or self._index.pending() > 0
-        if live and (self._turn == "live" or not backlog):
-            self._turn = "backlog"
-            return await self._live_batch()
-        self._turn = "live"
-        if scanning:
-            await self._scan_slice()
-            return Batch("scan", [])
-        if backlog:
-            return await self._backlog_batch()
-        return None
-
-    def _absorb_live_tail(self, durable: int) -> None:
-        """The live tail [live_next, durable] joins the backlog (the link is down or not keeping up)."""
-        if self._scan_next > self._index.upto:
-            # the scan is done: everything before live_next is acknowledged (batches go one at a time)
-            self._scan_next = self._live_next
-        self.counters["absorbed_into_backlog"] += durable - self._live_next + 1
-        self._index.upto = durable
-        self._live_next = durable + 1
-        self._turn = "backlog"  # what waited longest goes by priority before anything newer
-
-    async def _scan_slice(self) -> None:
-        upto = min(self._index.upto, self._scan_next + SCAN_SLICE_RECORDS - 1)
-        scanned = 0
-        async for lsn, data in self._log.read(self._scan_next):
-            if lsn > upto:
-                break
-            if lsn > self._index.scanned and not self._acked.contains(lsn):
-                self._index.add(lsn, classify(data))
-            scanned += 1
-        self.counters["backlog_scanned"] += scanned
-        self._scan_next = upto + 1
-
-    async def _live_batch(self) -> Batch:
-        cfg = self._config
-        entries = await read_entries(
-            self._log, self._live_next, max_records=cfg.batch_max_records, max_bytes=cfg.batch_max_bytes
-        )
-        return Batch("live", entries)
-
-    async def _backlog_batch(self) -> Batch:
-        cls = self._index.next_class()
-        assert cls is not None
-        cfg = self._config
-        wanted = self._index.pick(
-            cls, self._order[cls], cfg.batch_max_records, cfg.batch_max_records * SPAN_PER_RECORD
-        )
-        entries = await read_entries(
-            self._log,
-            wanted[0],
-            max_records=cfg.batch_max_records,
-            max_bytes=cfg.batch_max_bytes,
-            wanted=wanted,
-        )
-        return Batch(cls, entries)
+        return await self.chooser.next_batch(self._log.durable_lsn)
 
     # -- sending -------------------------------------------------------------------------------
     async def send_one_batch(self) -> Outcome:
@@ -422,10 +319,10 @@ class Uplink:
         finally:
             in_flight, self._in_flight = self._in_flight, []
         if outcome.kind != "ok":
-            self._absorb = True
+            self.chooser.failed()
             await self._count_lost(in_flight)
             return outcome
-        await self._gap_records.settle(self._acked)
+        await self._gap_records.settle(self.chooser.acked)
         await self._trim()
         return outcome
 
@@ -502,18 +399,7 @@ class Uplink:
             return Outcome(
                 "bad_ack", f"sent {first}-{last}, cloud acked {outcome.ack.first_lsn}-{outcome.ack.last_lsn}"
             )
-        lsns = [lsn for lsn, _ in entries]
-        if batch.source == "live":
-            self._live_next = last + 1
-            for _, data in entries:
-                self.uploaded_by_class[classify(data)] += 1
-            self.counters["live_batches"] += 1
-        else:
-            assert batch.source != "scan", "a scan slice's batch is empty, never sent"
-            self._index.remove(batch.source, lsns)
-            self.uploaded_by_class[batch.source] += len(lsns)
-            self.counters["backlog_batches"] += 1
-        self._acked.add_runs(runs_of(lsns))
+        self.chooser.acknowledged(batch)
         # Counted when the cloud acknowledged it, before the trim's await: a reader that sees the
         # log trimmed also sees the batch counted.
         self.counters["batches_sent"] += 1
@@ -531,9 +417,10 @@ class Uplink:
         return None if outcome.kind == "ok" else Outcome(outcome.kind, outcome.detail)
 
     async def _trim(self) -> None:
-        point = self._acked.trim_point()
+        acked = self.chooser.acked
+        point = acked.trim_point()
         if point > self._log.trimmed_lsn:
-            self._acked.trimmed_to(point)  # before the await: ``backlog`` never counts a run twice
+            acked.trimmed_to(point)  # before the await: ``backlog`` never counts a run twice
             await self._log.trim(point)
 
     async def _post(self, body: bytes, key: str) -> Outcome:

@@ -52,7 +52,7 @@ async def test_alerts_written_during_an_outage_go_before_its_raw_data(tmp_path):
         await log.flush(wait=True)
         await asyncio.to_thread(cloud.start)
         await eventually(lambda: log.trimmed_lsn == 400, 60, "the outage's records uploaded and trimmed")
-        assert uplink.counters["absorbed_into_backlog"] > 0
+        assert uplink.chooser.counters["absorbed_into_backlog"] > 0
     finally:
         await uplink.stop()
         await log.close()

@@ -82,20 +82,20 @@ async def test_backlog_drains_by_class_and_trims_only_the_acknowledged_prefix(cl
     await uplink.start(run=False)
     try:
         assert (await uplink.send_one_batch()).kind == "ok"  # alerts: 10, 20, 30
-        assert uplink.uploaded_by_class == {"alert": 3, "summary": 0, "raw": 0}
+        assert uplink.chooser.uploaded_by_class == {"alert": 3, "summary": 0, "raw": 0}
         assert log.trimmed_lsn == 0  # LSN 1 is not acknowledged: nothing may be trimmed
         assert (await uplink.send_one_batch()).kind == "ok"  # summaries 3, 6, 9, 12
         assert log.trimmed_lsn == 0
         await log.append(record(31, n=1))  # live data arrives during the drain
         await log.flush(wait=True)
         assert (await uplink.send_one_batch()).kind == "ok"  # the live tail's turn
-        assert uplink.counters["live_batches"] == 1 and log.trimmed_lsn == 0
+        assert uplink.chooser.counters["live_batches"] == 1 and log.trimmed_lsn == 0
         for _ in range(20):
             if uplink.backlog == 0:
                 break
             assert (await uplink.send_one_batch()).kind == "ok"
         assert uplink.backlog == 0 and log.trimmed_lsn == 31
-        assert uplink.uploaded_by_class == {"alert": 3, "summary": 9, "raw": 19}
+        assert uplink.chooser.uploaded_by_class == {"alert": 3, "summary": 9, "raw": 19}
     finally:
         await uplink.stop()
         await log.close()
@@ -115,7 +115,7 @@ async def test_a_backlog_does_not_hold_up_live_records(cloudd, tmp_path):
     )
     await uplink.start()
     try:
-        await eventually(lambda: uplink.counters["backlog_batches"] >= 1, 60, "a first backlog batch sent")
+        await eventually(lambda: uplink.chooser.counters["backlog_batches"] >= 1, 60, "a first backlog batch sent")
         first_live = log.durable_lsn + 1
         for i in range(50):  # live records, appended at once while most of the backlog still waits
             await log.append(record(first_live + i, n=2))
@@ -196,7 +196,7 @@ async def test_a_live_tail_past_the_threshold_joins_the_backlog(cloudd, tmp_path
             await log.append(record(i, n=3))
         await log.flush(wait=True)
         assert (await uplink.send_one_batch()).kind == "ok"
-        assert uplink.drain_status()["backlog_upto"] == 42
+        assert uplink.chooser.status()["backlog_upto"] == 42
         for _ in range(30):
             if uplink.backlog == 0:
                 break
