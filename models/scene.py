@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,12 +24,19 @@ from models.synthetic_scene import LABELS, background, random_training_frame
 from protocol.events import InputSpec
 
 INPUT_SIZE = 48
-INPUT_SPEC = {
-    "name": "input",
-    "shape": [None, 3, INPUT_SIZE, INPUT_SIZE],
-    "dtype": "float32",
-    "preprocess": "image_rgb01",
-}
+
+
+def scene_input_spec(input_size: int = INPUT_SIZE) -> dict[str, Any]:
+    """The artifact's input: ``input_size`` square RGB frames in [0, 1], any batch."""
+    return {
+        "name": "input",
+        "shape": [None, 3, input_size, input_size],
+        "dtype": "float32",
+        "preprocess": "image_rgb01",
+    }
+
+
+INPUT_SPEC = scene_input_spec()
 
 
 @dataclass(frozen=True)
@@ -49,12 +57,14 @@ def scene_dataset(seed: int, n: int, width: int = 320, height: int = 240) -> Sce
     return SceneData(torch.from_numpy(x), torch.tensor(labels, dtype=torch.int64))
 
 
-def scene_cnn(width: int = 8) -> nn.Sequential:
-    """Flat ``nn.Sequential`` so the pipeline trainer can cut it between any two layers."""
+def scene_cnn(width: int = 8, input_size: int = INPUT_SIZE) -> nn.Sequential:
+    """Flat ``nn.Sequential`` so the pipeline trainer can cut it between any two layers. The
+    defaults are the shipped model; a larger ``input_size`` or ``width`` only costs more per frame."""
+    pooled = input_size // 8  # three 2x2 max pools, each rounding down
     return nn.Sequential(
         nn.Conv2d(3, width, 3, padding=1),
         nn.ReLU(),
-        nn.MaxPool2d(2),  # 24
+        nn.MaxPool2d(2),  # 24 at the default input size
         nn.Conv2d(width, 2 * width, 3, padding=1),
         nn.ReLU(),
         nn.MaxPool2d(2),  # 12
@@ -62,7 +72,7 @@ def scene_cnn(width: int = 8) -> nn.Sequential:
         nn.ReLU(),
         nn.MaxPool2d(2),  # 6
         nn.Flatten(),
-        nn.Linear(4 * width * 6 * 6, 32),
+        nn.Linear(4 * width * pooled * pooled, 32),
         nn.ReLU(),
         nn.Linear(32, len(LABELS)),
     )

@@ -8,6 +8,8 @@ up / 3 s down, a recovery); ``run_live`` records the phases' wall-clock bounds, 
 ``/status`` every ``SAMPLE_S`` (link state, plan version, sides, uplink), and every record cloudd
 stores with the time an observer polling its store first saw it (``first_seen``) and the order it was
 committed in (``order``). ``pins`` turn the plan into a static baseline (``{"camera/infer": "edge"}``).
+``weak_edge`` (tests/harness/weak_edge.py) makes the gateway a weak box: a heavier scene model, installed
+in cloudd's registry so both sides infer with it, and gatewayd under a CPU quota from its start.
 
 Used by tests/e2e/test_placement_live.py (what must hold) and bench/placement_live.py (how fast).
 Invariant: every process and thread started here is stopped before ``run_live`` returns or raises.
@@ -31,17 +33,19 @@ from protocol.derived import derived_log_id
 from protocol.topics import telemetry_topic
 from tests.harness.broker import start_broker
 from tests.harness.camera import DevicesimCamera
-from tests.harness.cloudd import cloudd_token, make_cloudd
+from tests.harness.cloudd import OPERATOR_TOKEN, cloudd_token, make_cloudd
 from tests.harness.faultproxy import FaultProxy
 from tests.harness.gatewayd import Gatewayd, telemetry, write_config
 from tests.harness.mqtt import client as mqtt_client
 from tests.harness.poll import wait_until
 from tests.harness.processes import free_port
+from tests.harness.weak_edge import WeakEdge, cpu_limit, install_in_registry
 
 CAMERA_ID = "cam1"
 SAMPLE_S = 0.5  # the gateway's /status and the cloud's store are read this often
 HOT_DEVICE = "hot-001"  # publishes readings above the alert bound, always
 HOT_C, ALERT_HIGH_C = 45.0, 40.0
+READY_S = 20.0  # gatewayd's start, at full speed; on a weak edge it is given 1/fraction as long
 SLOW = {"delay_s": 0.3, "bandwidth_Bps": 50_000}  # the issue's slow link: 50 kB/s + 300 ms
 
 
@@ -78,24 +82,31 @@ def trace(scale: float = 1.0) -> tuple[Phase, ...]:
     )
 
 
-def gateway_config(camera_url: str, blob_dir: Path, pins: dict[str, str]) -> str:
+def gateway_config(
+    camera_url: str, blob_dir: Path, pins: dict[str, str], artifact_dir: Path | None = None
+) -> str:
     """What gatewayd runs with (the part after write_config's [uplink] keys).
 
-    The gateway plans as a Raspberry-Pi-class box with the catalog's camera would: camera inference
-    declared at 0.45 s, and nothing measured. The trace's expected sides (cloud on the fast link, the
-    edge on the slow one) were worked out for that camera (1 fps, 10 % of frames changed, 150 kB
-    frames); measured, the devicesim camera (4 fps, ~25 % changed, ~7 kB JPEGs) sends so few bytes
-    that the cost model prefers the cloud on the slow link too."""
+    With ``artifact_dir`` (a weak edge's model) the gateway plans with what it measures, as a real box
+    does. Without, it plans as a Raspberry-Pi-class box with the catalog's camera would: camera
+    inference declared at 0.45 s, and nothing measured. The trace's expected sides (cloud on the fast
+    link, the edge on the slow one) were worked out for that camera (1 fps, 10 % of frames changed,
+    150 kB frames); measured, the devicesim camera (4 fps, ~25 % changed, ~7 kB JPEGs) sends so few
+    bytes that the cost model prefers the cloud on the slow link too, while this machine infers the
+    shipped model in ~1 ms."""
     pin_table = ", ".join(f'"{task}" = "{side}"' for task, side in pins.items())
+    model = "" if artifact_dir is None else f'artifact_dir = "{artifact_dir}"\n'
+    costs = "" if artifact_dir else 'measure_costs = false\n[placement.edge_costs]\n"camera/infer" = 0.45\n'
     return (
         f'blob_dir = "{blob_dir}"\n'
         "[log]\nflush_interval_ms = 50\n"
         '[devices]\nallow = ["sensor-*", "hot-*"]\n'
         f"[placement]\npins = {{ {pin_table} }}\n"  # the default probes: one every 5 s
-        'measure_costs = false\n[placement.edge_costs]\n"camera/infer" = 0.45\n'
+        f"{costs}"
         f"[sensor]\nwindow_s = 1.0\n[sensor.bounds]\ntemperature_c = {{ high = {ALERT_HIGH_C} }}\n"
         f'[camera]\nenabled = true\ncamera_id = "{CAMERA_ID}"\nsource = "{camera_url}"\nalert_score = 0.9\n'
         "open_timeout_s = 3.0\nread_timeout_s = 3.0\nbackoff_initial_s = 0.2\nbackoff_max_s = 1.0\n"
+        f"{model}"
     )
 
 
@@ -214,8 +225,10 @@ async def run_live(
     fps: float = 4.0,
     sensor_hz: float = 5.0,
     settle_timeout_s: float = 60.0,
+    weak_edge: WeakEdge | None = None,
 ) -> LiveRun:
-    """Play ``phases`` once on fresh processes under ``tmp``; drain; return what happened."""
+    """Play ``phases`` once on fresh processes under ``tmp``; drain; return what happened.
+    ``weak_edge`` raises ``WeakEdgeUnavailable`` where no CPU quota can be set (not emulated)."""
     tmp.mkdir(parents=True, exist_ok=True)
     run = LiveRun()
     stop_devices = threading.Event()
@@ -229,16 +242,27 @@ async def run_live(
         proxy_port = await proxy.start()
         camera = DevicesimCamera(free_port(), tmp / "truth.jsonl", seed=5, fps=fps)
         cleanup.callback(camera.stop)
+        artifact_dir, model_version = None, None
+        if weak_edge is not None:
+            artifact_dir, artifact = await asyncio.to_thread(weak_edge.artifact, tmp / "weak-edge-model")
+            await install_in_registry(cloud.url, OPERATOR_TOKEN, artifact)
+            model_version = artifact.version
         config, http_port = write_config(
             tmp,
             broker.url,
             cloud_url=f"http://127.0.0.1:{proxy_port}",
             token=cloudd_token("gw1"),
-            extra=gateway_config(camera.url, tmp / "blobs", pins or {}),
+            extra=gateway_config(camera.url, tmp / "blobs", pins or {}, artifact_dir),
         )
         gateway = Gatewayd(config, http_port)
-        cleanup.callback(gateway.terminate)
-        await asyncio.to_thread(gateway.wait_ready)
+        cleanup.callback(gateway.terminate)  # registered first: run after the CPU quota is lifted
+        ready_s = READY_S
+        if weak_edge is not None:
+            cleanup.enter_context(cpu_limit(gateway.proc.pid, weak_edge.cpu_fraction))
+            ready_s = READY_S / min(1.0, weak_edge.cpu_fraction)
+        await asyncio.to_thread(gateway.wait_ready, ready_s)
+        if model_version is not None:  # the trace starts once the camera runs the heavy model
+            await asyncio.to_thread(gateway.wait_status, _runs(model_version), ready_s, "the heavy model")
         run.log_id = gateway.status()["log"]["log_id"]
 
         sensors = SensorRun(
@@ -273,9 +297,18 @@ async def run_live(
             await proxy.stop()
         run.sensors, run.hot_sent = sent[0], hot[0]
         run.final_status = gateway.status()
+        if model_version is not None and not _runs(model_version)(run.final_status):
+            raise RuntimeError(
+                f"the OTA updater swapped scene@{model_version} away: {run.final_status['camera']}"
+            )
         if observer.errors:
             (tmp / "observer-errors.json").write_text(json.dumps(observer.errors))
     return run
+
+
+def _runs(version: str) -> Any:
+    """A /status check: the camera's inference engine has scene ``version`` loaded."""
+    return lambda s: (s["camera"]["engine"] or {}).get("active_version") == version
 
 
 def _settle(gateway: Gatewayd, cloud: Any, log_id: str, timeout_s: float) -> None:
