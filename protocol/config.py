@@ -156,6 +156,7 @@ class PlacementConfig(_Section):
     rtt_floor_s: float = Field(default=0.02, ge=0)
     goodput_ratio: float = Field(default=1.5, gt=1)
     up_fraction_delta: float = Field(default=0.2, gt=0, le=1)
+    switch_gain: float = Field(default=0.05, ge=0)  # a move's least predicted gain, in latency targets
     pins: dict[str, Side] = Field(default_factory=dict, description='"service/task" -> side')
     decisions_in_status: int = Field(default=20, ge=1, le=256)
     # Costs (docs/placement.md, "Measured costs"): plan with what this box measures (the camera's

@@ -6,7 +6,10 @@ Model (units: seconds, bytes, cores):
 - A task at the edge takes ``edge_cost_s * qf(rho_edge)`` per input, where ``rho_edge`` is the edge
   CPU utilisation of the whole plan (all services share the gateway) and ``qf(rho) = 1 + rho/(2(1-rho))``
   is the M/D/1 waiting factor; in the cloud it takes ``cloud_cost_s`` (the cloud is not the bottleneck).
-- An output crossing from one side to the other costs ``rtt + output_bytes / goodput * qf(rho_link)``
+- An output crossing from one side to the other costs ``trips x rtt + output_bytes / goodput *
+  qf(rho_link)``; ``trips`` is the task's (2 for a frame: the uplink sends a blob before the record
+  that references it; the live trace's frames on a 300 ms link took ~3 s to reach the cloud's model,
+  where one round trip predicted 0.8 s)
   (an acknowledged upload: one round trip plus the transfer, slowed by the queue on the link).
 - A service's latency is the critical path of its DAG from the source to its results (the tasks
   feeding only *delivery* tasks): store-and-forward into the cloud costs uplink bytes, not latency.
@@ -121,7 +124,7 @@ def option_latency(option: Option, link: EffectiveLink, qf_edge: float, qf_link:
             crossing = 0.0
             if where[p] != where[t.name]:
                 size = service.task(p).output_bytes
-                crossing = link.rtt_s + size / link.goodput_Bps * qf_link
+                crossing = link.rtt_s * service.task(p).trips + size / link.goodput_Bps * qf_link
             start = max(start, finish[p] + crossing)
         compute = t.edge_cost_s * qf_edge if where[t.name] == "edge" else t.cloud_cost_s
         finish[t.name] = start + compute

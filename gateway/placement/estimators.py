@@ -29,6 +29,10 @@ class ShiftingEwma:
         self.shifts = 0
         self._suspect: tuple[int, float] | None = None  # (side: +1 above / -1 below, sample)
 
+    def restart(self) -> None:
+        """Forget the level: the next sample is taken as it is."""
+        self.value, self._suspect = None, None
+
     def add(self, sample: float) -> float:
         old = self.value
         if old is None:
@@ -72,6 +76,12 @@ class GoodputFilter:
         self.shifts = 0
         self._above: float | None = None  # the last sample, when it was shift_ratio above
         self._below: deque[float] = deque(maxlen=self.DRIFT_SAMPLES)  # measured, since the last above
+
+    def restart(self, prior: float) -> None:
+        """Back to ``prior``, unmeasured: the next sample is taken as it is."""
+        self.value, self.measured = prior, False
+        self._above = None
+        self._below.clear()
 
     def add(self, sample: float, *, censored: bool) -> bool:
         """Take one sample; False when it told nothing (a lower bound under the estimate)."""

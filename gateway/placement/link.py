@@ -12,6 +12,12 @@ Invariants:
   ``shift_ratio`` times the estimate, on the same side, replace it with their geometric mean (a
   link that changed is believed within two samples; a single outlier only moves it by alpha).
   Goodput (``GoodputFilter``) jumps the same way upward, and downward on two *measured* samples.
+- A link that comes back is not assumed to be the one that left: the up-transition restarts the
+  estimates (RTT unknown, goodput back to ``prior_goodput_Bps``, unmeasured), so the first samples
+  after an outage set them, rather than needing two confirmations against the old link's levels.
+  (Seen: back from a black hole onto a 50 kB/s link, the plan trusted the old 7 MB/s for 2 s and
+  sent frames to the cloud that waited 8 s.) Until ``SETTLE_SAMPLES`` round trips were measured,
+  after the start or such a return, the link is *unsettled*: a prober looks more often.
 - Availability: the link is *down* after ``down_after_failures`` consecutive failures and *up*
   after one success; it is *flapping* while the window holds ``flap_transitions`` or more
   up/down transitions, whatever its instantaneous state, unless it has *settled*: its current
@@ -50,6 +56,7 @@ from gateway.placement.estimators import GoodputFilter, ShiftingEwma
 log = logging.getLogger(__name__)
 
 RTT_FLOOR_SAMPLES = 3  # the round trip taken out of an upload's time: the least of this many probes
+SETTLE_SAMPLES = 3  # round trips measured before the estimates count as settled (after start or a return)
 
 Observation = Literal["probe", "upload", "stall"]  # the edgefed_link_observations "kind" label
 DEFAULT_RTT_S = 0.1  # the round trip assumed before any probe answered
@@ -111,7 +118,10 @@ class LinkMonitor:
         self._rtt = ShiftingEwma(alpha, shift_ratio, log_space=False)
         # Goodput spans orders of magnitude (MB/s to kB/s): averaged in log space, so that one sample
         # of a collapsed link moves the estimate by a factor, not by alpha of the old value.
+        self._prior_goodput = prior_goodput_Bps
         self._goodput = GoodputFilter(alpha, shift_ratio, prior_goodput_Bps)
+        self._fresh_rtts = 0  # round trips measured since the start or the last return
+        self.estimate_restarts = 0
         # Samples from uploads of at least large_upload_bytes: on a fast link a small upload is mostly
         # round trip, so only these measure goodput as well as the prober's payload (which it then skips).
         self._large_upload_bytes = large_upload_bytes
@@ -166,8 +176,10 @@ class LinkMonitor:
             self._failure("probe")
             return
         now = self._clock()
+        self._restart_if_returning()
         self._rtt.add(rtt_s)
         self._rtts.append((now, rtt_s))
+        self._fresh_rtts += 1
         self._success(now, "probe")
 
     def observe_upload(self, nbytes: int, seconds: float, ok: bool) -> None:
@@ -176,6 +188,7 @@ class LinkMonitor:
             self._failure("upload")
             return
         now = self._clock()
+        self._restart_if_returning()
         if nbytes >= self._min_goodput_bytes and seconds > 0:
             # An acknowledged upload costs one round trip besides the transfer: take out the smallest of
             # the last few (one slow probe must not inflate goodput; an old, faster link's must not
@@ -208,9 +221,18 @@ class LinkMonitor:
         """A light probe's timeout: ``stall_after_s`` of an empty request, at most ``longest_s``."""
         return min(longest_s, self.stall_after_s(0))
 
+    def _restart_if_returning(self) -> None:
+        """The link is down and a success is about to bring it back: restart the estimates."""
+        if not self._up:
+            self._rtt.restart()
+            self._goodput.restart(self._prior_goodput)
+            self._fresh_rtts = 0
+            self.estimate_restarts += 1
+
     def _rtt_floor(self) -> float:
-        """The smallest of the last ``RTT_FLOOR_SAMPLES`` round trips, 0 when none is known."""
-        recent = itertools.islice(reversed(self._rtts), RTT_FLOOR_SAMPLES)
+        """The smallest of the last ``RTT_FLOOR_SAMPLES`` round trips of this link (since the start or
+        the last return), 0 when none is known."""
+        recent = itertools.islice(reversed(self._rtts), min(RTT_FLOOR_SAMPLES, self._fresh_rtts))
         return min((r for _, r in recent), default=0.0)
 
     @property
@@ -288,11 +310,13 @@ class LinkMonitor:
 
     @property
     def unsettled(self) -> bool:
-        """Down, or a transition or a failure in the window: a prober should look more often (a failure
-        cleared by the next success may be the first flap of many)."""
+        """Down, or a transition or a failure in the window, or too few round trips measured since the
+        start or the last return: a prober should look more often (a failure cleared by the next
+        success may be the first flap of many; a fresh estimate rests on a sample or two)."""
         since = self._clock() - self.window_s
         recent_failure = self._last_failure is not None and self._last_failure >= since
-        return not self._up or recent_failure or bool(self._window_transitions(since))
+        fresh = self._fresh_rtts < SETTLE_SAMPLES
+        return not self._up or recent_failure or fresh or bool(self._window_transitions(since))
 
     def _settled(self, now: float, transitions: list[tuple[float, bool]]) -> bool:
         """The current stretch outlasted every completed stretch in the window by settle_factor.

@@ -8,9 +8,12 @@ Invariants:
   around the estimate of its last evaluation, when the link state changes, when the services' figures
   are revised (measured costs), or when pins, budgets or services change. A *new plan version* is
   made only when the placement changes, the link state changes or something was forced (pins,
-  budgets, ``set_services``; never a revision); an evaluation that finds the same placement keeps the
-  current plan (``plans_kept`` counts it) and only moves the band's basis. Each new version appends
-  one ``Decision`` to a bounded log (evictions counted).
+  budgets, ``set_services``; never a revision); an evaluation that finds the same placement, or one
+  whose predicted gain over the current placement (both scored on the new estimates) is under
+  ``Hysteresis.switch_gain``, keeps the current plan (``plans_kept`` counts it) and only moves the
+  band's basis: on a link whose round trip wanders around a task's break-even point the task does
+  not move back and forth for nothing. Each new version appends one ``Decision`` to a bounded log
+  (evictions counted).
 """
 
 from __future__ import annotations
@@ -236,6 +239,7 @@ class Hysteresis:
     rtt_floor_s: float = 0.02  # ... and by more than this many seconds (loopback jitter is not news)
     goodput_ratio: float = 1.5
     up_fraction_delta: float = 0.2
+    switch_gain: float = 0.05  # a move must gain this much score (latency / target units) in one state
 
 
 def replan_trigger(basis: LinkView, now: LinkView, band: Hysteresis) -> str | None:
@@ -338,14 +342,29 @@ class PlacementPlanner:
             return None
         candidate = self._plan(link, self.current.version + 1)
         if link.state == self.current.link.state and (
-            candidate.placement_key() == self.current.placement_key()
+            candidate.placement_key() == self.current.placement_key() or not self._worth_moving(candidate)
         ):
             self.basis = link
             self._revised = None
             self.plans_kept += 1
-            log.debug("placement kept v%d (%s): no task would move", self.current.version, trigger)
+            log.debug("placement kept v%d (%s): no move worth making", self.current.version, trigger)
             return None
         return self._adopt(candidate, trigger)
+
+    def _worth_moving(self, candidate: Plan) -> bool:
+        """Whether ``candidate`` beats the current placement, scored on the candidate's estimates,
+        by fewer budget violations or missed targets, or by ``switch_gain`` of latency and bytes."""
+        assert self.current is not None
+        try:
+            now = self._score(self.current, candidate.link)
+        except KeyError:  # the services changed since: the current placement cannot be scored
+            return True
+        new = self._score(candidate, candidate.link)
+        return new[:-1] < now[:-1] or (new[:-1] == now[:-1] and new[-1] < now[-1] - self._band.switch_gain)
+
+    def _score(self, plan: Plan, link: LinkView) -> tuple:
+        options = [make_option(s, [plan.side(s.name, t.name) for t in s.tasks]) for s in self._services]
+        return evaluate(options, effective_link(link, self._budgets), self._budgets).score
 
     def replan(self, link: LinkView, trigger: str) -> Plan:
         """A new plan version now, whatever it places (first plan, forced, or a caller's decision)."""

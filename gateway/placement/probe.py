@@ -13,9 +13,10 @@ Optionally a probe also POSTs ``payload_bytes`` to ``goodput_url`` (at most once
 is measured even when there is nothing to send; it is skipped
 when real uploads at least as large gave the monitor a goodput sample since the last payload probe
 (they measured the link already, and a probe's bytes cost as much as real ones on a metered link).
-A failure the monitor calls *suspect* (a real upload or a probe failed, the link is still believed
-up) brings the next probe forward to ``confirm_after_s`` later: an outage is confirmed (or the
-suspicion cleared) within about a second, not a whole ``interval_s``.
+A failure the monitor calls *suspect* (a real upload or a probe failed or stalled, the link is still
+believed up) brings the next probe forward to ``confirm_after_s`` after the last one began (at once
+if that is past: a stall is reported a second or more into its request): an outage is confirmed (or
+the suspicion cleared) within about a second, not a whole ``interval_s``.
 """
 
 from __future__ import annotations
@@ -168,5 +169,5 @@ class LinkProber:
             return
         self._suspect.clear()
         self.confirm_probes += 1
-        left = interval - (self._clock() - last_probe_at)
-        await asyncio.sleep(min(self._confirm_after, max(0.0, left)))
+        since = self._clock() - last_probe_at
+        await asyncio.sleep(max(0.0, min(self._confirm_after, interval) - since))

@@ -73,6 +73,7 @@ def hysteresis_from(config: PlacementConfig) -> Hysteresis:
         rtt_floor_s=config.rtt_floor_s,
         goodput_ratio=config.goodput_ratio,
         up_fraction_delta=config.up_fraction_delta,
+        switch_gain=config.switch_gain,
     )
 
 
@@ -124,6 +125,7 @@ class PlacementRunner:
             interval_s=config.replan_interval_s,
             before_check=self._poll_costs,
         )
+        monitor.add_listener(lambda _up: self.controller.poke())  # up/down re-plans now, not at the next tick
         self._started: list[str] = []
 
     def add_measurement_source(self, source: MeasurementSource) -> None:
@@ -180,6 +182,7 @@ class PlacementRunner:
             "flapping_since": self.monitor.flapping_since,
             "first_flapping_at": self.monitor.first_flapping_at,
             "flapping_episodes": self.monitor.flapping_episodes,
+            "estimate_restarts": self.monitor.estimate_restarts,
             "now": time.monotonic(),
             "pins": self.planner.pins,
             "link": link,

@@ -62,7 +62,10 @@ def camera_graph(
         priority=priority,
         rate_hz=fps,
         tasks=(
-            Task("capture", edge_cost_s=0.003, cloud_cost_s=0.003, output_bytes=frame_bytes, raw=True),
+            # frames cross as blobs: a PUT, then the record that references it (two round trips)
+            Task(
+                "capture", edge_cost_s=0.003, cloud_cost_s=0.003, output_bytes=frame_bytes, raw=True, trips=2
+            ),
             Task(
                 "change",
                 edge_cost_s=0.02,
@@ -71,6 +74,7 @@ def camera_graph(
                 selectivity=changed_fraction,
                 after=("capture",),
                 raw=True,
+                trips=2,
             ),
             Task(
                 "infer", edge_cost_s=0.45, cloud_cost_s=cloud_infer_s, output_bytes=2_000, after=("change",)

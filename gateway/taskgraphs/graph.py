@@ -15,7 +15,7 @@ Text form (one service per block; ``parse_graphs(format_graphs(s)) == s``)::
 
     service camera target=2.5 priority=2 private=no rate=1
       task capture edge=0.002 cloud=0.002 out=60000 pin=edge raw=yes
-      task change edge=0.015 cloud=0.002 out=60000 sel=0.4 after=capture
+      task change edge=0.015 cloud=0.002 out=60000 sel=0.4 after=capture trips=2
       task upload edge=0 cloud=0 out=0 after=change pin=cloud delivery=yes
     end
 
@@ -51,6 +51,7 @@ class Task:
     pin: Side | None = None
     raw: bool = False  # its output is raw data (sources always are)
     delivery: bool = False  # store-and-forward into the cloud: costs uplink bytes, not service latency
+    trips: int = 1  # round trips its output takes to cross: 2 for a blob (its PUT, then its record)
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,8 @@ def _cost_problem(t: Task, earlier: set[str]) -> str:
 
 
 def _output_problem(t: Task, earlier: set[str]) -> str:
+    if t.trips < 1:
+        return "trips (round trips to cross) must be >= 1"
     return "" if t.output_bytes >= 0 else "out (output bytes) must be >= 0"
 
 
@@ -255,6 +258,8 @@ def format_graph(s: TaskGraph) -> str:
             parts.append("raw=yes")
         if t.delivery:
             parts.append("delivery=yes")
+        if t.trips != 1:
+            parts.append(f"trips={t.trips}")
         lines.append(" ".join(parts))
     lines.append("end")
     return "\n".join(lines)
@@ -306,7 +311,8 @@ def parse_graphs(text: str) -> tuple[TaskGraph, ...]:
             name, tasks = words[1], []
             head = _fields(words[2:], {"target", "priority", "private", "rate"}, where)
         elif words[0] == "task" and head is not None and len(words) >= 2:
-            f = _fields(words[2:], {"edge", "cloud", "out", "sel", "after", "pin", "raw", "delivery"}, where)
+            fields = {"edge", "cloud", "out", "sel", "after", "pin", "raw", "delivery", "trips"}
+            f = _fields(words[2:], fields, where)
             pin = f.get("pin")
             if not (pin is None or pin in SIDES):
                 raise TaskGraphError(f"{where}: pin must be edge or cloud, not {pin!r}")
@@ -321,6 +327,7 @@ def parse_graphs(text: str) -> tuple[TaskGraph, ...]:
                     pin=pin,
                     raw=_yes(f.get("raw", "no"), where),
                     delivery=_yes(f.get("delivery", "no"), where),
+                    trips=int(_float(f, "trips", where, 1)),
                 )
             )
         elif words == ["end"] and head is not None:

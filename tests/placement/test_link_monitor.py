@@ -61,6 +61,29 @@ def test_a_stall_is_a_failure_with_a_bound_from_the_estimates():
     assert mon.snapshot().state == "up" and mon.snapshot().consecutive_failures == 0
 
 
+def test_a_returning_link_is_measured_afresh():
+    """Back from an outage onto a slower link: the first round trip is believed at once and goodput
+    is the prior again, not the old link's levels awaiting two confirmations."""
+    clock = Clock()
+    mon = LinkMonitor(clock=clock, down_after_failures=2, prior_goodput_Bps=125_000)
+    for _ in range(3):
+        clock.t += 1
+        mon.observe_probe(0.002)
+        mon.observe_upload(5_000_000, 1.0, ok=True)  # 5 MB/s, measured
+    assert not mon.unsettled and mon.snapshot().goodput_Bps > 1e6
+    mon.observe_probe(None)
+    mon.observe_probe(None)
+    assert mon.snapshot().state == "down"
+    clock.t += 10
+    mon.observe_probe(0.6)  # back, with a 600 ms round trip
+    est = mon.snapshot()
+    assert est.state == "up" and est.rtt_s == pytest.approx(0.6)
+    assert est.goodput_Bps == 125_000 and not est.goodput_measured
+    assert mon.unsettled and mon.estimate_restarts == 1  # probe often until 3 round trips are in
+    mon.observe_upload(50_000, 1.6, ok=True)  # the first upload sets the level: ~50 kB/s
+    assert mon.snapshot().goodput_Bps == pytest.approx(50_000, rel=0.01)
+
+
 def test_down_after_consecutive_failures_and_up_after_one_success():
     clock = Clock()
     mon = LinkMonitor(clock=clock, down_after_failures=2)
