@@ -17,9 +17,9 @@ back (``link_changed``), and a request that was in flight while the monitor held
 abandoned then (through a black hole it would wait for its whole timeout; sent again, it is a
 duplicate the cloud acknowledges, and a blob resumes at the cloud's offset). A request outstanding
 for the monitor's ``stall_after_s`` is reported as a stall (``stalls``), once: that is how a black
-hole is seen in a few seconds rather than at the request's timeout. Other failures back off exponentially up
-to ``backoff_max_s``; a 401/403 backs off to the maximum at once (an operator must fix the token)
-and a 400 is logged with the cloud's own words. An optional token bucket caps the uplink's
+hole is seen in a few seconds rather than at the request's timeout. Other failures back off
+exponentially up to ``backoff_max_s``; a 401/403 backs off to the maximum at once (an operator must
+fix the token) and a 400 is logged with the cloud's own words. An optional token bucket caps the uplink's
 bandwidth. Every upload is reported to the link monitor.
 
 Producers that hold records out of the log until they can go at once (the camera's frames for the
@@ -123,7 +123,7 @@ class Uplink:
         )
         self._wake = asyncio.Event()
         self._link_up = asyncio.Event()  # wakes a backoff wait
-        self._link_returned = asyncio.Event()  # ends a request made while the link was down
+        self._link_returned = asyncio.Event()  # ends a request in flight while the link was down
         self._warn = RateLimitedLog(log)
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
