@@ -115,7 +115,9 @@ async def test_a_backlog_does_not_hold_up_live_records(cloudd, tmp_path):
     )
     await uplink.start()
     try:
-        await eventually(lambda: uplink.chooser.counters["backlog_batches"] >= 1, 60, "a first backlog batch sent")
+        await eventually(
+            lambda: uplink.chooser.counters["backlog_batches"] >= 1, 60, "a first backlog batch sent"
+        )
         first_live = log.durable_lsn + 1
         for i in range(50):  # live records, appended at once while most of the backlog still waits
             await log.append(record(first_live + i, n=2))
