@@ -8,6 +8,9 @@ link returns."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -110,37 +113,51 @@ async def test_drop_oldest_through_an_outage_counts_exactly_and_names_the_gaps(t
         await reopened.close()
 
 
-async def test_a_request_stuck_in_a_black_hole_is_abandoned_when_the_link_returns(tmp_path):
-    """A POST made while the link was down waits on a connection the black hole keeps open; when
-    the monitor sees the link come back, the uplink abandons it and sends again at once, rather
-    than after its 60 s timeout."""
+@contextlib.asynccontextmanager
+async def through_a_fault_proxy(tmp_path) -> AsyncIterator[tuple[FaultProxy, str, EpochLog, Any]]:
+    """A real cloudd behind a fault proxy, and a log to send from: (proxy, its URL, log, cloudd).
+    Once all is stopped, the cloud must hold the log's ten records, each once."""
     cloud = make_cloudd(tmp_path / "cloud")
     await asyncio.to_thread(cloud.start)
     proxy = FaultProxy(cloud.port)
     port = await proxy.start()
     log = EpochLog(tmp_path / "log")
     await log.open()
-    uplink = Uplink(log, "gw1", config(f"http://127.0.0.1:{port}", cloud.token_for("gw1"), timeout_s=60.0))
-    await uplink.start()
     try:
-        await proxy.set_mode("blackhole")
-        uplink.link_changed(False)
-        for lsn in range(1, 11):
-            await log.append(record(lsn))
-        await log.flush(wait=True)
-        uplink.wake()
-        await eventually(lambda: uplink.counters["attempts"] >= 1, 20, "a POST into the black hole")
-        await proxy.set_mode("pass")
-        uplink.link_changed(True)
-        await eventually(lambda: log.trimmed_lsn == 10, 30, "the records sent again and trimmed")
-        assert uplink.counters["abandoned_on_link_return"] == 1
-        assert uplink.failures["timeout"] == 0  # nothing waited out its timeout
+        yield proxy, f"http://127.0.0.1:{port}", log, cloud
     finally:
-        await uplink.stop()
         await log.close()
         await proxy.stop()
         await asyncio.to_thread(cloud.stop)
     assert sorted(r.lsn for r in cloud.records("gw1")) == list(range(1, 11))
+
+
+async def append_ten(log: EpochLog, uplink: Uplink) -> None:
+    for lsn in range(1, 11):
+        await log.append(record(lsn))
+    await log.flush(wait=True)
+    uplink.wake()
+
+
+async def test_a_request_stuck_in_a_black_hole_is_abandoned_when_the_link_returns(tmp_path):
+    """A POST made while the link was down waits on a connection the black hole keeps open; when
+    the monitor sees the link come back, the uplink abandons it and sends again at once, rather
+    than after its 60 s timeout."""
+    async with through_a_fault_proxy(tmp_path) as (proxy, url, log, cloud):
+        uplink = Uplink(log, "gw1", config(url, cloud.token_for("gw1"), timeout_s=60.0))
+        await uplink.start()
+        try:
+            await proxy.set_mode("blackhole")
+            uplink.link_changed(False)
+            await append_ten(log, uplink)
+            await eventually(lambda: uplink.counters["attempts"] >= 1, 20, "a POST into the black hole")
+            await proxy.set_mode("pass")
+            uplink.link_changed(True)
+            await eventually(lambda: log.trimmed_lsn == 10, 30, "the records sent again and trimmed")
+            assert uplink.counters["abandoned_on_link_return"] == 1
+            assert uplink.failures["timeout"] == 0  # nothing waited out its timeout
+        finally:
+            await uplink.stop()
 
 
 async def test_a_black_hole_opened_under_a_request_is_seen_from_its_stall(tmp_path):
@@ -148,44 +165,29 @@ async def test_a_black_hole_opened_under_a_request_is_seen_from_its_stall(tmp_pa
     timeout). The POST outlasting its ``stall_after_s`` is a failure; the prober's confirming probe
     fails too: the link is down without waiting for either timeout. When the black hole closes the
     prober sees the link return and the stuck POST is abandoned and sent again."""
-    cloud = make_cloudd(tmp_path / "cloud")
-    await asyncio.to_thread(cloud.start)
-    proxy = FaultProxy(cloud.port)
-    port = await proxy.start()
-    log = EpochLog(tmp_path / "log")
-    await log.open()
-    monitor = LinkMonitor(down_after_failures=2)
-    url = f"http://127.0.0.1:{port}"
-    uplink = Uplink(log, "gw1", config(url, cloud.token_for("gw1"), timeout_s=60.0), monitor=monitor)
-    monitor.add_listener(uplink.link_changed)
-    prober = LinkProber(monitor, url + "/healthz", interval_s=5.0, timeout_s=2.0, goodput_url=None)
-    states: list[str] = []
-    monitor.add_listener(lambda up: states.append("up" if up else "down"))
-    await uplink.start()
-    await prober.start()
-    try:
-        await eventually(
-            lambda: prober.probes >= 1 and monitor.snapshot().rtt_s is not None, 10, "a first probe"
-        )
-        await proxy.set_mode("blackhole")
-        for lsn in range(1, 11):
-            await log.append(record(lsn))
-        await log.flush(wait=True)
-        uplink.wake()
-        await eventually(lambda: states == ["down"], 30, "the link called down")
-        assert uplink.counters["stalls"] == 1 and uplink.failures["timeout"] == 0  # the POST still waits
-        await proxy.set_mode("pass")
-        await eventually(lambda: log.trimmed_lsn == 10, 30, "the records sent again and trimmed")
-        assert states == ["down", "up"]
-        assert uplink.counters["abandoned_on_link_return"] == 1
-        assert uplink.failures["timeout"] == 0  # nothing waited out its timeout
-    finally:
-        await prober.stop()
-        await uplink.stop()
-        await log.close()
-        await proxy.stop()
-        await asyncio.to_thread(cloud.stop)
-    assert sorted(r.lsn for r in cloud.records("gw1")) == list(range(1, 11))
+    async with through_a_fault_proxy(tmp_path) as (proxy, url, log, cloud):
+        monitor = LinkMonitor(down_after_failures=2)
+        uplink = Uplink(log, "gw1", config(url, cloud.token_for("gw1"), timeout_s=60.0), monitor=monitor)
+        monitor.add_listener(uplink.link_changed)
+        prober = LinkProber(monitor, url + "/healthz", interval_s=5.0, timeout_s=2.0, goodput_url=None)
+        states: list[str] = []
+        monitor.add_listener(lambda up: states.append("up" if up else "down"))
+        await uplink.start()
+        await prober.start()
+        try:
+            await eventually(lambda: monitor.snapshot().rtt_s is not None, 10, "a first probe")
+            await proxy.set_mode("blackhole")
+            await append_ten(log, uplink)
+            await eventually(lambda: states == ["down"], 30, "the link called down")
+            assert uplink.counters["stalls"] == 1 and uplink.failures["timeout"] == 0  # the POST waits
+            await proxy.set_mode("pass")
+            await eventually(lambda: log.trimmed_lsn == 10, 30, "the records sent again and trimmed")
+            assert states == ["down", "up"]
+            assert uplink.counters["abandoned_on_link_return"] == 1
+            assert uplink.failures["timeout"] == 0  # nothing waited out its timeout
+        finally:
+            await prober.stop()
+            await uplink.stop()
 
 
 async def test_a_request_that_brings_the_link_back_itself_is_not_abandoned(tmp_path):
