@@ -357,8 +357,8 @@ class Sim:
         rtt = self.link.at(self.now).rtt_s
         if self.system == "planner":
             self.monitor.observe_upload(size, self.now - started + rtt, ok=True)
-        if s is not None:
-            self.push(self.now + rtt, "stage", s, i, "cloud", born)
+        if s is not None:  # a frame crosses as a blob, then its record: ``trips`` round trips
+            self.push(self.now + rtt * s.tasks[i - 1].trips, "stage", s, i, "cloud", born)
         else:  # a goodput probe: as LinkProber, its own sample is not a real upload's
             self.samples_seen = self.monitor.large_goodput_samples
         self._up_start()
