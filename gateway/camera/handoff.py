@@ -16,7 +16,8 @@ or reclaimed, never both, and never after the marker that ended the sides it was
 router releases or reclaims everything held before it appends a marker).
 
 Invariant: every held frame leaves exactly once: appended as its FrameForCloud record (or counted by
-the append as lost to a full log), or returned by ``reclaim``. Held frames live in memory (like the
+the append as lost to a full log), or returned by ``reclaim``; a release cancelled mid-way leaves the
+frames it had not appended held. Held frames live in memory (like the
 inference engine's queue): at most ``bound`` of them; the router releases the oldest itself when the
 bound is reached (``overflow_released``), so a stalled uplink costs memory that is bounded.
 """
@@ -80,6 +81,8 @@ class CloudHandoff:
 
     async def _append_oldest(self, append: Append) -> None:
         item = self._held[0]
-        await append(item)  # appended or counted by ``append``: either way it has left
+        # Taken off only once ``append`` returned (appended, or counted by it): an append cancelled
+        # while it waited for room (the uplink bounds its wait) wrote nothing, and the frame stays.
+        await append(item)
         self._held.popleft()
         self.counters["released"] += 1

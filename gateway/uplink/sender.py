@@ -25,7 +25,10 @@ bandwidth. Every upload is reported to the link monitor.
 Producers that hold records out of the log until they can go at once (the camera's frames for the
 cloud, gateway/camera/handoff.py) register with ``add_before_batch``: their hook appends what they
 hold before the uplink chooses its next batch, but only while the uplink is not backing off from a
-failure (a record that cannot leave is better held where its producer can take it back).
+failure (a record that cannot leave is better held where its producer can take it back), and for at
+most ``PRODUCER_WAIT_S``: a log that makes the append wait (full under policy "hold", a slow disk)
+waits for the uplink to trim, so the uplink gives up on the hook and sends (the producer keeps what
+it had not appended).
 
 Full log (policy "drop_oldest"): the uplink follows the log's trim point past a drop (the backlog
 forgets what is gone); what the drop lost, and the LogGap records that tell the cloud, are gaps.py's.
@@ -62,6 +65,7 @@ log = logging.getLogger(__name__)
 IDLE_WAKE_S = 5.0  # look at the log at least this often even without a wake-up
 # True inside a request the uplink may abandon: a link return it reports itself abandons nothing
 _OWN_REQUEST: contextvars.ContextVar[bool] = contextvars.ContextVar("uplink_own_request", default=False)
+PRODUCER_WAIT_S = 1.0  # longest a before-batch hook may hold the uplink (module docstring)
 OUTAGE_RETRY_MAX_S = 1.0  # longest wait after a link failure: a short up window is never slept through
 UplinkState = Literal["idle", "sending", "backoff", "stopped"]  # /status "uplink.state"
 
@@ -143,6 +147,7 @@ class Uplink:
             "abandoned_on_link_return": 0,
             "stalls": 0,
             "before_batch_errors": 0,
+            "before_batch_timeouts": 0,
             "throttled_s": 0,
             "blob_refs_without_spool": 0,
             "drops_followed": 0,
@@ -159,7 +164,10 @@ class Uplink:
             return
         for hook in self._before_batch:
             try:
-                await hook()
+                async with asyncio.timeout(PRODUCER_WAIT_S):
+                    await hook()
+            except TimeoutError:
+                self.counters["before_batch_timeouts"] += 1
             except Exception:  # a producer's bug must not end the uplink
                 self.counters["before_batch_errors"] += 1
                 log.exception("uplink: a producer's before-batch hook failed")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -218,3 +219,39 @@ async def test_a_request_that_brings_the_link_back_itself_is_not_abandoned(tmp_p
         await uplink.stop()
         await log.close()
         await asyncio.to_thread(cloud.stop)
+
+
+async def test_a_producer_waiting_for_room_does_not_hold_the_uplink(tmp_path):
+    """Policy "hold" and a full log: a before-batch hook's append waits for room, which only the
+    uplink's own trim can free. The uplink gives the hook up after ``PRODUCER_WAIT_S``, sends and
+    trims; the hook's next try appends, and that record goes up too."""
+    cloud = make_cloudd(tmp_path / "cloud")
+    await asyncio.to_thread(cloud.start)
+    log = EpochLog(tmp_path / "log", segment_bytes=4096, max_bytes=8192, full_policy="hold")
+    await log.open()
+    held: list[int] = []
+    try:
+        with pytest.raises(TimeoutError):  # fill the log: the append that would wait is cancelled
+            for lsn in itertools.count(1):
+                async with asyncio.timeout(0.5):
+                    await log.append(record(lsn))
+        await log.flush(wait=True)
+        full_at = log.durable_lsn
+
+        async def producer() -> None:  # holds one record until the uplink takes it
+            if not held:
+                held.append(await log.append(record(full_at + 1)))
+                await log.flush(wait=True)
+
+        uplink = Uplink(log, "gw1", config(cloud.url, cloud.token_for("gw1")))
+        uplink.add_before_batch(producer)
+        await uplink.start()
+        try:
+            await eventually(lambda: held and log.trimmed_lsn >= held[0], 30, "the held record sent")
+            assert uplink.counters["before_batch_timeouts"] >= 1
+        finally:
+            await uplink.stop()
+    finally:
+        await log.close()
+        await asyncio.to_thread(cloud.stop)
+    assert sorted(r.lsn for r in cloud.records("gw1")) == list(range(1, full_at + 2))
