@@ -70,14 +70,20 @@ def test_dashboard_fleet_and_live_job(tmp_path):
     server = start_cloudd(tmp_path / "c", gateways=GATEWAYS)
     try:
         _heartbeat_fleet(server.url)
-        status, job = call(f"{server.url}/v1/jobs", OP, "POST", {"epochs": 4, "nproc": 2, "log_every": 1})
-        assert status == 201
         with playwright.sync_playwright() as p:
             browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
             try:
                 page = browser.new_page(viewport={"width": 1360, "height": 900})
-                page.goto(f"{server.url}/?token={OP}#/job/{job['id']}")
+                # The page is up before the job starts: on a loaded machine a job submitted first could
+                # end before the page drew its chart, which then had nothing left to grow by.
+                page.goto(f"{server.url}/?token={OP}#/fleet")
                 assert "token=" not in page.url  # moved into localStorage, out of the address bar
+                page.wait_for_selector("#fleet-table tbody tr", timeout=60_000)
+                status, job = call(
+                    f"{server.url}/v1/jobs", OP, "POST", {"epochs": 4, "nproc": 2, "log_every": 1}
+                )
+                assert status == 201
+                page.goto(f"{server.url}/#/job/{job['id']}")
                 page.wait_for_selector("#chart-loss svg", timeout=240_000)
                 first = _points(page, "#chart-loss svg")
                 grew = (
