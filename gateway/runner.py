@@ -152,9 +152,9 @@ class GatewayRunner:
         self.handlers.connect("gateway", GatewayHandler())
         self.handlers.connect("placement", PlacementHandler(self.set_placement_pins))
         self.camera = self._make_camera(control_settings) if config.camera is not None else None
-        if self.camera is not None:  # frames for the cloud wait out of the log until the uplink sends
-            self.uplink.add_before_batch(self.camera.events.release_held)
         if self.camera is not None:
+            # frames for the cloud wait out of the log until the uplink sends (gateway/camera/handoff.py)
+            self.uplink.add_before_batch(self.camera.events.release_held)
             if self.placement is not None:  # the plan uses what the camera measures (docs/placement.md)
                 self.placement.add_measurement_source(self.camera.measurements)
             self.handlers.connect("camera", CameraHandler(self.camera.apply_camera))
