@@ -152,10 +152,12 @@ async def test_retry_as_soon_as_the_link_returns_and_the_monitor_hears_uploads(t
         await eventually(lambda: uplink.failures["connection"] >= 1, 20, "a failed upload (nothing listens)")
         assert monitor.snapshot().state == "down"  # the failed upload was reported
         await asyncio.to_thread(cloud.start)
-        # a probe says the link is back: the uplink must not sleep out its 30-60 s backoff
+        # The uplink must not sleep out its 60 s backoff: a failure on the link is retried within 1 s
+        # whatever the monitor says, and at once when a probe says the link is back (which of the two
+        # comes first is a race: cloudd may answer a retry before the probe is made).
         monitor.observe_probe(0.01)
         await eventually(lambda: log.trimmed_lsn == 3, 20, "the 3 records uploaded and trimmed")
-        assert uplink.counters["link_up_wakeups"] >= 1
+        assert uplink.failures["connection"] + uplink.failures["timeout"] >= 1
         assert monitor.snapshot().goodput_measured  # real uploads fed the goodput estimate
     finally:
         await uplink.stop()
