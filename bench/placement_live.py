@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import Results, parse_args
+from cloud.store.dataset import StoredRecord
 from tests.harness.live_trace import SLOW, LiveRun, run_live, trace
 from tests.harness.weak_edge import WeakEdge, WeakEdgeUnavailable
 
@@ -54,18 +55,35 @@ STEADY = ("fast", "outage", "slow")
 EDGE_CPU = 0.2  # of one core, for the whole gatewayd (module docstring)
 
 
-def camera_latencies(run: LiveRun) -> tuple[list[float], list[float]]:
-    """(produced, delivered) seconds per camera result, from its frame's capture, for the frames
-    captured while the trace played (not those of the processes' start, nor of the final drain)."""
-    start, end = run.phases[0][1], run.phases[-1][2]
-    made = [
+def camera_made(run: LiveRun, start: float, end: float) -> list[StoredRecord]:
+    """The camera results (not task failures) of the frames captured in [start, end)."""
+    return [
         r
         for r in run.camera_results()
         if "capture_ts" in r.record["body"] and start <= r.record["body"]["capture_ts"] < end
-    ]  # not a task failure, captured during the trace
+    ]
+
+
+def camera_latencies(run: LiveRun) -> tuple[list[float], list[float]]:
+    """(produced, delivered) seconds per camera result, from its frame's capture, for the frames
+    captured while the trace played (not those of the processes' start, nor of the final drain)."""
+    made = camera_made(run, run.phases[0][1], run.phases[-1][2])
     produced = [r.record["received_ts"] - r.record["body"]["capture_ts"] for r in made]
     delivered = [run.first_seen[(r.log_id, r.lsn)] - r.record["body"]["capture_ts"] for r in made]
     return produced, delivered
+
+
+def by_phase(run: LiveRun) -> dict[str, tuple[float, float]]:
+    """Per phase of the trace: the mean result latency of its frames, and the share inferred in the
+    cloud (where the plan's time went)."""
+    out = {}
+    for name, start, end in run.phases:
+        made = camera_made(run, start, end)
+        if made:
+            latency = statistics.fmean(r.record["received_ts"] - r.record["body"]["capture_ts"] for r in made)
+            in_cloud = sum(r.record["body"]["ran_at"]["infer"] == "cloud" for r in made)
+            out[name] = (latency, in_cloud / len(made))
+    return out
 
 
 def replans_per_minute(run: LiveRun) -> float:
@@ -138,6 +156,9 @@ async def measure(quick: bool) -> Results:
             results.add("camera", system, f"{metric}_mean", statistics.fmean(values))
             results.add("camera", system, f"{metric}_p95", statistics.quantiles(values, n=20)[-1])
         results.add("camera", system, "results", len(produced))
+        for phase, (mean, cloud_share) in by_phase(run).items():
+            results.add(f"camera/{phase}", system, "produced_s_mean", mean)
+            results.add(f"camera/{phase}", system, "inferred_in_cloud", cloud_share)
     plan = runs["plan"]
     drain = drain_figures(plan)
     for metric, value in drain.items():
