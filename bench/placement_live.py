@@ -42,7 +42,7 @@ from typing import Any
 
 from bench._common import Results, parse_args
 from cloud.store.dataset import StoredRecord
-from tests.harness.live_trace import SLOW, LiveRun, run_live, trace
+from tests.harness.live_trace import SLOW, LiveRun, Phase, run_live, trace
 from tests.harness.weak_edge import WeakEdge, WeakEdgeUnavailable
 
 SYSTEMS: dict[str, dict[str, str]] = {
@@ -117,7 +117,7 @@ def drain_figures(run: LiveRun) -> dict[str, float]:
     return {"backlog_bytes": nbytes, "records": len(backlog), "ideal_s": ideal, "took_s": took}
 
 
-async def play_all(phases: tuple, edge: WeakEdge | None) -> dict[str, LiveRun]:
+async def play_all(phases: tuple[Phase, ...], edge: WeakEdge | None) -> dict[str, LiveRun]:
     runs: dict[str, LiveRun] = {}
     for system, pins in SYSTEMS.items():
         with tempfile.TemporaryDirectory(prefix=f"placement-live-{system}-") as tmp:
