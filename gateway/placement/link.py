@@ -138,6 +138,7 @@ class LinkMonitor:
         self.first_flapping_at: float | None = None
         self.flapping_episodes = 0
         self.censored_goodput_samples = 0  # lower bounds that did not raise the estimate
+        self.return_round_trip_s = 0.0  # of the success that last brought the link back
         self._metrics = _Metrics(registry) if registry is not None else None
         self._listeners: list[Callable[[bool], None]] = []
         self._suspect_listeners: list[Callable[[], None]] = []
@@ -176,7 +177,7 @@ class LinkMonitor:
             self._failure("probe")
             return
         now = self._clock()
-        self._restart_if_returning()
+        self._restart_if_returning(rtt_s)
         self._rtt.add(rtt_s)
         self._rtts.append((now, rtt_s))
         self._fresh_rtts += 1
@@ -188,7 +189,7 @@ class LinkMonitor:
             self._failure("upload")
             return
         now = self._clock()
-        self._restart_if_returning()
+        self._restart_if_returning(seconds)
         if nbytes >= self._min_goodput_bytes and seconds > 0:
             # An acknowledged upload costs one round trip besides the transfer: take out the smallest of
             # the last few (one slow probe must not inflate goodput; an old, faster link's must not
@@ -221,9 +222,11 @@ class LinkMonitor:
         """A light probe's timeout: ``stall_after_s`` of an empty request, at most ``longest_s``."""
         return min(longest_s, self.stall_after_s(0))
 
-    def _restart_if_returning(self) -> None:
-        """The link is down and a success is about to bring it back: restart the estimates."""
+    def _restart_if_returning(self, round_trip_s: float) -> None:
+        """The link is down and a success that took ``round_trip_s`` is about to bring it back:
+        restart the estimates."""
         if not self._up:
+            self.return_round_trip_s = round_trip_s
             self._rtt.restart()
             self._goodput.restart(self._prior_goodput)
             self._fresh_rtts = 0

@@ -43,6 +43,11 @@ class UploadObserver(Protocol):
 
     def observe_stall(self) -> None: ...
 
+    @property
+    def return_round_trip_s(self) -> float:
+        """The round trip of the observation that last brought the link back up."""
+        ...
+
 
 @dataclass(frozen=True)
 class Outcome:

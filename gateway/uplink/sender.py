@@ -14,10 +14,11 @@ Short up windows: a batch that failed on the link (refused, timed out) is retrie
 ``OUTAGE_RETRY_MAX_S`` (jittered), whatever the link monitor says, so a link that is up for two
 seconds carries data in them; a retry also happens at once when the monitor sees the link come
 back (``link_changed``), and a request that was in flight while the monitor held the link down is
-abandoned then (through a black hole it would wait for its whole timeout; sent again, it is a
-duplicate the cloud acknowledges, and a blob resumes at the cloud's offset). A request outstanding
-for the monitor's ``stall_after_s`` is reported as a stall (``stalls``), once: that is how a black
-hole is seen in a few seconds rather than at the request's timeout. Other failures back off
+abandoned then if it was sent before the probe that saw the return (through a black hole it would
+wait for its whole timeout; sent again, it is a duplicate the cloud acknowledges, and a blob resumes
+at the cloud's offset; one sent after that probe went out on a working link and is kept). A request
+outstanding for the monitor's ``stall_after_s`` is reported as a stall (``stalls``), once: that is
+how a black hole is seen in a few seconds rather than at the request's timeout. Other failures back off
 exponentially up to ``backoff_max_s``; a 401/403 backs off to the maximum at once (an operator must
 fix the token) and a 400 is logged with the cloud's own words. An optional token bucket caps the uplink's
 bandwidth. Every upload is reported to the link monitor.
@@ -133,6 +134,7 @@ class Uplink:
         self._session: aiohttp.ClientSession | None = None
         self._before_batch: list[Callable[[], Awaitable[None]]] = []
         self._in_flight: list[tuple[int, int]] = []  # the LSN runs of the batch being sent
+        self._request_sent_at: float | None = None  # when the transfer in flight began (our clock)
         self._gap_records = GapRecords(record_log, gateway_id)
         self._synced = False
         self.state: UplinkState = "idle"
@@ -179,12 +181,21 @@ class Uplink:
     def link_changed(self, up: bool) -> None:
         """The link monitor's verdict changed. Back up: retry now rather than when the backoff ends,
         and abandon a request that waited while it was down, unless that request's own answer is
-        what brought the link back."""
+        what brought the link back or it was sent after the probe that did."""
         if up:
             self._link_up.set()
             self._wake.set()
-            if not _OWN_REQUEST.get():
+            if not _OWN_REQUEST.get() and self._sent_before_the_return():
                 self._link_returned.set()
+
+    def _sent_before_the_return(self) -> bool:
+        """Whether the request in flight was sent before the observation that saw the link return
+        went out. One sent after it went out on a working link: it is not stuck, and abandoning it
+        would throw away a round trip of a link that may be slow."""
+        if self._request_sent_at is None:
+            return False
+        evidence_s = self._monitor.return_round_trip_s if self._monitor is not None else 0.0
+        return self._clock() - self._request_sent_at > evidence_s
 
     async def start(self, *, run: bool = True) -> None:
         """Open the HTTP session and start the sending task (``run=False``: tests drive it by
@@ -335,11 +346,12 @@ class Uplink:
         return outcome
 
     async def _unless_link_returns(self, sending: Coroutine[None, None, Outcome]) -> Outcome:
-        """``sending``'s outcome, or a "connection" failure if a probe sees the link come back first
-        (the link went down while the request waited: it may be stuck on a connection the outage left
-        dead). A return that the request's own answer showed the monitor (``_OWN_REQUEST``) abandons
-        nothing; a link that stays up never "returns"."""
+        """``sending``'s outcome, or a "connection" failure if a probe sent after the request sees
+        the link come back first (the link went down while the request waited: it may be stuck on a
+        connection the outage left dead). A return that the request's own answer showed the monitor
+        (``_OWN_REQUEST``) abandons nothing; a link that stays up never "returns"."""
         self._link_returned.clear()
+        self._request_sent_at = self._clock()
         context = contextvars.copy_context()
         context.run(_OWN_REQUEST.set, True)  # its blob uploads (gather's tasks) copy this context
         request = asyncio.create_task(sending, name="uplink-request", context=context)
@@ -347,6 +359,7 @@ class Uplink:
         try:
             await asyncio.wait((request, returned), return_when=asyncio.FIRST_COMPLETED)
         finally:
+            self._request_sent_at = None
             await cancel_and_wait(returned)
             if not request.done():
                 await cancel_and_wait(request)

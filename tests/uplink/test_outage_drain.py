@@ -191,6 +191,30 @@ async def test_a_black_hole_opened_under_a_request_is_seen_from_its_stall(tmp_pa
             await uplink.stop()
 
 
+async def test_a_request_sent_after_the_returning_probe_is_not_abandoned(tmp_path):
+    """The monitor holds the link down; the uplink sends on a slow link (0.4 s each way) anyway;
+    while its request is on the way a probe sent 3 s earlier, before the request, answers and brings
+    the link back. The request went out after that probe, on a link the probe shows working: it is
+    kept, not abandoned and sent again (on a slow link that would cost a round trip for nothing)."""
+    async with through_a_fault_proxy(tmp_path) as (proxy, url, log, cloud):
+        monitor = LinkMonitor(down_after_failures=1)
+        uplink = Uplink(log, "gw1", config(url, cloud.token_for("gw1"), timeout_s=60.0), monitor=monitor)
+        monitor.add_listener(uplink.link_changed)
+        monitor.observe_probe(None)
+        await proxy.set_mode("slow", delay_s=0.4)
+        await uplink.start()
+        try:
+            await append_ten(log, uplink)
+            await eventually(lambda: uplink.counters["attempts"] >= 1, 10, "a POST on the slow link")
+            monitor.observe_probe(3.0)
+            assert monitor.snapshot().state == "up"
+            await eventually(lambda: log.trimmed_lsn == 10, 30, "the records uploaded and trimmed")
+            assert uplink.counters["abandoned_on_link_return"] == 0
+            assert uplink.counters["attempts"] == 1
+        finally:
+            await uplink.stop()
+
+
 async def test_a_request_that_brings_the_link_back_itself_is_not_abandoned(tmp_path):
     """The link monitor holds the link down; the uplink's next request (a blob, then its batch)
     succeeds, and its own answer is what tells the monitor the link is up: that must not abandon
