@@ -128,7 +128,7 @@ class PlacementConfig(_Section):
 
     enabled: bool = True
     probe_path: str = "/healthz"  # GET on uplink.cloud_url: the RTT probe
-    goodput_path: str | None = "/v1/probe"  # POST payload_bytes there every goodput_every-th probe
+    goodput_path: str | None = "/v1/probe"  # POST payload_bytes there every goodput_every-th probe; "": none
     probe_interval_s: float = Field(default=5.0, gt=0)
     probe_timeout_s: float = Field(default=2.0, gt=0)
     goodput_every: int = Field(default=4, ge=1)
@@ -168,6 +168,11 @@ class PlacementConfig(_Section):
     edge_costs: dict[str, float] = Field(
         default_factory=dict, description='"service/task" -> edge seconds per input, declared'
     )
+
+    @field_validator("goodput_path")
+    @classmethod
+    def _empty_is_none(cls, value: str | None) -> str | None:
+        return value or None  # TOML has no null: "" turns the payload probes off
 
     @field_validator("edge_costs")
     @classmethod
@@ -287,24 +292,37 @@ class GatewayConfig(_Section):
 
 
 def parse_gateway_config(data: dict, base_dir: Path | None = None) -> GatewayConfig:
-    """Validate a config mapping; relative paths are taken relative to ``base_dir``."""
+    """Validate a config mapping. With ``base_dir`` (the config file's folder) relative paths are
+    resolved, never against the process's working directory (``/`` under systemd): what the operator
+    provides (``data_dir``, the credential files, the camera's artifact) against ``base_dir``, what
+    the gateway writes (``uplink.blob_dir``) against ``data_dir``."""
     try:
         config = GatewayConfig.model_validate(data)
     except ValidationError as exc:
         raise ProtocolError("invalid_config", describe_validation_error(exc)) from None
-    if base_dir is not None and not config.data_dir.is_absolute():
-        config = config.model_copy(update={"data_dir": base_dir / config.data_dir})
-    camera = config.camera
-    if (
-        base_dir is not None
-        and camera is not None
-        and camera.artifact_dir is not None
-        and not camera.artifact_dir.is_absolute()
-    ):
-        config = config.model_copy(
-            update={"camera": camera.model_copy(update={"artifact_dir": base_dir / camera.artifact_dir})}
-        )
-    return config
+    if base_dir is None:
+        return config
+    data_dir = base_dir / config.data_dir  # an absolute data_dir stays as it is
+    mqtt, uplink, camera = config.mqtt, config.uplink, config.camera
+    inputs = ("password_file", "ca_file", "cert_file", "key_file")
+    return config.model_copy(
+        update={
+            "data_dir": data_dir,
+            "mqtt": mqtt.model_copy(update={k: _under(base_dir, getattr(mqtt, k)) for k in inputs}),
+            "uplink": uplink.model_copy(
+                update={
+                    "token_file": _under(base_dir, uplink.token_file),
+                    "blob_dir": _under(data_dir, uplink.blob_dir),
+                }
+            ),
+            "camera": camera
+            and camera.model_copy(update={"artifact_dir": _under(base_dir, camera.artifact_dir)}),
+        }
+    )
+
+
+def _under(base: Path, path: Path | None) -> Path | None:
+    return path if path is None or path.is_absolute() else base / path
 
 
 def load_gateway_config(path: Path) -> GatewayConfig:
