@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import signal
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,11 +74,12 @@ def write_secure_config(
 class Gatewayd:
     """One run of gatewayd with ``config``; started at construction, ``wait_ready`` before use."""
 
-    def __init__(self, config: Path, http_port: int) -> None:
+    def __init__(self, config: Path, http_port: int, *, under: Sequence[str] = ()) -> None:
+        """``under``: a command that runs the daemon's command line (e.g. under a seccomp filter)."""
         self.config = config
         self.http_port = http_port
         self.log = LogFile(config.with_suffix(".log"))
-        self.proc = start_module("gateway.daemon", ["--config", str(config)], self.log.path)
+        self.proc = start_module("gateway.daemon", ["--config", str(config)], self.log.path, under=under)
 
     def wait_ready(self, timeout_s: float = 20.0) -> Gatewayd:
         """Until its HTTP port answers and its MQTT connection is up."""

@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,14 @@ def repo_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)), **extra}
 
 
-def start_module(module: str, args: list[str], log_path: Path, **popen: Any) -> subprocess.Popen:
-    """``python -m module *args`` from the repository root, output appended to ``log_path``."""
+def start_module(
+    module: str, args: list[str], log_path: Path, *, under: Sequence[str] = (), **popen: Any
+) -> subprocess.Popen:
+    """``python -m module *args`` from the repository root (run by the command ``under``, when
+    given), output appended to ``log_path``."""
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", module, *args],
+            [*under, sys.executable, "-m", module, *args],
             cwd=REPO,
             env=repo_env(),
             stdout=log,
