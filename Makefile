@@ -15,7 +15,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e '.[test,dev]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[all,test,dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)

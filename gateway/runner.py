@@ -1,10 +1,11 @@
 """The gateway's lifecycle: one runner starts the subsystems in order and stops them in reverse
 (gateway/daemon.py runs it as a process).
 
-Start: lock the data dir, open the log, load the control plane's desired config and apply it (which
-starts the camera runner when ``[camera]`` is configured and enabled, and the training runner when
-training is enabled), status HTTP, uplink, MQTT + sensor ingest, the control plane's MQTT connection;
-then READY=1.
+Start (refused, exit 2, when the config file enables ``[camera]`` or ``[training]`` and this install
+lacks its extra: gateway/extras.py): lock the data dir, open the log, load the control plane's
+desired config and apply it (which starts the camera runner when ``[camera]`` is configured and
+enabled, and the training runner when training is enabled), status HTTP, uplink, MQTT + sensor
+ingest, the control plane's MQTT connection; then READY=1.
 Stop (SIGTERM/SIGINT, or a fatal log error): STOPPING=1, stop the control plane, stop intake, flush
 the log and ack what is durable, stop the uplink, publish "offline" and disconnect, stop HTTP, stop
 training (a round in progress ends at its next step), stop the camera (its last events are logged),
@@ -32,6 +33,7 @@ from gateway.control.handlers import (
     ModelsHandler,
     PlacementHandler,
     SensorHandler,
+    ServiceHandler,
     TrainingHandler,
 )
 from gateway.control.plane import ControlPlane
@@ -39,6 +41,7 @@ from gateway.control.recent_errors import RecentErrors
 from gateway.control.store import ControlStore
 from gateway.control.wiring import base_from_file, task_catalog
 from gateway.datadir import DataDirLock, StartupError, open_record_log, record_log_dir
+from gateway.extras import NeedsExtraHandler, extra_installed, missing_extras
 from gateway.heartbeat import HeartbeatSender, heartbeat_link, heartbeat_placement
 from gateway.ingest.sensors import SensorIngest
 from gateway.metrics import StatsCollector, make_registry
@@ -92,6 +95,9 @@ class GatewayRunner:
             base = base_from_file(config)
         except ControlError as exc:
             raise StartupError(f"invalid config: {exc.detail}") from None
+        refused = missing_extras(config)  # a section the file enables that this install cannot run
+        if refused:
+            raise StartupError("; ".join(refused))
         self.started_at = time.monotonic()
         self._lock = DataDirLock(config.data_dir)
         self.config_path = config_path
@@ -151,7 +157,8 @@ class GatewayRunner:
         )
         self.handlers.connect("gateway", GatewayHandler())
         self.handlers.connect("placement", PlacementHandler(self.set_placement_pins))
-        self.camera = self._make_camera(control_settings) if config.camera is not None else None
+        with_camera = config.camera is not None and extra_installed("camera")
+        self.camera = self._make_camera(control_settings) if with_camera else None
         if self.camera is not None:
             # frames for the cloud wait out of the log until the uplink sends (gateway/camera/handoff.py)
             self.uplink.add_before_batch(self.camera.events.release_held)
@@ -159,8 +166,13 @@ class GatewayRunner:
                 self.placement.add_measurement_source(self.camera.measurements)
             self.handlers.connect("camera", CameraHandler(self.camera.apply_camera))
             self.handlers.connect("models", ModelsHandler(self.camera.apply_pins))
+        elif config.camera is not None:  # [camera] (off) without its extra: enabling it says what is missing
+            self.handlers.connect("camera", NeedsExtraHandler("camera"))
         self.training = self._make_training()
-        self.handlers.connect("training", TrainingHandler(self.training.apply))
+        training: ServiceHandler = TrainingHandler(self.training.apply)
+        if not extra_installed("train"):  # training stays off: enabling it says what is missing
+            training = NeedsExtraHandler("training", when_off=training)
+        self.handlers.connect("training", training)
         store = ControlStore(config.data_dir / "control")
         self.control = ControlPlane(
             gw,
@@ -218,8 +230,8 @@ class GatewayRunner:
         self._started: list[str] = []
 
     def _make_camera(self, control_settings: MqttSettings) -> CameraRunner:
-        """The camera runner; imported here so that a gateway without a camera never loads numpy,
-        OpenCV or onnxruntime (and none loads torch)."""
+        """The camera runner; imported here so that a gateway without a camera (or without the camera
+        extra) never loads numpy, OpenCV or onnxruntime (and none loads torch)."""
         from gateway.camera.runner import CameraRunner
 
         config, camera = self.config, self.config.camera

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.harness.broker import SecureBroker
+from tests.harness.install import Installation
 from tests.harness.poll import wait_until
 from tests.harness.processes import (
     LogFile,
@@ -22,6 +23,7 @@ from tests.harness.processes import (
     free_port,
     kill_process,
     start_module,
+    start_program,
     wait_for_port,
 )
 
@@ -72,14 +74,29 @@ def write_secure_config(
 
 
 class Gatewayd:
-    """One run of gatewayd with ``config``; started at construction, ``wait_ready`` before use."""
+    """One run of gatewayd with ``config``; started at construction, ``wait_ready`` before use.
+    ``installed``: the ``gatewayd`` of an installation (tests/harness/install.py), run from the
+    config's folder; default: this checkout's ``python -m gateway.daemon``."""
 
-    def __init__(self, config: Path, http_port: int, *, under: Sequence[str] = ()) -> None:
-        """``under``: a command that runs the daemon's command line (e.g. under a seccomp filter)."""
+    def __init__(
+        self,
+        config: Path,
+        http_port: int,
+        installed: Installation | None = None,
+        *,
+        under: Sequence[str] = (),
+    ) -> None:
+        """``under``: a command that runs this checkout's daemon command line (e.g. under a seccomp
+        filter)."""
         self.config = config
         self.http_port = http_port
         self.log = LogFile(config.with_suffix(".log"))
-        self.proc = start_module("gateway.daemon", ["--config", str(config)], self.log.path, under=under)
+        args = ["--config", str(config)]
+        if installed is None:
+            self.proc = start_module("gateway.daemon", args, self.log.path, under=under)
+        else:
+            argv = [*installed.command("gatewayd"), *args]
+            self.proc = start_program(argv, self.log.path, cwd=config.parent, env=installed.env)
 
     def wait_ready(self, timeout_s: float = 20.0) -> Gatewayd:
         """Until its HTTP port answers and its MQTT connection is up."""

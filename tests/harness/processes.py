@@ -39,15 +39,15 @@ def start_module(
 ) -> subprocess.Popen:
     """``python -m module *args`` from the repository root (run by the command ``under``, when
     given), output appended to ``log_path``."""
+    argv = [*under, sys.executable, "-m", module, *args]
+    return start_program(argv, log_path, cwd=REPO, env=repo_env(), **popen)
+
+
+def start_program(argv: list[str], log_path: Path, **popen: Any) -> subprocess.Popen:
+    """``argv`` (a program installed elsewhere: give its ``cwd`` and ``env``), output appended to
+    ``log_path``."""
     with open(log_path, "ab") as log:
-        return subprocess.Popen(
-            [*under, sys.executable, "-m", module, *args],
-            cwd=REPO,
-            env=repo_env(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            **popen,
-        )
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, **popen)
 
 
 def run_module(module: str, args: list[str], timeout_s: float = 60.0) -> subprocess.CompletedProcess:
