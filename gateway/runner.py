@@ -37,9 +37,9 @@ from gateway.control.handlers import (
 from gateway.control.plane import ControlPlane
 from gateway.control.recent_errors import RecentErrors
 from gateway.control.store import ControlStore
-from gateway.control.wiring import base_from_file, task_catalog
+from gateway.control.wiring import base_from_file, known_models, task_catalog
 from gateway.datadir import DataDirLock, StartupError, open_record_log, record_log_dir
-from gateway.heartbeat import HeartbeatSender, heartbeat_link, heartbeat_placement
+from gateway.heartbeat import HeartbeatSender, heartbeat_link, heartbeat_placement, heartbeat_services
 from gateway.ingest.sensors import SensorIngest
 from gateway.metrics import StatsCollector, make_registry
 from gateway.mqtt.adapter import MqttAdapter, Will, settings_from_config
@@ -157,10 +157,10 @@ class GatewayRunner:
             self.uplink.add_before_batch(self.camera.events.release_held)
             if self.placement is not None:  # the plan uses what the camera measures (docs/placement.md)
                 self.placement.add_measurement_source(self.camera.measurements)
-            self.handlers.connect("camera", CameraHandler(self.camera.apply_camera))
+            self.handlers.connect("camera", CameraHandler(self.camera.apply_camera, self.camera.health))
             self.handlers.connect("models", ModelsHandler(self.camera.apply_pins))
         self.training = self._make_training()
-        self.handlers.connect("training", TrainingHandler(self.training.apply))
+        self.handlers.connect("training", TrainingHandler(self.training.apply, self.training.health))
         store = ControlStore(config.data_dir / "control")
         self.control = ControlPlane(
             gw,
@@ -169,6 +169,7 @@ class GatewayRunner:
             base,
             self.handlers,
             task_catalog(),
+            known_models(config),
             self.recent,
             self.status,
         )
@@ -275,6 +276,7 @@ class GatewayRunner:
             "backlog_bytes": self.log.stats()["bytes_used"],
             "link": heartbeat_link(self.link_monitor.snapshot()),
             "placement": heartbeat_placement(plan),
+            "services": heartbeat_services(self.control.states.all()),
         }
 
     def _offline_now(self) -> Will:
