@@ -105,6 +105,6 @@ def test_every_subcommand_says_what_it_does():
 )
 def test_a_bad_value_is_one_line_not_a_traceback(value, says):
     # refused before any connection: the broker named here does not exist
-    code, out, err = ctl("--broker", "mqtt://127.0.0.1:9", "--gateway", "gw1", "config", "set", "sensor", value)
+    code, out, err = ctl(*broker_args("mqtt://127.0.0.1:9"), "config", "set", "sensor", value)
     assert code == 2 and out == "", (out, err)
     assert err.count("\n") == 1 and says in err and "Traceback" not in err, err

@@ -120,3 +120,40 @@ async def test_choice_is_made_shown_and_acted_on(tmp_path: Path) -> None:
     finally:
         await data_log.close()
         await uplink_log.close()
+
+
+async def test_a_failed_start_says_why_and_a_good_restart_clears_it(tmp_path: Path) -> None:
+    config = TrainingConfig(decide_interval_s=30.0, forward_batch=16)
+    await write_samples(tmp_path, config)
+    uplink_log = EpochLog(tmp_path / "log", segment_bytes=1 << 20, max_bytes=8 << 20, writer_threads=1)
+    await uplink_log.open()
+    runtime = TrainingRunner(
+        config,
+        gateway_id="gw1",
+        data_dir=tmp_path,
+        cloud_url=f"http://127.0.0.1:{free_port()}",
+        token="t",
+        uplink_log=uplink_log,
+        link_view=lambda: GOOD,
+    )
+    cursor = tmp_path / "training" / "forwarded.json"
+    cursor.mkdir()  # where the forwarder writes its cursor: the forwarder cannot work
+    try:
+        applied = await runtime.apply(TrainingSettings(enabled=True, private=False))
+        assert applied.state == "running"  # it starts; its first pass fails
+        await eventually(lambda: runtime.health(), 20, "the forwarder's failing pass seen")
+        health = runtime.health()
+        assert health is not None and health.state == "degraded" and "raw forwarder" in health.detail
+        assert "IsADirectoryError" in health.detail and runtime.status()["last_error"]
+
+        await runtime.apply(TrainingSettings(enabled=False, private=False))
+        cursor.rmdir()  # fixed; the service starts again: the error is history
+        applied = await runtime.apply(TrainingSettings(enabled=True, private=False))
+        assert applied.state == "running" and runtime.status()["last_error"] is None
+        await eventually(
+            lambda: runtime.status()["forwarder"]["forwarded"] == N_SAMPLES, 20, "raw samples sent"
+        )
+        assert runtime.health() is None
+    finally:
+        await runtime.stop()
+        await uplink_log.close()
