@@ -361,11 +361,11 @@ class CameraRunner:
     def status(self) -> dict[str, Any]:
         settings = self._settings
         parts = self.status_parts() if self.engine is not None else dict(self._last)
-        now = self.health() or Applied(self.state, True, self.detail)
+        problem = self.health()  # the state the control plane shows, capture trouble included
         return {
             "camera_id": self.config.camera_id,
-            "state": now.state,
-            "detail": now.detail,
+            "state": problem.state if problem else self.state,
+            "detail": problem.detail if problem else self.detail,
             "source": settings.source if settings else None,
             "sample_fps": settings.sample_fps if settings else None,
             "model": self.config.model,

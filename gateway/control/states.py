@@ -21,7 +21,7 @@ from gateway.control.handlers import Applied, HandlerSet
 from gateway.ratelimit import RateLimitedLog
 from protocol.control import SERVICE_NAMES
 
-log = logging.getLogger("gateway.control.plane")  # the plane's lines, as operators know them
+log = logging.getLogger(__name__)
 
 NOT_APPLIED = Applied("pending", False, "not applied yet")
 UNHEALTHY = ("degraded", "failed")
