@@ -58,6 +58,7 @@ def fleet_document(
                 "backlog_bytes": beat.backlog_bytes if beat else None,
                 "link": beat.link.model_dump() if beat and beat.link else None,
                 "placement": [p.model_dump() for p in beat.placement] if beat else [],
+                "services": [s.model_dump() for s in beat.services] if beat else [],
                 "software": beat.software if beat else None,
                 "records": upload.get("records", 0),
                 "batches": upload.get("batches", 0),

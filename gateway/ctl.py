@@ -5,9 +5,11 @@
 Commands: status, services, config get|set|patch, start, stop, devices [add|remove], camera-source,
 model pin|unpin, placement [pin|unpin], log-level, logs. Human tables by default, ``--json`` for scripts.
 
-Invariant: every wait has a timeout; exit 0 on success, 1 when the gateway is offline or does not
-answer in time, 2 for usage or connection problems (including the broker's refusal), 3 when the
-gateway refused the request (its error, naming the field, is printed).
+Invariant: it answers or gives up within ``--timeout`` (connecting to the broker included; then at
+most 1 s to disconnect); exit 0 on success, 1 when the gateway is offline or does not answer in
+time, 2 for usage or connection problems (including the broker's refusal), 3 when the gateway
+refused the request (its error, naming the field, is printed). Every failure is one line on
+stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -28,12 +32,17 @@ from protocol.topics import check_id
 EXIT_OK, EXIT_NO_STATUS, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 
 
-def _json_arg(text: str) -> dict[str, Any]:
-    """A JSON object given inline or as ``@file``."""
-    raw = Path(text[1:]).read_text() if text.startswith("@") else text
-    value = json.loads(raw)
+def json_object(text: str) -> dict[str, Any]:
+    """A JSON object given inline or as ``@file``; CtlError (usage, one line) if it is not one."""
+    where = f"file {text[1:]}" if text.startswith("@") else "the value"
+    try:
+        value = json.loads(Path(text[1:]).read_text() if text.startswith("@") else text)
+    except OSError as exc:
+        raise CtlError(f"cannot read {where}: {exc.strerror or exc}", EXIT_USAGE) from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise CtlError(f"{where} is not JSON: {exc}", EXIT_USAGE) from None
     if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object")
+        raise CtlError(f"{where} must be a JSON object, not {type(value).__name__}", EXIT_USAGE)
     return value
 
 
@@ -51,21 +60,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cert-file", type=Path, help="client certificate (mqtts, optional)")
     parser.add_argument("--key-file", type=Path, help="client key (mqtts, optional)")
     parser.add_argument("--protocol", choices=get_args(MqttVersion), default="5")
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
+    parser.add_argument(
+        "--timeout", type=float, default=5.0, help="seconds for the whole command (connecting included)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("status", parents=[common], help="the gateway's presence and control summary")
     sub.add_parser("services", parents=[common], help="every service: state, revision, applied?")
     config = sub.add_parser("config", parents=[common], help="a service's desired config")
     config_sub = config.add_subparsers(dest="action", required=True)
-    config_sub.add_parser("get", parents=[common]).add_argument("service", choices=SERVICE_NAMES)
-    for action in ("set", "patch"):
-        p = config_sub.add_parser(action, parents=[common])
+    get = config_sub.add_parser("get", parents=[common], help="the config, state and revision")
+    get.add_argument("service", choices=SERVICE_NAMES)
+    for action, what in (("set", "replace a service's config"), ("patch", "JSON merge patch (RFC 7386)")):
+        p = config_sub.add_parser(action, parents=[common], help=what)
         p.add_argument("service", choices=SERVICE_NAMES)
-        p.add_argument("value", type=_json_arg, help="JSON object, or @file")
-        p.add_argument("--revision", type=int, help="refuse unless the config is at this revision")
-    for name in ("start", "stop"):
+        p.add_argument("value", help="JSON object, or @file")
+        p.add_argument(
+            "--revision", type=int, help="refuse unless the config is at this revision (config get shows it)"
+        )
+    for name, what in (("start", "start a service"), ("stop", "stop a service (sensor: hold the intake)")):
         startable = ("sensor", "camera", "training")
-        sub.add_parser(name, parents=[common]).add_argument("service", choices=startable)
+        sub.add_parser(name, parents=[common], help=what).add_argument("service", choices=startable)
     devices = sub.add_parser("devices", parents=[common], help="devices.allow: list, add, remove")
     devices.add_argument("action", nargs="?", choices=("add", "remove"))
     devices.add_argument("device", nargs="?", help="device id or glob")
@@ -81,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     placement.add_argument("service", nargs="?")
     placement.add_argument("task", nargs="?")
     placement.add_argument("where", nargs="?", choices=("edge", "cloud"))
-    sub.add_parser("log-level", parents=[common]).add_argument(
+    sub.add_parser("log-level", parents=[common], help="the gateway's log level").add_argument(
         "level", choices=("DEBUG", "INFO", "WARNING", "ERROR")
     )
     logs = sub.add_parser("logs", parents=[common], help="recent warnings and errors")
@@ -97,7 +111,7 @@ def _plan_config(args: argparse.Namespace) -> Planned:
         return "config.get", {"service": args.service}
     key = "config" if args.action == "set" else "patch"
     revision = {"revision": args.revision} if args.revision is not None else {}
-    return f"config.{args.action}", {"service": args.service, key: args.value, **revision}
+    return f"config.{args.action}", {"service": args.service, key: json_object(args.value), **revision}
 
 
 def _plan_devices(args: argparse.Namespace) -> Planned:
@@ -163,7 +177,9 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 def human(args: argparse.Namespace, response: ControlResponse) -> str:
     data = response.data or {}
     if args.command == "services":
-        return table(data["services"], ["service", "state", "applied", "revision", "handler", "detail"])
+        rows = [{**view, "changed_at": view["revision"]} for view in data["services"]]
+        columns = ["service", "state", "applied", "changed_at", "handler", "detail"]
+        return table(rows, columns) + f"\nconfig revision {response.revision} (what --revision takes)"
     if args.command == "logs":
         rows = [{**line, "ts": f"{line['ts']:.3f}"} for line in data["lines"]]
         return table(rows, ["ts", "level", "logger", "message"]) if rows else "no recent warnings or errors"
@@ -176,7 +192,10 @@ def human(args: argparse.Namespace, response: ControlResponse) -> str:
             table(rows, ["task", "pinned"]) if rows else "no pins (the planner decides)"
         ) + f"\n(state {data['state']}: {data['detail']})"
     if args.command == "config" and args.action == "get":
-        head = f"{data['service']} (revision {data['revision']}, {data['state']}, applied: {data['applied']})"
+        head = (
+            f"{data['service']}: {data['state']}, applied: {data['applied']} (config revision "
+            f"{response.revision}: what --revision takes; this service last changed at {data['revision']})"
+        )
         return head + "\n" + json.dumps(data["config"], indent=2, sort_keys=True)
     if not data.get("changed"):
         return f"no change (revision {response.revision})"
@@ -191,6 +210,10 @@ def human(args: argparse.Namespace, response: ControlResponse) -> str:
 
 async def run(args: argparse.Namespace) -> int:
     as_json = getattr(args, "json", False)
+    for option in ("password_file", "ca_file", "cert_file", "key_file"):
+        path = getattr(args, option)
+        if path is not None and not (path.is_file() and os.access(path, os.R_OK)):
+            raise CtlError(f"--{option.replace('_', '-')} {path}: not a readable file", EXIT_USAGE)
     password = args.password_file.read_text().strip() if args.password_file else None
     planned = plan_request(args)
     async with ControlClient(
@@ -211,13 +234,13 @@ async def run(args: argparse.Namespace) -> int:
                     f"gateway {args.gateway} offline or no status (nothing on "
                     f"edgefed/{args.gateway}/status within {args.timeout:g}s)"
                 )
+            state = status.get("state", "?")
             print(
                 json.dumps(status)
                 if as_json
-                else f"gateway {status.get('gateway', args.gateway)}: {status.get('state', '?')} "
-                f"(since {status.get('ts', '?')})"
+                else f"gateway {status.get('gateway', args.gateway)}: {state} (since {status.get('ts', '?')})"
             )
-            return EXIT_OK
+            return EXIT_OK if state == "online" else EXIT_NO_STATUS
         response = await client.request(*planned)
     if as_json:
         print(response.model_dump_json(exclude_none=True))
@@ -235,6 +258,8 @@ async def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if not logging.getLogger().handlers:  # the MQTT adapter's retry warnings are not the operator's
+        logging.getLogger().addHandler(logging.NullHandler())  # business: the one-line error says it
     try:
         check_id("gateway", args.gateway)
         return asyncio.run(run(args))

@@ -86,3 +86,7 @@ class NeedsExtraHandler:
         if self._when_off is not None:
             return await self._when_off.apply(settings)
         return Applied("stopped", True, f"off; enabling it fails here: {self.line}")
+
+    def health(self) -> Applied | None:
+        """Off, it runs nothing whose health could change: the last ``apply`` stands."""
+        return None

@@ -1,5 +1,6 @@
 """Heartbeats to cloudd (``POST /v1/gateways/<gw>/heartbeat``): the gateway's backlog, its link
-estimate and where its tasks run, every ``interval_s``, for the cloud's fleet view.
+estimate, where its tasks run and the state of each service (``degraded`` or ``failed`` with the
+error, as the control plane shows it), every ``interval_s``, for the cloud's fleet view.
 
 Invariant: one owner task. A heartbeat that fails is counted and not retried: the next one, one
 interval later, carries newer figures, and cloudd calls the gateway offline only after three
@@ -16,9 +17,10 @@ from typing import Any
 
 import aiohttp
 
+from gateway.control.handlers import Applied
 from gateway.placement.link import LinkEstimate
 from gateway.placement.plan import Plan
-from protocol.fleet import GatewayHeartbeat, PlacementDecision
+from protocol.fleet import GatewayHeartbeat, PlacementDecision, ServiceHealth
 from protocol.fleet import LinkEstimate as HeartbeatLink
 from runtime.tasks import cancel_and_wait
 
@@ -47,6 +49,11 @@ def heartbeat_placement(plan: Plan | None) -> list[PlacementDecision]:
     ]
 
 
+def heartbeat_services(states: dict[str, Applied]) -> list[ServiceHealth]:
+    """Each service's state; a long detail is cut to what the heartbeat carries."""
+    return [ServiceHealth(service=s, state=a.state, detail=a.detail[:300]) for s, a in states.items()]
+
+
 class HeartbeatSender:
     def __init__(
         self,
@@ -58,7 +65,7 @@ class HeartbeatSender:
         timeout_s: float = 5.0,
     ) -> None:
         """``describe()`` returns the heartbeat's changing fields: backlog_records, backlog_bytes,
-        link, placement (see protocol/fleet.py)."""
+        link, placement, services (see protocol/fleet.py)."""
         self._url = f"{cloud_url.rstrip('/')}/v1/gateways/{gateway_id}/heartbeat"
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.gateway_id = gateway_id

@@ -39,10 +39,10 @@ from gateway.control.handlers import (
 from gateway.control.plane import ControlPlane
 from gateway.control.recent_errors import RecentErrors
 from gateway.control.store import ControlStore
-from gateway.control.wiring import base_from_file, task_catalog
+from gateway.control.wiring import base_from_file, known_models, task_catalog
 from gateway.datadir import DataDirLock, StartupError, open_record_log, record_log_dir
 from gateway.extras import NeedsExtraHandler, extra_installed, missing_extras
-from gateway.heartbeat import HeartbeatSender, heartbeat_link, heartbeat_placement
+from gateway.heartbeat import HeartbeatSender, heartbeat_link, heartbeat_placement, heartbeat_services
 from gateway.ingest.sensors import SensorIngest
 from gateway.metrics import StatsCollector, make_registry
 from gateway.mqtt.adapter import MqttAdapter, Will, settings_from_config
@@ -164,12 +164,12 @@ class GatewayRunner:
             self.uplink.add_before_batch(self.camera.events.release_held)
             if self.placement is not None:  # the plan uses what the camera measures (docs/placement.md)
                 self.placement.add_measurement_source(self.camera.measurements)
-            self.handlers.connect("camera", CameraHandler(self.camera.apply_camera))
+            self.handlers.connect("camera", CameraHandler(self.camera.apply_camera, self.camera.health))
             self.handlers.connect("models", ModelsHandler(self.camera.apply_pins))
         elif config.camera is not None:  # [camera] (off) without its extra: enabling it says what is missing
             self.handlers.connect("camera", NeedsExtraHandler("camera"))
         self.training = self._make_training()
-        training: ServiceHandler = TrainingHandler(self.training.apply)
+        training: ServiceHandler = TrainingHandler(self.training.apply, self.training.health)
         if not extra_installed("train"):  # training stays off: enabling it says what is missing
             training = NeedsExtraHandler("training", when_off=training)
         self.handlers.connect("training", training)
@@ -181,6 +181,7 @@ class GatewayRunner:
             base,
             self.handlers,
             task_catalog(),
+            known_models(config),
             self.recent,
             self.status,
         )
@@ -287,6 +288,7 @@ class GatewayRunner:
             "backlog_bytes": self.log.stats()["bytes_used"],
             "link": heartbeat_link(self.link_monitor.snapshot()),
             "placement": heartbeat_placement(plan),
+            "services": heartbeat_services(self.control.states.all()),
         }
 
     def _offline_now(self) -> Will:

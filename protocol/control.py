@@ -30,7 +30,8 @@ from protocol.topics import ID_PATTERN
 MAX_REQUEST_BYTES = 64 * 1024
 ServiceName = Literal["sensor", "camera", "training", "models", "placement", "gateway"]
 SERVICE_NAMES: tuple[ServiceName, ...] = get_args(ServiceName)
-ServiceState = Literal["running", "stopped", "pending", "failed"]  # what a service's handler reports
+# what a service's handler reports; degraded: applied and running, but a worker is backing off after errors
+ServiceState = Literal["running", "degraded", "stopped", "pending", "failed"]
 ResponseStatus = Literal["ok", "error"]
 StartableService = Literal["sensor", "camera", "training"]
 Side = Literal["edge", "cloud"]

@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from protocol.control import ServiceState
 from protocol.errors import ProtocolError
 from protocol.telemetry import describe_validation_error
 from protocol.topics import ID_PATTERN
@@ -45,6 +46,15 @@ class PlacementDecision(_Strict):
     reason: str = Field("", max_length=200)
 
 
+class ServiceHealth(_Strict):
+    """One service of the gateway as its control plane shows it: state, and why (the error when it is
+    ``degraded`` or ``failed``)."""
+
+    service: str = Field(max_length=64)
+    state: ServiceState
+    detail: str = Field("", max_length=300)
+
+
 class GatewayHeartbeat(_Strict):
     v: Literal[1] = 1
     gateway: str = Field(pattern=f"^{ID_PATTERN}$")
@@ -54,6 +64,7 @@ class GatewayHeartbeat(_Strict):
     backlog_bytes: int = Field(0, ge=0)
     link: LinkEstimate | None = None
     placement: list[PlacementDecision] = Field(default_factory=list, max_length=256)
+    services: list[ServiceHealth] = Field(default_factory=list, max_length=32)
     software: str | None = Field(None, max_length=64)
 
     @field_validator("sent_ts")

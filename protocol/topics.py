@@ -6,7 +6,7 @@
     edgefed/<gw>/control/request/<op>          operator -> gateway, QoS 1, JSON request (protocol/control.py)
     edgefed/<gw>/control/response/<name>       gateway -> operator, QoS 1, JSON ControlResponse
     edgefed/<gw>/services/<service>/config     gateway, retained: the service's desired config + revision
-    edgefed/<gw>/services/<service>/state      gateway, retained: running | stopped | pending (+ why)
+    edgefed/<gw>/services/<service>/state      gateway, retained: its ServiceState (protocol/control.py) + why
     edgefed/<gw>/services/<service>/events     gateway, not retained: one event per accepted change
 
 Identifiers are restricted to ``[A-Za-z0-9_.-]`` so that they can never contain MQTT wildcards or

@@ -5,10 +5,10 @@ updates, and the events they produce, started and stopped as one unit (docs/came
                              \--> FrameForCloud log record (infer placed in the cloud; routing.py)
     MQTT notice (edgefed/<gw>/models/<name>) --notice task--> ModelUpdater (+ polling) --swap--> engine
 
-This module is the lifecycle (start, stop, source switches, pins) and the numbers (among them
-``measurements()``, what placement plans the camera with: gateway/camera/traffic.py); what becomes of each
-result (the consumer task: log, frame spool, MQTT event, flushes) is gateway/camera/events.py; where
-each frame goes (the router task: the engine, or the cloud) is gateway/camera/routing.py.
+This module is the lifecycle (start, stop, source switches, pins) and the numbers (``measurements()`` for
+placement: gateway/camera/traffic.py; ``health()``: gateway/camera/health.py); what becomes of each result
+(the consumer task: log, frame spool, MQTT event, flushes) is gateway/camera/events.py; where each frame goes
+(the router task: the engine, or the cloud) is gateway/camera/routing.py.
 
 Owner: the daemon builds one ``CameraRunner`` when its config has a ``[camera]`` section; the control
 plane's camera and models handlers drive it (``apply_camera``, ``apply_pins``), and the daemon calls
@@ -18,11 +18,10 @@ and its three tasks (router, consumer, notices; the consumer through its ``Camer
 starts them in the order notices, consumer, router and stops them in reverse.
 
 Invariants: every inference result becomes exactly one event record appended to the log, or is counted
-(``events_log_full``, ``events_log_failed``: gateway/camera/events.py); a source change replaces the
-source only after the old one's delivered frames were routed, so a switch loses no frame
-that was delivered; the engine keeps ``submitted == inferred + dropped + failed + pending``
-(gateway/camera/inference.py). The module imports neither torch nor onnxruntime nor OpenCV: those load in
-threads, when a camera actually runs.
+(``events_log_full``, ``events_log_failed``: gateway/camera/events.py); a source change replaces the source
+only after the old one's delivered frames were routed, so a switch loses no frame that was delivered; the
+engine keeps ``submitted == inferred + dropped + failed + pending`` (gateway/camera/inference.py). The
+module imports neither torch nor onnxruntime nor OpenCV: those load in threads, when a camera actually runs.
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ from typing import Any
 
 from gateway.camera.change import ChangeConfig
 from gateway.camera.events import CameraEventRecorder
+from gateway.camera.health import camera_health
 from gateway.camera.inference import InferenceEngine
 from gateway.camera.ota import ModelUpdater
 from gateway.camera.routing import route_frames
@@ -331,6 +331,9 @@ class CameraRunner:
         self._traffic.observe(self.source.counters)
         return camera_quantities(self.engine.cost_per_input()[0], self._traffic.figures())
 
+    def health(self) -> Applied | None:  # what is wrong with the running camera now, or None
+        return camera_health(self.config.camera_id, self.source, self._router)  # no source: not running
+
     def status_parts(self) -> dict[str, Any]:
         source, engine, updater = self.source, self.engine, self.updater
         return {
@@ -358,10 +361,11 @@ class CameraRunner:
     def status(self) -> dict[str, Any]:
         settings = self._settings
         parts = self.status_parts() if self.engine is not None else dict(self._last)
+        problem = self.health()  # the state the control plane shows, capture trouble included
         return {
             "camera_id": self.config.camera_id,
-            "state": self.state,
-            "detail": self.detail,
+            "state": problem.state if problem else self.state,
+            "detail": problem.detail if problem else self.detail,
             "source": settings.source if settings else None,
             "sample_fps": settings.sample_fps if settings else None,
             "model": self.config.model,

@@ -6,8 +6,10 @@ to send to a gateway whose status says offline, sends each request with MQTT v5 
 Correlation Data (or, on 3.1.1, ``response_topic``/``correlation_id`` in the payload), and waits for
 the answer that carries its correlation.
 
-Invariant: every wait has a timeout, and every failure becomes a ``CtlError`` whose message tells
-the operator what to do (connect refused, not authorized, gateway offline, no answer in time).
+Invariant: every wait (connecting, the status, the answer) comes out of one budget of ``timeout_s``
+that starts when the client is entered, so a command ends within ``timeout_s`` plus the disconnect
+(at most DISCONNECT_S); every failure becomes a ``CtlError`` whose message tells the operator what
+to do (connect refused, not authorized, gateway offline, no answer in time).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from protocol.errors import ProtocolError
 from protocol.topics import control_request_topic, control_response_topic, status_topic
 
 STATUS_WAIT_S = 1.0  # a retained status arrives right after the SUBACK; none by then = never published
+DISCONNECT_S = 1.0  # a clean disconnect takes milliseconds; a broker that does not answer gets this long
 
 
 class CtlError(Exception):
@@ -75,16 +78,18 @@ class ControlClient:
         self._adapter.subscribe(status_topic(gateway_id), qos=1)
         self._adapter.subscribe(self.response_topic, qos=1)
         self._sequence = 0
+        self._deadline: float | None = None  # set on entry: every wait comes out of one budget
         self.status: dict[str, Any] | None = None
         self._status_seen = asyncio.Event()
 
     async def __aenter__(self) -> ControlClient:
+        self._deadline = asyncio.get_running_loop().time() + self.timeout_s
         await self._adapter.start()
         try:
-            await self._adapter.wait_connected(self.timeout_s)
+            await self._adapter.wait_connected(self._left())
         except MqttError:
             why = self._adapter.last_connect_error or f"no answer within {self.timeout_s:g}s"
-            await self._adapter.stop(timeout_s=1.0)
+            await self._adapter.stop(timeout_s=DISCONNECT_S)
             hint = " (check --username/--password-file)" if "authori" in why.lower() else ""
             raise CtlError(
                 f"cannot connect to broker {self._adapter.settings.url}: {why}{hint}", exit_code=2
@@ -92,16 +97,21 @@ class ControlClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self._adapter.stop(timeout_s=2.0)
+        await self._adapter.stop(timeout_s=DISCONNECT_S)
+
+    def _left(self) -> float:
+        """Seconds left of the budget (``timeout_s`` from entry)."""
+        assert self._deadline is not None, "use the client as an async context manager"
+        return max(0.0, self._deadline - asyncio.get_running_loop().time())
 
     async def read_status(self, wait_s: float = STATUS_WAIT_S) -> dict[str, Any] | None:
         """The gateway's retained status (online/offline), or None if it never published one."""
-        await self._pump(lambda: self.status is not None, wait_s)
+        await self._pump(lambda: self.status is not None, min(wait_s, self._left()))
         return self.status
 
     async def request(self, op: str, body: dict[str, Any] | None = None) -> ControlResponse:
         """Send one request and wait for its response; CtlError if offline, refused by the broker, or late."""
-        status = await self.read_status()
+        status = await self.read_status(min(STATUS_WAIT_S, self._left() / 2))  # half left for the answer
         if status is not None and status.get("state") == "offline":
             raise CtlError(
                 f"gateway {self.gateway_id} is offline (since {status.get('ts', '?')}); request not sent"
@@ -117,10 +127,10 @@ class ControlClient:
                 topic,
                 json.dumps(payload).encode(),
                 qos=1,
-                timeout_s=self.timeout_s,
+                timeout_s=self._left(),
                 response_topic=self.response_topic if self._v5 else None,
                 correlation_data=correlation.encode() if self._v5 else None,
-                expiry_s=int(max(1, self.timeout_s)) if self._v5 else None,
+                expiry_s=int(max(1, self._left())) if self._v5 else None,
             )
         except MqttError as exc:
             raise CtlError(
@@ -143,7 +153,7 @@ class ControlClient:
                 return True
             return False
 
-        await self._pump(lambda: bool(answer), self.timeout_s, take)
+        await self._pump(lambda: bool(answer), self._left(), take)
         if not answer:
             state = (self.status or {}).get("state", "unknown: it never published a status")
             raise CtlError(

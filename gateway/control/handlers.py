@@ -5,10 +5,14 @@ happened: ``Applied(state, applied, detail)``. The runner connects the handlers 
 without one gets ``UnconnectedHandler``, which applies nothing and says so (state ``pending``): the
 desired config is stored, versioned and published, and takes effect once a handler is connected.
 A service whose state changes later on its own (training: torch finished loading) says so with
-``HandlerSet.report``; the control plane listens and publishes the new state.
+``HandlerSet.report``; the control plane listens and publishes the new state. A handler's ``health()``
+says what is wrong with the service *now* that its last answer does not (a camera whose capture is in
+backoff is ``degraded``; a worker that died is ``failed``), or None; the control plane asks it
+about twice a second and shows that over the answer while it lasts.
 
-Invariant: ``apply`` never raises into the control plane (``HandlerSet.apply`` turns an exception
-into state ``failed`` with the error), and a handler is only ever given a validated settings model.
+Invariant: neither ``apply`` nor ``health`` raises into the control plane (``HandlerSet`` turns an
+exception into state ``failed`` with the error), and a handler is only ever given a validated settings
+model.
 """
 
 from __future__ import annotations
@@ -48,8 +52,16 @@ class Applied:
 class ServiceHandler(Protocol):
     async def apply(self, settings: BaseModel) -> Applied: ...
 
+    def health(self) -> Applied | None: ...
 
-class UnconnectedHandler:
+
+class _Handler:
+    def health(self) -> Applied | None:
+        """Nothing to add to the last ``apply``: the service runs as it answered."""
+        return None
+
+
+class UnconnectedHandler(_Handler):
     """For a service whose subsystem is not wired to the control plane in this gatewayd (yet)."""
 
     def __init__(self, service: str) -> None:
@@ -65,19 +77,25 @@ class UnconnectedHandler:
 
 
 class RunnerHandler:
-    """A service that a runner object runs: its settings go, checked for their type, to its ``apply``."""
+    """A service that a runner object runs: its settings go, checked for their type, to its ``apply``;
+    its ``health`` (if it has one) says how the running service is doing."""
 
     settings_type: type[BaseModel] = BaseModel
 
-    def __init__(self, apply: Callable[[Any], Awaitable[Applied]]) -> None:
+    def __init__(
+        self,
+        apply: Callable[[Any], Awaitable[Applied]],
+        health: Callable[[], Applied | None] = lambda: None,
+    ) -> None:
         self._apply = apply
+        self.health = health
 
     async def apply(self, settings: BaseModel) -> Applied:
         assert isinstance(settings, self.settings_type)
         return await self._apply(settings)
 
 
-class SensorHandler:
+class SensorHandler(_Handler):
     """sensor: ``allow`` goes to ingest; ``enabled=false`` holds the intake (the broker keeps messages)."""
 
     def __init__(self, set_allow: Callable[[Sequence[str]], None], hold: Callable[[bool], None]) -> None:
@@ -93,7 +111,7 @@ class SensorHandler:
         return Applied("stopped", True, "intake held: telemetry waits at the broker (persistent session)")
 
 
-class GatewayHandler:
+class GatewayHandler(_Handler):
     """gateway: the log level of the whole daemon (the root logger)."""
 
     async def apply(self, settings: BaseModel) -> Applied:
@@ -122,7 +140,7 @@ class TrainingHandler(RunnerHandler):
     settings_type = TrainingSettings
 
 
-class PlacementHandler:
+class PlacementHandler(_Handler):
     """placement: the whole pin set replaces the planner's (validated whole) and it re-plans.
 
     ``set_pins`` returns the pins now in force, or None when placement is disabled; it raises
@@ -161,6 +179,13 @@ class HandlerSet:
         except Exception as exc:  # a handler bug must not take the control plane down
             log.exception("control: applying %s failed", service)
             return Applied("failed", False, f"{type(exc).__name__}: {exc}")
+
+    def health(self, service: str) -> Applied | None:
+        """What is wrong with ``service`` now that its last answer does not say; None: nothing."""
+        try:
+            return self._handlers[service].health()
+        except Exception as exc:  # a handler bug: the plane logs the state once, not every check
+            return Applied("failed", False, f"health: {type(exc).__name__}: {exc}")
 
     def listen(self, listener: Callable[[str, Applied], Awaitable[None]]) -> None:
         """The control plane hears here of the states services reach on their own, after an ``apply``."""

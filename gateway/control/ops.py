@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -232,3 +232,14 @@ def check_placement_pins(catalog: TaskCatalog, config: DesiredConfig) -> None:
             check_placement(catalog, service, task, where)
         except ControlError as exc:
             raise ControlError(exc.reason, exc.why, field=f"placement.pins.{key}") from None
+
+
+def check_model_pins(models: Collection[str], old: DesiredConfig, new: DesiredConfig) -> None:
+    """Every pin ``new`` adds or changes names a model this gateway runs (``models``): a pin of another
+    could never apply. Pins already stored are left alone, and removing one is always allowed."""
+    for name, version in new.models.pins.items():
+        if old.models.pins.get(name) != version and name not in models:
+            runs = f"its models: {', '.join(sorted(models))}" if models else "it runs no model"
+            raise ControlError(
+                "not_found", f"no model {name!r} on this gateway ({runs})", field=f"models.pins.{name}"
+            )

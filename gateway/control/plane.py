@@ -8,7 +8,9 @@ then made current and handed to the service handlers. Every request is answered:
 Response Topic with its Correlation Data, else on the ``response_topic``/``correlation_id`` of its
 payload (the MQTT 3.1.1 fallback), else on ``edgefed/<gw>/control/response/<op>`` (Zigbee2MQTT's
 convention). On each (re)connect the retained service topics are published again (a birth), and a
-state a service reaches on its own (``HandlerSet.report``) is published again when it comes.
+state a service reaches on its own (``HandlerSet.report``) is published again when it comes, as is
+each change the task finds when it asks every service how it is doing, at least every 0.5 s
+(``degraded`` or ``failed`` with the error: gateway/control/states.py).
 
 Invariant: a refused request changes nothing (config, revision, file) and is answered with an
 error naming the field; an accepted change is on disk before it is current, answered, or applied.
@@ -20,7 +22,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from gateway.control.handlers import Applied, HandlerSet
@@ -28,12 +30,14 @@ from gateway.control.ops import (
     TaskCatalog,
     apply_change,
     changed_services,
+    check_model_pins,
     check_placement_pins,
     digest,
     effective,
     overrides_after,
 )
 from gateway.control.recent_errors import RecentErrors
+from gateway.control.states import ServiceStates
 from gateway.control.store import ControlStore
 from gateway.mqtt.adapter import InboundMessage, MqttAdapter, MqttError
 from gateway.ratelimit import RateLimitedLog
@@ -76,6 +80,7 @@ class ControlPlane:
         base: DesiredConfig,
         handlers: HandlerSet,
         catalog: TaskCatalog,
+        models: Collection[str],
         recent: RecentErrors,
         status: Callable[[], dict[str, Any]],
         clock: Callable[[], float] = time.time,
@@ -86,6 +91,7 @@ class ControlPlane:
         self.base = base
         self.handlers = handlers
         self._catalog = catalog
+        self._models = models  # the models this gateway runs: the only ones a pin may name
         self._recent = recent
         self._status = status
         self._clock = clock
@@ -94,8 +100,7 @@ class ControlPlane:
         self._overrides: dict[str, dict[str, Any]] = {}
         self._digest = digest(base)
         self._service_revision: dict[str, int] = dict.fromkeys(SERVICE_NAMES, 0)
-        self._applied: dict[str, Applied] = {}
-        self._applying: set[str] = set()  # services whose apply is running: its answer is the newer state
+        self.states = ServiceStates(handlers)
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._births_for = 0  # the adapter's connect count the retained topics were last published for
@@ -133,7 +138,7 @@ class ControlPlane:
         self._digest = digest(self.config)
         self._service_revision = dict.fromkeys(SERVICE_NAMES, self.revision)
         for service in SERVICE_NAMES:
-            await self._apply(service, getattr(self.config, service))
+            await self.states.apply(service, getattr(self.config, service))
         log.info(
             "control: config revision %d (%d services overridden over MQTT)",
             self.revision,
@@ -155,6 +160,8 @@ class ControlPlane:
             if self.adapter.connected and self.adapter.counters.connects != self._births_for:
                 self._births_for = self.adapter.counters.connects
                 await self._publish_birth()
+            for service in self.states.check():
+                await self._publish_news(service)
             message = await self.adapter.receive(timeout_s=0.5)
             if message is None:
                 continue
@@ -241,6 +248,7 @@ class ControlPlane:
                 )
             new = apply_change(self.config, request, self._catalog)
             check_placement_pins(self._catalog, new)
+            check_model_pins(self._models, self.config, new)
             changed = changed_services(self.config, new)
             if changed:
                 whole = request.service if isinstance(request, ConfigSetRequest) else None
@@ -274,7 +282,7 @@ class ControlPlane:
         self.counters["changes"] += 1
         for service in changed:
             self._service_revision[service] = self.revision
-            await self._apply(service, getattr(new, service))
+            await self.states.apply(service, getattr(new, service))
             await self._publish_service(service)
             event = {
                 "v": 1,
@@ -282,7 +290,7 @@ class ControlPlane:
                 "revision": self.revision,
                 "op": why,
                 "ts": round(self._clock(), 3),
-                **self._applied[service].as_dict(),
+                **self.states.current(service).as_dict(),
             }
             await self._publish(
                 service_topic(self.gateway_id, service, "events"), json.dumps(event).encode(), retain=False
@@ -291,25 +299,17 @@ class ControlPlane:
             "control: revision %d (%s): %s",
             self.revision,
             why,
-            ", ".join(f"{s} {self._applied[s].state}" for s in changed),
+            ", ".join(f"{s} {self.states.current(s).state}" for s in changed),
         )
 
-    async def _apply(self, service: str, settings: Any) -> None:
-        self._applying.add(service)
-        try:
-            self._applied[service] = await self.handlers.apply(service, settings)
-        finally:
-            self._applying.discard(service)
-
     async def report(self, service: str, applied: Applied) -> None:
-        """A service reached ``applied`` on its own: keep it and publish its retained state again.
+        """A service reached ``applied`` on its own: keep it and publish its retained state again (a
+        report older than the answer of an apply that runs is dropped: gateway/control/states.py)."""
+        if self.states.report(service, applied):
+            await self._publish_news(service)
 
-        A report that comes while the service's apply runs is older than that apply's answer: dropped.
-        Not connected: kept only; the birth on the next connect publishes it."""
-        if service in self._applying or self._applied.get(service) == applied:
-            return
-        self._applied[service] = applied
-        log.info("control: %s is now %s: %s", service, applied.state, applied.detail)
+    async def _publish_news(self, service: str) -> None:
+        """A state the service reached on its own; not connected, the birth on the next connect has it."""
         if self.adapter.connected:
             await self._publish_service(service)
 
@@ -327,14 +327,13 @@ class ControlPlane:
     # --- views and publishing --------------------------------------------------------------------
 
     def _service_view(self, service: str) -> dict[str, Any]:
-        applied = self._applied.get(service, Applied("pending", False, "not applied yet"))
         return {
             "service": service,
             "revision": self._service_revision[service],
             "config": getattr(self.config, service).model_dump(mode="json"),
             "overridden": sorted(self._overrides.get(service, {})),
             "handler": "connected" if self.handlers.is_connected(service) else "none",
-            **applied.as_dict(),
+            **self.states.current(service).as_dict(),
         }
 
     async def _publish_service(self, service: str) -> None:
@@ -391,7 +390,8 @@ class ControlPlane:
             **self.stats(),
             "connected": int(self.adapter.connected),
             "refused_by_reason": dict(self.refused),
-            "services": {s: self._service_view(s)["state"] for s in SERVICE_NAMES},
+            "services": {s: self.states.current(s).state for s in SERVICE_NAMES},
+            "problems": self.states.unhealthy(),
         }
 
     def overrides(self) -> Mapping[str, Mapping[str, Any]]:

@@ -1,5 +1,6 @@
 """What the runner needs to build the control plane from a GatewayConfig: the base desired config
-(the file's values) and the task catalog placement pins are checked against.
+(the file's values), the task catalog placement pins are checked against, and the models a pin may
+name.
 
 Invariant: ``base_from_file`` returns a valid DesiredConfig or raises ControlError naming the file's
 field (``devices.allow``, ``placement.pins``, ``camera.source``, or ``placement.edge_costs`` when a
@@ -51,3 +52,8 @@ def task_catalog() -> TaskCatalog:
         service.name: {task.name: service.required_pins().get(task.name) for task in service.tasks}
         for service in default_graphs()
     }
+
+
+def known_models(config: GatewayConfig) -> frozenset[str]:
+    """The models this gatewayd runs, so the only ones the ``models`` service may pin: the camera's."""
+    return frozenset({config.camera.model} if config.camera is not None else ())

@@ -7,11 +7,12 @@ existing uplink sends it in a batch (so an update survives outages and gateway r
 record). A gateway trains again when a newer global version appears, or after ``retrain_after_s``
 on the same version (so a fleet smaller than the cloud's buffer still makes progress).
 
-Failures are values (``RoundOutcome.kind``); the loop backs off on them, and an unexpected exception
-in a round (a full uplink log, say) becomes an ``error`` outcome with ``last_error`` set, never the
-end of the loop. Invariant: one owner (the task started by ``start``, cancelled and awaited by
-``stop``; ``start`` again after ``stop`` resumes with the same global model and residuals); every
-HTTP call has a timeout; an update is appended only after its round finished completely.
+Failures are values (``RoundOutcome.kind``); the loop backs off on them (``failing`` says why until
+a round succeeds), and an unexpected exception in a round (a full uplink log, say) becomes an
+``error`` outcome with ``last_error`` set, never the end of the loop; ``start`` clears both.
+Invariant: one owner (the task started by ``start``, cancelled and awaited by ``stop``; ``start``
+again after ``stop`` resumes with the same global model and residuals); every HTTP call has a
+timeout; an update is appended only after its round finished completely.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ log = logging.getLogger(__name__)
 RoundKind = Literal[
     "sent", "up_to_date", "too_few_samples", "fetch_failed", "no_job", "wrong_model", "stopped", "error"
 ]
+FAILED_ROUNDS = ("fetch_failed", "wrong_model", "error")  # the loop backs off after these
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,16 @@ class FederatedClient:
         """The version of the global model this client holds; None before its first fetch."""
         return self._global.version if self._global is not None else None
 
+    @property
+    def failing(self) -> str | None:
+        """Why the last round failed while the loop backs off before the next; None after a good one."""
+        outcome = self.last_outcome
+        if outcome is None or outcome.kind not in FAILED_ROUNDS:
+            return None
+        return f"{outcome.kind}: {outcome.detail}"
+
     async def start(self, *, run: bool = True) -> None:
+        self.last_error = self.last_outcome = None  # a new run: what failed before is not its error
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
         if run:
             self._task = asyncio.create_task(self._run(), name=f"federated-{self.gateway_id}")
@@ -162,7 +173,7 @@ class FederatedClient:
                 self.counters["errors"] += 1
                 outcome = RoundOutcome("error", f"{type(exc).__name__}: {exc}")
             self.last_outcome = outcome
-            if outcome.kind in ("fetch_failed", "wrong_model", "error"):
+            if outcome.kind in FAILED_ROUNDS:
                 self.last_error = outcome.detail
                 await asyncio.sleep(self._retry.failed())
             else:

@@ -9,7 +9,9 @@ harmless for centralised training). The data log is never trimmed here: if the c
 "train locally" the trainer still finds every sample.
 
 Invariant: the cursor never passes a record that is not durable in the uplink log; a full uplink log
-stops the pass (counted in ``uplink_full``) and the next pass retries from the cursor. No torch.
+stops the pass (counted in ``uplink_full``) and the next pass retries from the cursor; ``failing``
+says what stopped the last pass (None once one went through), which the training service reports as
+``degraded``. No torch.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class RawForwarder:
         self._task: asyncio.Task[None] | None = None
         self.counters = {"forwarded": 0, "forwarded_bytes": 0, "passes": 0, "uplink_full": 0, "errors": 0}
         self.last_error: str | None = None
+        self.failing: str | None = None  # why the last pass failed; None once a pass succeeded
 
     @property
     def running(self) -> bool:
@@ -70,6 +73,7 @@ class RawForwarder:
 
     async def start(self) -> None:
         if self._task is None:
+            self.last_error = self.failing = None  # a new run: what failed before is not its error
             self._task = asyncio.create_task(self._run(), name="federated-raw-forwarder")
 
     async def stop(self) -> None:
@@ -82,7 +86,7 @@ class RawForwarder:
                 copied = await self.forward_once()
             except Exception as exc:  # the loop must survive a failing log; say so and retry later
                 self.counters["errors"] += 1
-                self.last_error = f"{type(exc).__name__}: {exc}"
+                self.last_error = self.failing = f"{type(exc).__name__}: {exc}"
                 log.warning("raw forwarder: %s", self.last_error)
                 copied = 0
             if copied < self.batch:  # caught up (or blocked): wait; otherwise go on at once
@@ -93,6 +97,7 @@ class RawForwarder:
         self.counters["passes"] += 1
         start = max(self.cursor, self._data_log.trimmed_lsn) + 1
         copied, nbytes, last = 0, 0, self.cursor
+        failing = None
         try:
             async for lsn, data in self._data_log.read(start):
                 if copied >= self.batch:
@@ -104,7 +109,8 @@ class RawForwarder:
                 last = lsn
         except LogFull:
             self.counters["uplink_full"] += 1
-            self.last_error = "uplink log full: raw samples wait in the private log"
+            self.last_error = failing = "uplink log full: raw samples wait in the private log"
+        self.failing = failing
         if last == self.cursor:
             return 0
         if copied:

@@ -15,8 +15,13 @@ the same time; a decision that changes the mode is logged and kept in a bounded 
 evictions counted). torch is imported only when local training is first decided, by a background task
 in a thread (seconds on a small box): the event loop, the control plane and the daemon's start never
 wait for it. Meanwhile the service is ``pending`` ("loading torch"); once loaded, the runner
-re-decides and starts the client. A state reached that way, without an ``apply`` (torch loaded, the
-mode changed with the link), goes to ``report``, so the control plane's retained state follows it.
+re-decides and starts the client. The client module is taken from the load task once its import has
+returned, never from ``sys.modules``, which holds a module from the moment its import *starts*: a
+decision taken meanwhile saw a half-initialised module ("partially initialized module ... most
+likely due to a circular import"). A state reached without an ``apply`` (torch loaded, the mode
+changed with the link), goes to ``report``, so the control plane's retained state follows it;
+``health`` says what is wrong with the running worker now (backing off: ``degraded``; torch would
+not load: ``failed``), and a successful (re)start clears the error it replaced.
 
 Invariant: whenever the lock is free, with training enabled exactly one of {client, forwarder} runs,
 and it is the one the current decision (``status()["mode"]``) names; disabled, neither runs. While a
@@ -121,7 +126,9 @@ class TrainingRunner:
         self._poke = asyncio.Event()
         self._watch_task: asyncio.Task[None] | None = None
         self._load_task: asyncio.Task[None] | None = None
-        self.last_error: str | None = None
+        self._client_module: ModuleType | None = None  # set by the load task once the import returned
+        self.load_error: str | None = None  # why the last load failed; None once one succeeded
+        self.last_error: str | None = None  # of acting on a decision; cleared by the next success
 
     # --- the control plane and placement drive it ---------------------------------------------------
 
@@ -218,6 +225,7 @@ class TrainingRunner:
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.exception("training: could not act on %s", choice)
             return Applied("failed", False, f"{choice}: {self.last_error}")
+        self.last_error = None  # what runs now runs: an earlier failure to start it is no longer true
         return Applied("running", True, str(choice))
 
     def _record(self, choice: TrainingChoice | None, trigger: str) -> None:
@@ -262,12 +270,11 @@ class TrainingRunner:
         if self._client_running:
             return True
         if self._client is None:
-            client_module = sys.modules.get(CLIENT_MODULE)
-            if client_module is None:
+            if self._client_module is None:
                 if self._load_task is None or self._load_task.done():
                     self._load_task = asyncio.create_task(self._load(), name="training-load-torch")
                 return False
-            self._client = self._build_client(client_module)
+            self._client = self._build_client(self._client_module)
         await self._client.start()
         self._client_running = True
         return True
@@ -275,11 +282,12 @@ class TrainingRunner:
     async def _load(self) -> None:
         """Import the client (and torch) in a thread, then have the watch task re-decide."""
         try:
-            await asyncio.to_thread(importlib.import_module, CLIENT_MODULE)
-        except Exception as exc:  # e.g. torch not installed: the service stays pending and says why
-            self.last_error = f"cannot load local training: {type(exc).__name__}: {exc}"
-            log.error("training: %s", self.last_error)
+            module = await asyncio.to_thread(importlib.import_module, CLIENT_MODULE)
+        except Exception as exc:  # e.g. torch not installed: the service fails and says why
+            self.load_error = f"cannot load local training: {type(exc).__name__}: {exc}"
+            log.error("training: %s", self.load_error)
             return
+        self._client_module, self.load_error = module, None
         self.poke()
 
     def _build_client(self, client_module: ModuleType) -> FederatedClient:
@@ -375,8 +383,27 @@ class TrainingRunner:
             return {"forwarded": 0, "forwarded_bytes": 0, "passes": 0, "uplink_full": 0, "errors": 0}
         return dict(self._forwarder.counters)
 
+    def health(self) -> Applied | None:
+        """What is wrong with the enabled service now (None: nothing): torch would not load (``failed``,
+        retried at the next decision), or the running worker is backing off after an error (``degraded``)."""
+        if self.settings is None or not self.settings.enabled:
+            return None
+        if self.load_error is not None:
+            return Applied("failed", False, f"{self.choice}: {self.load_error}")
+        if self._client_running:
+            assert self._client is not None
+            worker, failing = "the federated client", self._client.failing
+        elif self._forwarder is not None and self._forwarder.running:
+            worker, failing = "the raw forwarder", self._forwarder.failing
+        else:
+            return None
+        if failing is None:
+            return None
+        return Applied("degraded", True, f"{self.choice}; {worker} is retrying after: {failing}")
+
     def _last_error(self) -> str | None:
         errors = [
+            self.load_error,
             self.last_error,
             self._client.last_error if self._client is not None else None,
             self._forwarder.last_error if self._forwarder is not None else None,

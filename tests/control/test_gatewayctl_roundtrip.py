@@ -66,9 +66,10 @@ def test_each_operation_round_trips_through_gatewayctl(secure_broker, gatewayd):
 
     r = ctl_json(*sb.ctl_args(), "camera-source", "rtsp://10.0.0.5/stream1", "--fps", "1")
     assert r["data"]["services"]["camera"]["config"]["source"] == "rtsp://10.0.0.5/stream1"
-    r = ctl_json(*sb.ctl_args(), "model", "pin", "scene", "3")
-    assert r["data"]["services"]["models"]["config"]["pins"] == {"scene": "3"}
-    ctl_json(*sb.ctl_args(), "model", "unpin", "scene")
+    # no [camera]: this gateway runs no model, so a pin could never apply and is refused
+    code, out, err = ctl(*sb.ctl_args(), "model", "pin", "scene", "3")
+    assert code == 3 and "models.pins.scene" in err and "runs no model" in err, err
+    assert ctl_json(*sb.ctl_args(), "model", "unpin", "scene")["data"]["changed"] is False
     r = ctl_json(*sb.ctl_args(), "placement", "pin", "camera", "infer", "cloud")
     assert r["data"]["services"]["placement"]["config"]["pins"] == {"camera/infer": "cloud"}
     code, out, _ = ctl(*sb.ctl_args(), "placement")

@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from gateway.control.ops import apply_change, changed_services, effective, merge_patch, overrides_after
+from gateway.control.ops import (
+    apply_change,
+    changed_services,
+    check_model_pins,
+    effective,
+    merge_patch,
+    overrides_after,
+)
 from gateway.control.store import ControlStore
 from gateway.control.wiring import task_catalog
 from protocol.control import (
@@ -69,6 +76,25 @@ def test_refusals_name_the_field(op, body, field):
     with pytest.raises(ControlError) as info:
         apply_change(DesiredConfig(), parse_request(op, body), task_catalog())
     assert info.value.field == field, info.value.detail
+
+
+def test_a_pin_must_name_a_model_this_gateway_runs():
+    def pinned(config: DesiredConfig, model: str, version: str | None) -> DesiredConfig:
+        body = json.dumps({"model": model, "version": version}).encode()
+        return apply_change(config, parse_request("model.pin", body), task_catalog())
+
+    scene = pinned(DesiredConfig(), "scene", "3")
+    check_model_pins({"scene"}, DesiredConfig(), scene)  # the camera's model: fine
+    with pytest.raises(ControlError) as info:
+        check_model_pins({"scene"}, scene, pinned(scene, "digits", "1"))
+    assert info.value.field == "models.pins.digits" and "its models: scene" in info.value.detail
+    with pytest.raises(ControlError) as info:
+        check_model_pins(set(), DesiredConfig(), scene)  # no camera: no model to pin
+    assert "runs no model" in info.value.detail
+    # a pin stored before (say, the camera was configured then) neither blocks others nor its removal
+    debug = apply_change(scene, parse_request("log.level", b'{"level": "DEBUG"}'), task_catalog())
+    check_model_pins(set(), scene, debug)
+    check_model_pins(set(), scene, pinned(scene, "scene", None))
 
 
 def test_store_is_atomic_and_survives_debris_and_corruption(tmp_path):

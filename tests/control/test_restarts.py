@@ -40,7 +40,7 @@ def test_a_change_survives_sigkill_and_a_restart_with_the_broker_down(mosquitto,
         wait_until(lambda: gw.status()["control"]["births"] >= 1, 20, "control plane subscribed")
         code, out, err = plain_ctl(mosquitto.url, "config", "patch", "sensor", '{"allow": ["field-*"]}')
         assert code == 0, err
-        code, out, err = plain_ctl(mosquitto.url, "model", "pin", "scene", "7")
+        code, out, err = plain_ctl(mosquitto.url, "placement", "pin", "camera", "infer", "cloud")
         assert code == 0, err
     finally:
         gw.kill()  # SIGKILL: nothing flushed at exit; the change must already be on disk
@@ -56,8 +56,8 @@ def test_a_change_survives_sigkill_and_a_restart_with_the_broker_down(mosquitto,
         code, out, err = plain_ctl(mosquitto.url, "--json", "config", "get", "sensor")
         assert code == 0, err
         assert '"allow":["field-*"]' in out and '"revision":2' in out
-        code, out, err = plain_ctl(mosquitto.url, "--json", "config", "get", "models")
-        assert '"pins":{"scene":"7"}' in out
+        code, out, err = plain_ctl(mosquitto.url, "--json", "config", "get", "placement")
+        assert '"pins":{"camera/infer":"cloud"}' in out
         rc, err = gw.terminate()
         assert rc == 0, err
     finally:

@@ -21,8 +21,8 @@ from models.digits import load_digits_split
 from protocol.config import TrainingConfig
 from protocol.federated import FederatedJob, ModelArch, RoundConfig
 from protocol.topics import service_topic
-from tests.harness.cloudd import cloudd_token, start_cloudd
-from tests.harness.gatewayctl import broker_args, ctl_json
+from tests.harness.cloudd import cloudd_token, make_cloudd, start_cloudd
+from tests.harness.gatewayctl import broker_args, ctl, ctl_json
 from tests.harness.gatewayd import Gatewayd, write_config
 from tests.harness.mqtt import retained
 from tests.harness.poll import wait_until
@@ -149,3 +149,47 @@ def test_privacy_flag_over_the_control_plane_decides_raw_or_local(mosquitto, tmp
         if gw is not None:
             gw.kill()
         cloudd.stop()
+
+
+def test_start_training_on_a_fresh_gatewayd_tells_the_truth(mosquitto, tmp_path: Path) -> None:
+    """``start training`` on a gatewayd that never loaded torch: while torch loads in a thread, the
+    service re-decides every 0.1 s, and none of those decisions may see the half-imported client module
+    (it did: "partially initialized module ... circular import", then ``running`` with that stale
+    error). With the cloud down the client backs off: ``degraded`` with its error, everywhere; with the
+    cloud up, ``running`` again."""
+    cloud = make_cloudd(tmp_path / "cloud", gateways=("gw1",))  # not started yet: the cloud is down
+    extra = "[training]\ndecide_interval_s = 0.1\npoll_interval_s = 0.3\n"
+    config, http_port = write_config(
+        tmp_path, mosquitto.url, cloud_url=cloud.url, token=cloudd_token("gw1"), extra=extra
+    )
+    gw = Gatewayd(config, http_port).wait_ready()
+    try:
+        wait_until(lambda: gw.status()["control"]["births"] >= 1, 20, "control plane subscribed")
+        assert gw.status()["training"]["torch_loaded"] is False
+        view = gatewayctl(mosquitto.url, "start", "training")["data"]["services"]["training"]
+        assert view["state"] == "pending" and "loading torch" in view["detail"], view
+        status = gw.wait_status(
+            lambda s: s["control"]["services"]["training"] not in ("pending", "running"),
+            60,
+            "training past loading torch, backing off (no cloud)",
+        )
+        assert status["control"]["services"]["training"] == "degraded", status["control"]
+        detail = status["control"]["problems"]["training"]["detail"]
+        assert "retrying after: fetch_failed" in detail, detail
+        assert status["training"]["state"] == "training", status["training"]
+        assert status["training"]["last_error"].startswith("ClientConnectorError"), status["training"]
+        assert "partially initialized" not in gw.output() and "Traceback" not in gw.output()
+        state = retained_training_state(mosquitto.port)
+        assert state["state"] == "degraded" and "fetch_failed" in state["detail"], state
+        code, out, _ = ctl(*broker_args(mosquitto.url), "services")
+        assert any(line.split()[:2] == ["training", "degraded"] for line in out.splitlines()), out
+
+        cloud.start()  # no federated job: the cloud answers 404, which is no failure
+        wait_until(
+            lambda: retained_training_state(mosquitto.port)["state"] == "running", 30, "training running"
+        )
+        assert gw.status()["control"]["problems"] == {}
+        assert gw.status()["training"]["last_outcome"]["kind"] == "no_job"
+    finally:
+        gw.kill()
+        cloud.stop()

@@ -6,6 +6,7 @@ whatever the link; disabled -> nothing runs. Each decision and its reason shows 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -44,6 +45,26 @@ async def write_samples(data_dir: Path, config: TrainingConfig) -> list[bytes]:
     return records
 
 
+def runner(
+    data_dir: Path,
+    config: TrainingConfig,
+    uplink_log: EpochLog,
+    link_view: Callable[[], LinkView],
+    wake_uplink: Callable[[], None] | None = None,
+) -> TrainingRunner:
+    """gw1's training runner; its cloud is a free port nobody listens on."""
+    return TrainingRunner(
+        config,
+        gateway_id="gw1",
+        data_dir=data_dir,
+        cloud_url=f"http://127.0.0.1:{free_port()}",
+        token="t",
+        uplink_log=uplink_log,
+        link_view=link_view,
+        wake_uplink=wake_uplink,
+    )
+
+
 async def test_choice_is_made_shown_and_acted_on(tmp_path: Path) -> None:
     config = TrainingConfig(decide_interval_s=30.0, poll_interval_s=0.2, forward_batch=16)
     samples = await write_samples(tmp_path, config)
@@ -51,16 +72,7 @@ async def test_choice_is_made_shown_and_acted_on(tmp_path: Path) -> None:
     await uplink_log.open()
     link = [GOOD]
     wakes = []
-    runtime = TrainingRunner(
-        config,
-        gateway_id="gw1",
-        data_dir=tmp_path,
-        cloud_url=f"http://127.0.0.1:{free_port()}",
-        token="t",
-        uplink_log=uplink_log,
-        link_view=lambda: link[0],
-        wake_uplink=lambda: wakes.append(1),
-    )
+    runtime = runner(tmp_path, config, uplink_log, lambda: link[0], wake_uplink=lambda: wakes.append(1))
     try:
         applied = await runtime.apply(TrainingSettings(enabled=True, private=False))
         assert applied.state == "running" and applied.detail.startswith("upload_raw")
@@ -119,4 +131,33 @@ async def test_choice_is_made_shown_and_acted_on(tmp_path: Path) -> None:
         assert forwarder.cursor == N_SAMPLES and await forwarder.forward_once() == 0
     finally:
         await data_log.close()
+        await uplink_log.close()
+
+
+async def test_a_failed_start_says_why_and_a_good_restart_clears_it(tmp_path: Path) -> None:
+    config = TrainingConfig(decide_interval_s=30.0, forward_batch=16)
+    await write_samples(tmp_path, config)
+    uplink_log = EpochLog(tmp_path / "log", segment_bytes=1 << 20, max_bytes=8 << 20, writer_threads=1)
+    await uplink_log.open()
+    runtime = runner(tmp_path, config, uplink_log, lambda: GOOD)
+    cursor = tmp_path / "training" / "forwarded.json"
+    cursor.mkdir()  # where the forwarder writes its cursor: the forwarder cannot work
+    try:
+        applied = await runtime.apply(TrainingSettings(enabled=True, private=False))
+        assert applied.state == "running"  # it starts; its first pass fails
+        await eventually(lambda: runtime.health(), 20, "the forwarder's failing pass seen")
+        health = runtime.health()
+        assert health is not None and health.state == "degraded" and "raw forwarder" in health.detail
+        assert "IsADirectoryError" in health.detail and runtime.status()["last_error"]
+
+        await runtime.apply(TrainingSettings(enabled=False, private=False))
+        cursor.rmdir()  # fixed; the service starts again: the error is history
+        applied = await runtime.apply(TrainingSettings(enabled=True, private=False))
+        assert applied.state == "running" and runtime.status()["last_error"] is None
+        await eventually(
+            lambda: runtime.status()["forwarder"]["forwarded"] == N_SAMPLES, 20, "raw samples sent"
+        )
+        assert runtime.health() is None
+    finally:
+        await runtime.stop()
         await uplink_log.close()
