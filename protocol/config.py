@@ -17,10 +17,19 @@ from protocol.control import LogLevel, Side
 from protocol.derived import Bounds, CameraParams, SensorParams
 from protocol.errors import ProtocolError
 from protocol.federated import Encoding, ModelKind
-from protocol.telemetry import describe_validation_error
+from protocol.telemetry import MAX_TELEMETRY_BYTES, describe_validation_error
 from protocol.topics import ID_PATTERN
 
 MqttVersion = Literal["5", "3.1.1"]
+# The largest packet limit: MQTT's largest remaining length, the most paho announces as a Maximum
+# Packet Size (a packet may have 5 bytes more of fixed header; no edgefed packet comes near).
+MQTT_MAX_PACKET_BYTES = 268_435_455
+# Room for what an edgefed packet carries besides its payload: fixed header, topic, packet id, MQTT 5
+# properties. The least mqtt.max_packet_size may be still holds a largest telemetry payload on the
+# longest telemetry topic (164 bytes more: fixed header 4, topic 2 + 155, packet id 2, properties 1).
+PACKET_HEADROOM_BYTES = 1024
+DEFAULT_MAX_PACKET_BYTES = MAX_TELEMETRY_BYTES + PACKET_HEADROOM_BYTES
+MIN_MAX_PACKET_BYTES = MAX_TELEMETRY_BYTES + 256
 # What a full log does (docs/storage.md, "Full log"): refuse new records (acked to the broker, lost);
 # drop the oldest segment (the loss counted exactly, LogGap records tell the cloud); or hold: stop
 # taking and acknowledging MQTT input until the uplink trims (the broker keeps it, within its limits).
@@ -46,6 +55,12 @@ class MqttConfig(_Section):
     )
     keepalive_s: int = Field(default=30, ge=5, le=3600)
     inbound_queue: int = Field(default=10_000, ge=1)
+    max_packet_size: int = Field(
+        default=DEFAULT_MAX_PACKET_BYTES,
+        ge=MIN_MAX_PACKET_BYTES,
+        le=MQTT_MAX_PACKET_BYTES,
+        description="bytes; the largest MQTT packet the telemetry connection reads (docs/gateway.md)",
+    )
 
     @field_validator("broker")
     @classmethod

@@ -12,7 +12,9 @@ Example request on ``edgefed/gw1/control/request/config.patch``::
 
 Invariant: a request or a config object exists only if it is valid; every refusal is a
 ``ControlError`` whose ``field`` names the offending field (dotted path) and ``detail`` says why.
-Unknown fields are refused everywhere, so a misspelt key can never be silently ignored.
+Unknown fields are refused everywhere, so a misspelt key can never be silently ignored, and every
+type is strict, so a value of another JSON type is refused, never converted: ``"enabled": "yes"``
+or ``1`` is not a boolean, ``"revision": "7"`` or ``7.0`` not an integer, ``"v": true`` not 1.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from protocol.errors import ProtocolError
 from protocol.events import VERSION_PATTERN
+from protocol.strict import SchemaVersion
 from protocol.topics import ID_PATTERN
 
 MAX_REQUEST_BYTES = 64 * 1024
@@ -65,7 +68,7 @@ def control_error_from(exc: ValidationError, prefix: str = "") -> ControlError:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 # --- desired configuration ---------------------------------------------------------------------------
@@ -149,7 +152,7 @@ class DesiredConfig(_Model):
 class StoredControl(_Model):
     """``<data_dir>/control/desired.json``: the fields operators set over MQTT, over the file's values."""
 
-    v: Literal[1] = 1
+    v: SchemaVersion = 1
     revision: int = Field(default=0, ge=0)
     overrides: dict[ServiceName, dict[str, Any]] = Field(default_factory=dict)
     updated_ts: float = 0.0
@@ -159,7 +162,7 @@ class StoredControl(_Model):
 
 
 class _Request(_Model):
-    v: Literal[1] = 1
+    v: SchemaVersion = 1
     correlation_id: str | None = Field(
         default=None, max_length=128, description="MQTT 3.1.1 fallback for v5 Correlation Data (echoed)"
     )
@@ -301,7 +304,7 @@ class ErrorBody(_Model):
 
 
 class ControlResponse(_Model):
-    v: Literal[1] = 1
+    v: SchemaVersion = 1
     op: str
     status: ResponseStatus
     correlation_id: str | None = None

@@ -8,6 +8,10 @@ Example (schema version 1)::
 
 ``seq`` counts a device's messages from 0 and is what end-to-end checks match on. A faulty
 sensor reports ``"status": "fault"`` with the failed readings set to ``null``.
+
+Invariant: every field is strict (``strict=True``, ``v`` a ``SchemaVersion``): a value of another
+JSON type is refused, never converted (``"v": true``, ``"seq": 1.0``, ``"readings": {"t": true}``).
+An integer is taken where a number is meant (``ts``, readings).
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from protocol.errors import ProtocolError
+from protocol.strict import SchemaVersion
 from protocol.topics import ID_PATTERN
 
-SCHEMA_VERSION = 1
 MAX_TELEMETRY_BYTES = 16 * 1024
 READING_NAMES = ("temperature_c", "humidity_pct", "soil_moisture_pct")
 
@@ -28,7 +32,7 @@ READING_NAMES = ("temperature_c", "humidity_pct", "soil_moisture_pct")
 class Telemetry(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    v: Literal[1]
+    v: SchemaVersion  # strict: ``true`` or ``1.0`` is refused (a bare Literal[1] would take both)
     device: str = Field(pattern=f"^{ID_PATTERN}$")
     seq: int = Field(ge=0)
     ts: float

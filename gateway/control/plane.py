@@ -146,7 +146,7 @@ class ControlPlane:
         )
 
     async def start(self) -> None:
-        self.adapter.subscribe(control_request_subscription(self.gateway_id), qos=1)
+        self.adapter.subscribe(control_request_subscription(self.gateway_id), qos=1, retain_as_published=True)
         await self.adapter.start()
         self._task = asyncio.create_task(self._loop(), name="control-plane")
 
@@ -188,12 +188,11 @@ class ControlPlane:
                     "<id> (one level); answered here instead",
                     field="response_topic",
                 )
-            if message.retain:
-                raise ControlError(
-                    "retained",
-                    "a request must not be retained (it would run again on every reconnect)",
-                    field="retain",
-                )
+            if message.retain:  # a live one too: the subscription keeps its flag (retain as published)
+                why = "a request must not be retained (it would run again on every reconnect)"
+                raise ControlError("retained", why, field="retain")
+            if message.oversize_bytes is not None:  # refused by the MQTT reader, its payload never read
+                raise ControlError("too_large", f"a {message.oversize_bytes}-byte packet", field="<payload>")
             request = parse_request(op, message.payload)
             correlation_id = request.correlation_id
             data = await self._execute(op, request)

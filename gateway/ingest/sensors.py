@@ -189,7 +189,11 @@ class SensorIngest:
 
     async def _take(self, message: InboundMessage) -> None:
         received_ts = self._clock()
-        verdict = judge_message(self.gateway_id, self._allow, message.topic, message.payload, received_ts)
+        if message.oversize_bytes is not None:  # refused by the MQTT reader, its payload never read
+            size = f"a {message.oversize_bytes}-byte packet > mqtt.max_packet_size"
+            verdict = Verdict(None, "too_large", f"{message.topic}: {size}")
+        else:
+            verdict = judge_message(self.gateway_id, self._allow, message.topic, message.payload, received_ts)
         if verdict.sample in self._recent:
             self.redelivered += 1  # already durable or in the open epoch: ack it with this epoch
         elif verdict.record is not None and not self._failed:

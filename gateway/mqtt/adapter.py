@@ -1,25 +1,22 @@
 """The gateway's one MQTT adapter: paho-mqtt 2.x driven by the daemon's asyncio loop.
 
 Built the way aiomqtt is: no paho network thread. gateway/mqtt/socket_driver.py drives paho's socket from
-the loop (reads, writes, keepalive); this module is the connection's life and its data path: connect,
-reconnect, the inbound queue, acks and publishes. The blocking TCP/TLS connect runs in an executor
-thread.
+the loop (reads, writes, keepalive), gateway/mqtt/packet_limit.py bounds what paho reads, and
+gateway/mqtt/inbound.py queues what it read; this module is the connection's life and its data path:
+connect, reconnect, acks and publishes. The blocking TCP/TLS connect runs in an executor thread.
 
 The adapter owns one connection task that connects, waits for the connection to drop, backs off
 and reconnects, for ever, until ``stop``; subscriptions are re-made on every connect.
 
-Invariant: an inbound message is never dropped. When the inbound queue holds ``inbound_bound``
-messages the adapter stops reading the socket (the broker keeps what it has not delivered) and
-reads again once the consumer has taken half of them. Messages already inside one ``loop_read``
-call are still queued, so the queue may exceed its bound by that much (counted as ``overfull``).
-An ack is sent only for a message of the current connection: after a reconnect the broker
-redelivers unacked messages itself, so an ack with an old packet id could name another message.
+Invariant: an inbound message is never dropped (the queue's bound pauses the socket: inbound.py),
+and no packet over ``max_packet_size`` is read into memory (packet_limit.py). An ack is sent only
+for a message of the current connection: after a reconnect the broker redelivers unacked messages
+itself, so an ack with an old packet id could name another message.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import random
 import ssl
@@ -30,7 +27,10 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from gateway.mqtt.inbound import InboundQueue
+from gateway.mqtt.packet_limit import BoundedClient, RefusedPacket
 from gateway.mqtt.socket_driver import SocketDriver
 from gateway.mqtt.types import (  # noqa: F401  (re-exported: the adapter's public names live here)
     InboundMessage,
@@ -43,6 +43,7 @@ from gateway.mqtt.types import (  # noqa: F401  (re-exported: the adapter's publ
     Will,
     settings_from_config,
 )
+from gateway.ratelimit import RateLimitedLog
 from runtime.backoff import Backoff
 from runtime.tasks import cancel_and_wait, wait_event
 
@@ -55,6 +56,7 @@ SESSION_EXPIRY_S = 7 * 24 * 3600  # the broker keeps the session (and queued QoS
 class _Subscription:
     topic: str
     qos: int
+    retain_as_published: bool = False
 
 
 @dataclass
@@ -79,24 +81,24 @@ class MqttAdapter:
         self._on_connect_publish = on_connect_publish or []
         self._rng = rng or random.Random()
         self._subscriptions: list[_Subscription] = []
-        self._inbound: collections.deque[InboundMessage] = collections.deque()
-        self._inbound_ready = asyncio.Event()
         self._publish_waiters: dict[int, asyncio.Future[None]] = {}
         self._state = _ConnectionState()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
-        self._held = False
-        self._unheld = asyncio.Event()
         self.last_connect_error: str | None = None  # why the last connect failed (e.g. "not authorized")
+        self._warn = RateLimitedLog(log)
         self._client = self._make_client()
         self._socket = SocketDriver(self._client)
+        self._inbound = InboundQueue(settings.inbound_bound, self._socket, self.counters)
 
     # --- lifecycle -------------------------------------------------------------------------------
 
     def _make_client(self) -> paho.Client:
         s = self.settings
         v5 = s.protocol_version == "5"
-        client = paho.Client(
+        client = BoundedClient(
+            s.max_packet_size,
+            self._on_refused,
             callback_api_version=CallbackAPIVersion.VERSION2,
             client_id=s.client_id,
             protocol=paho.MQTTv5 if v5 else paho.MQTTv311,
@@ -124,13 +126,21 @@ class MqttAdapter:
         client.on_subscribe = self._on_subscribe
         return client
 
-    def subscribe(self, topic: str, qos: int = 1) -> None:
-        """Add a subscription, made now if connected and again on every reconnect (idempotent)."""
-        if _Subscription(topic, qos) in self._subscriptions:
+    def subscribe(self, topic: str, qos: int = 1, retain_as_published: bool = False) -> None:
+        """Add a subscription, made now if connected and again on every reconnect (idempotent).
+        ``retain_as_published`` (MQTT 5 only): a live message keeps the retain flag it was published
+        with; otherwise only one sent for a new subscription has it (MQTT-3.3.1-9)."""
+        subscription = _Subscription(topic, qos, retain_as_published)
+        if subscription in self._subscriptions:
             return
-        self._subscriptions.append(_Subscription(topic, qos))
+        self._subscriptions.append(subscription)
         if self._state.connected:
-            self._client.subscribe(topic, qos=qos)
+            self._send_subscribe(subscription)
+
+    def _send_subscribe(self, sub: _Subscription) -> None:
+        v5 = self.settings.protocol_version == "5"  # the QoS goes in the options (3.1.1 has none), not both
+        options = SubscribeOptions(sub.qos, retainAsPublished=sub.retain_as_published) if v5 else None
+        self._client.subscribe(sub.topic, qos=0 if v5 else sub.qos, options=options)
 
     async def start(self) -> None:
         if self._task is not None:
@@ -206,6 +216,9 @@ class MqttAdapter:
             props = Properties(PacketTypes.CONNECT)
             props.SessionExpiryInterval = SESSION_EXPIRY_S if self.settings.persistent_session else 0
             props.ReceiveMaximum = max(1, min(self.settings.inbound_bound, 65535))
+            # One byte under what the reader takes: mosquitto (2.0, packet__check_oversize) leaves a
+            # packet's first byte out of its size, so it sends up to one byte more than announced.
+            props.MaximumPacketSize = self.settings.max_packet_size - 1
             # clean_start=False on every connect: the session must survive a daemon restart
             kwargs: dict[str, Any] = {
                 "clean_start": not self.settings.persistent_session,
@@ -244,7 +257,7 @@ class MqttAdapter:
             flags.session_present,
         )
         for sub in self._subscriptions:
-            client.subscribe(sub.topic, qos=sub.qos)
+            self._send_subscribe(sub)
         for message in self._on_connect_publish:
             client.publish(message.topic, message.payload, qos=message.qos, retain=message.retain)
         if future is not None and not future.done():
@@ -262,7 +275,7 @@ class MqttAdapter:
         props = getattr(message, "properties", None)
         response_topic = getattr(props, "ResponseTopic", None) if props is not None else None
         correlation = getattr(props, "CorrelationData", None) if props is not None else None
-        self._inbound.append(
+        self._inbound.put(
             InboundMessage(
                 message.topic,
                 bytes(message.payload),
@@ -274,12 +287,15 @@ class MqttAdapter:
                 bytes(correlation) if correlation is not None else None,
             )
         )
-        if len(self._inbound) > self.settings.inbound_bound:
-            self.counters.overfull += 1
-        if len(self._inbound) >= self.settings.inbound_bound and not self._socket.reading_paused:
-            self.counters.paused += 1
-            self._socket.set_reading(False)
-        self._inbound_ready.set()
+
+    def _on_refused(self, refused: RefusedPacket) -> None:
+        """A packet over max_packet_size (packet_limit.py), counted. A PUBLISH refused in place goes to
+        the consumer without its payload, to be refused and acked in order; else the connection ends."""
+        self.counters.packets_too_large += 1
+        if refused.closes:
+            self._warn.warning("packet_too_large", "mqtt: %s; reconnecting", refused.describe(self.settings))
+        else:
+            self._inbound.put(refused.as_message(self._state.number))
 
     def _on_publish(self, client: paho.Client, userdata: Any, mid: int, reason: Any, props: Any) -> None:
         if reason.is_failure:
@@ -300,39 +316,17 @@ class MqttAdapter:
     # --- the public data path --------------------------------------------------------------------
 
     async def receive(self, timeout_s: float) -> InboundMessage | None:
-        """The next inbound message in arrival order, or None after ``timeout_s`` seconds.
-
-        While the intake is held (``hold(True)``) nothing is handed out: messages wait in the queue,
-        then (queue full) at the broker.
-        """
-        if self._held:
-            await wait_event(self._unheld, timeout_s)
-            return None
-        if not self._inbound:
-            self._inbound_ready.clear()
-            await wait_event(self._inbound_ready, timeout_s)
-            if not self._inbound:
-                return None
-        message = self._inbound.popleft()
-        if (
-            self._socket.reading_paused
-            and not self._stopping
-            and len(self._inbound) <= self.settings.inbound_bound // 2
-        ):
-            self._socket.set_reading(True)
-        return message
+        """The next inbound message in arrival order, or None after ``timeout_s`` seconds; nothing while
+        the intake is held (inbound.py)."""
+        return await self._inbound.take(timeout_s)
 
     def hold(self, held: bool) -> None:
         """Hold (True) or release (False) the intake: a stopped service takes nothing, loses nothing."""
-        self._held = held
-        if held:
-            self._unheld.clear()
-        else:
-            self._unheld.set()
+        self._inbound.hold(held)
 
     @property
     def held(self) -> bool:
-        return self._held
+        return self._inbound.held
 
     @property
     def inbound_len(self) -> int:

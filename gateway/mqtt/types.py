@@ -11,9 +11,14 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from protocol.config import MqttConfig, MqttVersion
+from protocol.config import MQTT_MAX_PACKET_BYTES, MqttConfig, MqttVersion
+from protocol.control import MAX_REQUEST_BYTES
 
 ConnectionRole = Literal["data", "control"]
+# The control connection reads requests of up to MAX_REQUEST_BYTES and small retained model notices.
+# Twice that: a request a little over its limit still reaches the control plane and is answered
+# (too_large), rather than dropped unanswered by the broker (MQTT 5).
+CONTROL_MAX_PACKET_BYTES = 2 * MAX_REQUEST_BYTES
 
 
 class MqttError(Exception):
@@ -55,6 +60,7 @@ class MqttSettings:
     key_file: Path | None = None
     keepalive_s: int = 30
     inbound_bound: int = 10_000
+    max_packet_size: int = MQTT_MAX_PACKET_BYTES  # a larger packet is refused unread (packet_limit.py)
     manual_ack: bool = True
     will: Will | None = None
     connect_timeout_s: float = 10.0
@@ -78,7 +84,9 @@ def settings_from_config(
     ``role="data"``: the ingest connection: persistent session under a stable client id, manual acks.
     ``role="control"``: the control-plane connection, client id ``<id>-control``: a clean session
     (a request sent while the gateway was away is stale; the operator's tool has timed out), automatic
-    acks, a small inbound bound (the broker keeps the rest while we catch up).
+    acks, a small inbound bound (the broker keeps the rest while we catch up), and a packet limit
+    that fits the largest request (``CONTROL_MAX_PACKET_BYTES``) rather than ``mqtt.max_packet_size``,
+    which is sized for telemetry.
     """
     password = None
     if config.password_file is not None:
@@ -95,6 +103,7 @@ def settings_from_config(
         key_file=config.key_file,
         keepalive_s=config.keepalive_s,
         inbound_bound=1000 if control else config.inbound_queue,
+        max_packet_size=CONTROL_MAX_PACKET_BYTES if control else config.max_packet_size,
         will=will,
         persistent_session=not control,
         manual_ack=not control,
@@ -112,6 +121,9 @@ class InboundMessage:
     connection: int  # which connection delivered it; acks go only to the current one
     response_topic: str | None = None  # MQTT v5 request/response properties, when the sender set them
     correlation_data: bytes | None = None
+    # Set when the reader refused the packet for its size (MQTT 3.1.1: refused in place, see
+    # gateway/mqtt/packet_limit.py): its size in bytes; ``payload`` is then empty, never read.
+    oversize_bytes: int | None = None
 
 
 @dataclass
@@ -127,3 +139,4 @@ class MqttCounters:
     subscribe_failures: int = 0
     published: int = 0
     publish_refused: int = 0
+    packets_too_large: int = 0  # packets over max_packet_size the reader refused by their fixed header

@@ -70,6 +70,16 @@ def test_overrides_reproduce_the_config_and_follow_the_file_elsewhere():
         ("nope", b"{}", "op"),
         ("config.get", b"{", "<payload>"),
         ("config.get", b"[]", "<payload>"),
+        # strict types: another JSON type is refused, never converted
+        ("config.patch", b'{"service": "sensor", "patch": {"enabled": "yes"}}', "patch.enabled"),
+        ("config.patch", b'{"service": "sensor", "patch": {"enabled": 1}}', "patch.enabled"),
+        ("config.set", b'{"service": "training", "config": {"private": 0}}', "config.private"),
+        ("service.start", b'{"service": "sensor", "revision": "0"}', "revision"),
+        ("service.start", b'{"service": "sensor", "revision": 0.0}', "revision"),
+        ("log.errors", b'{"limit": 5.0}', "limit"),
+        ("services.list", b'{"v": true}', "v"),
+        ("services.list", b'{"v": 1.0}', "v"),
+        ("camera.source", b'{"source": 7}', "source"),
     ],
 )
 def test_refusals_name_the_field(op, body, field):

@@ -10,6 +10,7 @@ import paho.mqtt.client as paho
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from protocol.control import MAX_REQUEST_BYTES
 from tests.harness.broker import USERS, SecureBroker
 from tests.harness.gatewayctl import ctl, ctl_json
 from tests.harness.gatewayd import Gatewayd, write_secure_config
@@ -107,3 +108,23 @@ def test_device_and_gateway_credentials_cannot_write_config(secure_broker, tmp_p
         assert gw.status()["control"]["requests"] == 2  # only the operator's two reads reached it
     finally:
         gw.kill()
+
+
+def test_the_broker_refuses_a_packet_over_its_limit_and_takes_the_largest_request(secure_broker):
+    """mosquitto.conf's max_packet_size: a device's 2 MB publish is refused at its fixed header (the
+    broker disconnects it); a control request of the largest size gets through."""
+    device, reason = connect(secure_broker, "sensor-1")
+    assert reason == "Success"
+    gone = threading.Event()
+    device.on_disconnect = lambda *args: gone.set()
+    device.publish("edgefed/gw1/devices/sensor-1/telemetry", b"x" * (2 * 1024 * 1024), qos=1)
+    assert gone.wait(10), "the broker kept the connection of a client that sent 2 MB"
+    device.loop_stop()
+    assert "disconnected due to oversize packet" in secure_broker.broker.log()
+    operator, _ = connect(secure_broker, "operator")
+    try:
+        request = b"{" + b" " * (MAX_REQUEST_BYTES - 2) + b"}"
+        assert publish_reason(operator, "edgefed/gw1/control/request/services.list", request) in ALLOWED
+    finally:
+        operator.disconnect()
+        operator.loop_stop()

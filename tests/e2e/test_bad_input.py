@@ -9,6 +9,7 @@ import urllib.request
 
 from protocol.batch import encode_batch, idempotency_key
 from protocol.records import telemetry_record
+from protocol.telemetry import MAX_TELEMETRY_BYTES
 from tests.harness.gatewayd import Gatewayd, telemetry, write_config
 from tests.harness.mqtt import publish
 from tests.harness.poll import wait_until
@@ -18,11 +19,13 @@ TOPIC = "edgefed/gw1/devices/sensor-1/telemetry"
 BAD = {
     "not_json": (TOPIC, b"\x00\x01 definitely not json"),
     "invalid": (TOPIC, telemetry("sensor-1", 100, ts="noon")),  # wrong type
-    "too_large": (TOPIC, b"{" + b" " * (10 * 1024 * 1024) + b"}"),  # a 10 MB payload
+    # over the payload limit, under mqtt.max_packet_size (beyond it: tests/gateway/test_packet_limit.py)
+    "too_large": (TOPIC, b"{" + b" " * MAX_TELEMETRY_BYTES + b"}"),
     "unknown_topic": ("edgefed/gw1/devices/sensor-1/firmware", telemetry("sensor-1", 101)),
     "unknown_device": ("edgefed/gw1/devices/intruder-7/telemetry", telemetry("intruder-7", 0)),
 }
 MISSING_FIELDS = json.dumps({"v": 1, "device": "sensor-1", "seq": 102}).encode()  # no ts, no readings
+LOOSE_TYPES = [telemetry("sensor-1", 103, v=True), telemetry("sensor-1", 104, v=1.0)]  # not the integer 1
 
 
 def test_each_bad_message_is_counted_and_nothing_accepted_is_lost(mosquitto, cloudd, tmp_path):
@@ -36,12 +39,12 @@ def test_each_bad_message_is_counted_and_nothing_accepted_is_lost(mosquitto, clo
     gateway = Gatewayd(config, port).wait_ready()
     try:
         publish(mosquitto.port, [(TOPIC, telemetry("sensor-1", seq)) for seq in range(10)])
-        publish(mosquitto.port, [*BAD.values(), (TOPIC, MISSING_FIELDS)])
+        publish(mosquitto.port, [*BAD.values(), (TOPIC, MISSING_FIELDS), *((TOPIC, m) for m in LOOSE_TYPES)])
         publish(mosquitto.port, [(TOPIC, telemetry("sensor-1", seq)) for seq in range(10, 20)])
         wait_until(lambda: len(cloudd.telemetry("gw1")) >= 20, 120, "20 valid records in the cloud")
         status = gateway.status()
         rejected = status["ingest"]["rejected_by_reason"]
-        expected = dict.fromkeys(BAD, 1) | {"invalid": 2}  # the wrong type and the missing fields
+        expected = dict.fromkeys(BAD, 1) | {"invalid": 4}  # the wrong types and the missing fields
         assert {reason: rejected[reason] for reason in expected} == expected
         assert status["ingest"]["accepted"] == 20
         assert gateway.proc.poll() is None, "gatewayd must keep running"

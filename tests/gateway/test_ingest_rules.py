@@ -1,12 +1,16 @@
-"""The pure parts of the gateway: message verdicts, rate-limited logging."""
+"""The pure parts of the gateway: message verdicts, rate-limited logging, config checks."""
 
 from __future__ import annotations
 
 import json
 import logging
 
+import pytest
+
 from gateway.ingest.sensors import judge_message
 from gateway.ratelimit import RateLimitedLog
+from protocol.config import parse_gateway_config
+from protocol.errors import ProtocolError
 from protocol.records import decode_record
 from tests.harness.gatewayd import telemetry
 
@@ -36,6 +40,20 @@ def test_each_rejection_reason():
     assert judge("edgefed/gw1/devices/s1/telemetry", telemetry("s2", 0)).reason == "device_mismatch"
 
 
+def test_telemetry_types_are_strict():
+    """Another JSON type is refused, naming the field: never converted (``true`` is not 1)."""
+    for field, value in (("v", True), ("v", 1.0), ("seq", 7.0), ("seq", "7"), ("ts", "1")):
+        body = {**json.loads(telemetry("s1", 7)), field: value}
+        verdict = judge("edgefed/gw1/devices/s1/telemetry", json.dumps(body).encode())
+        assert verdict.reason == "invalid" and verdict.detail.startswith(f"device s1: {field}: "), (
+            field,
+            value,
+            verdict.detail,
+        )
+    wrong = judge("edgefed/gw1/devices/s1/telemetry", telemetry("s1", 7, readings={"temperature_c": True}))
+    assert wrong.reason == "invalid" and "readings.temperature_c" in wrong.detail
+
+
 def test_rate_limited_log_reports_what_it_suppressed(caplog):
     now = [0.0]
     limited = RateLimitedLog(logging.getLogger("t"), interval_s=10, clock=lambda: now[0])
@@ -49,3 +67,11 @@ def test_rate_limited_log_reports_what_it_suppressed(caplog):
     messages = [r.getMessage() for r in caplog.records]
     assert messages[0] == "first" and messages[1] == "other key"
     assert "2 more like this suppressed" in messages[2]
+
+
+@pytest.mark.parametrize("value", [16_639, 268_435_456, "17k"])
+def test_max_packet_size_out_of_range_is_refused_naming_the_field(value):
+    data = {"gateway_id": "gw1", "data_dir": "d", "mqtt": {"max_packet_size": value}}
+    with pytest.raises(ProtocolError) as info:
+        parse_gateway_config(data)
+    assert info.value.detail.startswith("mqtt.max_packet_size: ")

@@ -39,6 +39,10 @@ class Broker:
     def url(self) -> str:
         return f"mqtt://{self.host}:{self.port}"
 
+    def log(self) -> str:
+        """What this broker has logged (mosquitto.log beside its config), every run of it."""
+        return (self.config.parent / "mosquitto.log").read_text(errors="replace")
+
     def restart(self) -> None:
         stop_process(self.proc)
         self.proc = _start_mosquitto(self.config, self.port)

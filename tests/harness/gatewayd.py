@@ -36,14 +36,16 @@ def write_config(
     http_port: int | None = None,
     cloud_url: str = "http://127.0.0.1:9",
     token: str = "t0k3n",
+    mqtt: str = "",
 ) -> tuple[Path, int]:
     """``<tmp>/<gateway_id>.toml`` for a gateway on ``broker_url``; ``extra`` lands inside [uplink]
-    (start it with a table header for anything else). Returns the file and the HTTP port."""
+    (start it with a table header for anything else), ``mqtt`` inside [mqtt]. Returns the file and
+    the HTTP port."""
     port = http_port or free_port()
     config = tmp / f"{gateway_id}.toml"
     config.write_text(
         f'gateway_id = "{gateway_id}"\ndata_dir = "data-{gateway_id}"\n'
-        f'[mqtt]\nbroker = "{broker_url}"\n[http]\nlisten = "127.0.0.1:{port}"\n'
+        f'[mqtt]\nbroker = "{broker_url}"\n{mqtt}[http]\nlisten = "127.0.0.1:{port}"\n'
         f'[uplink]\ncloud_url = "{cloud_url}"\ntoken = "{token}"\nbackoff_max_s = 1.0\n{extra}'
     )
     return config, port

@@ -97,6 +97,14 @@ def kill_process(proc: subprocess.Popen) -> None:
     proc.wait(10)
 
 
+def peak_rss_kib(pid: int) -> int:
+    """The process's peak resident set size so far (VmHWM in /proc/<pid>/status), in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise LookupError(f"no VmHWM in /proc/{pid}/status")
+
+
 class LogFile:
     """A daemon's log file, read from where this run of the daemon started writing."""
 
