@@ -21,7 +21,7 @@ from tests.federated.test_gatewayd_training import operator, write_samples
 from tests.harness.camera import DevicesimCamera
 from tests.harness.cloudd import cloudd_token, start_cloudd
 from tests.harness.gatewayd import Gatewayd, write_config
-from tests.harness.processes import REPO, free_port
+from tests.harness.processes import REPO, free_port, peak_rss_kib
 from tests.harness.seccomp import unit_filter, unit_settings
 
 pytestmark = pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
@@ -44,13 +44,6 @@ def memory_high_bytes() -> int:
     value = unit_settings(UNIT, "MemoryHigh")[-1]
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     return int(value[:-1]) * units[value[-1]] if value[-1] in units else int(value)
-
-
-def peak_rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM")
 
 
 def test_the_unit_verifies_and_its_exposure_is_low(tmp_path):
@@ -103,7 +96,7 @@ def test_gatewayd_with_camera_and_training_runs_under_the_units_filter(mosquitto
         gateway = Gatewayd(config, http_port, under=UNDER_THE_FILTER).wait_ready(60)
         gateway.wait_status(lambda s: s["camera"]["engine"]["inferred"] >= 3, 60, "frames inferred")
         gateway.wait_status(lambda s: s["training"]["client"]["updates_sent"] >= 1, 120, "a round trained")
-        peak = peak_rss_bytes(gateway.proc.pid)
+        peak = peak_rss_kib(gateway.proc.pid) * 1024
         assert peak < memory_high_bytes(), f"peak RSS {peak >> 20} MiB over the unit's MemoryHigh"
         code, output = gateway.terminate(30)
         assert code == 0, output[-3000:]
