@@ -36,12 +36,16 @@ class ServiceStates:
         self._warn = RateLimitedLog(log)
 
     async def apply(self, service: str, settings: Any) -> None:
+        before = self.current(service)
         self._applying.add(service)
         try:
             self._answers[service] = await self._handlers.apply(service, settings)
             self._set_problem(service, self._handlers.health(service))  # not what the old settings had
         finally:
             self._applying.discard(service)
+        now = self.current(service)
+        if now.state in UNHEALTHY and now != before:  # a worker that failed before its apply returned
+            self._log(service)
 
     def report(self, service: str, applied: Applied) -> bool:
         """``service`` reached ``applied`` on its own; True if that is news (logged; to publish)."""

@@ -71,7 +71,7 @@ def test_a_dead_camera_source_is_degraded_everywhere_until_it_serves(mosquitto, 
         wait_until(lambda: fleet_camera(cloudd)["state"] == "degraded", 30, "camera degraded in the fleet")
         assert "cannot open" in fleet_camera(cloudd)["detail"]
         logs = ctl_json(*broker_args(mosquitto.url), "logs", "--limit", "200")["data"]["lines"]  # all kept
-        assert any("camera is degraded" in line["message"] for line in logs), logs
+        assert any("camera is degraded" in line["message"] for line in logs), (logs, gw.output()[-3000:])
 
         camera = DevicesimCamera(camera_port, tmp_path / "truth.jsonl", fps=5.0)
         status = gw.wait_status(
