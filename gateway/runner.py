@@ -9,9 +9,8 @@ Stop (SIGTERM/SIGINT, or a fatal log error): STOPPING=1, stop intake (nothing mo
 broker), flush the log and ack what is durable, stop the control plane and placement, publish
 "offline" and disconnect, stop the heartbeat, the uplink, HTTP, training (a round in progress ends
 at its next step) and the camera (its last events are logged), close the log, unlock; each step
-within its share of
-STOP_STEPS_S (runtime/shutdown.py). SIGHUP: reload the config file (refused whole if invalid; the
-old one stays).
+within its share of STOP_STEPS_S (runtime/shutdown.py). SIGHUP: reload the config file (refused
+whole if invalid; the old one stays).
 
 Invariant: at most one daemon uses a data dir (flock), and a stop never acknowledges a message
 whose record is not durable; it finishes within STOP_STEPS_S (True) or names what hung (False).

@@ -3,7 +3,8 @@
 ``run_stop_steps`` runs the named stop steps in order, each under what is left of one deadline;
 ``cancel_leftovers`` ends the tasks still running after them; ``arm_exit_guard`` is the last resort
 for what cannot be ended from the loop (a thread blocked in a system call, a task that swallows its
-cancellation): it ends the process.
+cancellation): it ends the process. ``in_daemon_thread`` runs a blocking call that a stop need not
+wait for (a TCP connect to a broker that drops SYNs) where it cannot hold the exit.
 
 Invariant: a stop never hides that it missed its deadline, and never outlives the guard. A step
 that overruns its share is cancelled, named in the log and reported; a task still running after the
@@ -18,10 +19,13 @@ import logging
 import os
 import threading
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
 StopStep = tuple[str, Callable[[], Awaitable[object]]]
+
+T = TypeVar("T")
 
 STEP_RESERVE_S = 0.25  # kept back for each later step, so one hung step cannot starve the rest
 
@@ -43,20 +47,21 @@ async def run_stop_steps(
     for index, (name, step) in enumerate(steps):
         later = len(steps) - index - 1
         budget = max(reserve_s, end - loop.time() - later * reserve_s)
+        share = asyncio.timeout(budget)
         try:
-            async with asyncio.timeout(budget):
+            async with share:
                 await step()
-        except TimeoutError:
+        except Exception as exc:
             failed.append(name)
-            log.error(
-                "stop: %s did not stop within %.1fs (its share of the %.1fs deadline)",
-                name,
-                budget,
-                deadline_s,
-            )
-        except Exception:
-            failed.append(name)
-            log.exception("stop: %s failed", name)
+            if isinstance(exc, TimeoutError) and share.expired():
+                log.error(
+                    "stop: %s did not stop within %.1fs (its share of the %.1fs deadline)",
+                    name,
+                    budget,
+                    deadline_s,
+                )
+            else:  # a TimeoutError of the step's own included
+                log.exception("stop: %s failed", name)
     return failed
 
 
@@ -106,3 +111,36 @@ def arm_exit_guard(after_s: float, exit_code: int = 1) -> threading.Timer:
     guard.daemon = True
     guard.start()
     return guard
+
+
+async def in_daemon_thread(call: Callable[[], T], name: str) -> T:
+    """``call()`` in a daemon thread of its own; its result or exception.
+
+    Unlike ``run_in_executor`` (whose threads ``asyncio.run`` and the interpreter wait for at exit),
+    a call still blocked when the daemon stops does not hold the exit: a connect to a broker that
+    drops SYNs held gatewayd's exit for its whole ``connect_timeout_s`` (8.7 s after a clean stop).
+    Cancelling the caller abandons the call; what it returns then is dropped.
+    """
+    loop = asyncio.get_running_loop()
+    outcome: asyncio.Future[T] = loop.create_future()
+
+    def settle(setter: Callable[[Any], None], value: object) -> None:
+        if not outcome.done():  # else the caller was cancelled meanwhile
+            setter(value)
+
+    def deliver(setter: Callable[[Any], None], value: object) -> None:
+        try:
+            loop.call_soon_threadsafe(settle, setter, value)
+        except RuntimeError:  # the loop is closed: nobody waits for it any more
+            pass
+
+    def run() -> None:
+        try:
+            result = call()
+        except BaseException as exc:  # handed to the caller, whatever it is
+            deliver(outcome.set_exception, exc)
+        else:
+            deliver(outcome.set_result, result)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return await outcome

@@ -2,8 +2,8 @@
 
 Built the way aiomqtt is: no paho network thread. gateway/mqtt/socket_driver.py drives paho's socket from
 the loop (reads, writes, keepalive); this module is the connection's life and its data path: connect,
-reconnect, the inbound queue, acks and publishes. The blocking TCP/TLS connect runs in an executor
-thread.
+reconnect, the inbound queue, acks and publishes. The blocking TCP/TLS connect runs in a daemon
+thread (``runtime.shutdown.in_daemon_thread``: one still blocked at stop does not hold the exit).
 
 The adapter owns one connection task that connects, waits for the connection to drop, backs off
 and reconnects, for ever, until ``stop``; subscriptions are re-made on every connect.
@@ -44,6 +44,7 @@ from gateway.mqtt.types import (  # noqa: F401  (re-exported: the adapter's publ
     settings_from_config,
 )
 from runtime.backoff import Backoff
+from runtime.shutdown import in_daemon_thread
 from runtime.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
@@ -218,8 +219,9 @@ class MqttAdapter:
             kwargs = {}  # v3.1.1: clean_session was given to the Client
         try:
             async with asyncio.timeout(self.settings.connect_timeout_s + 1):
-                await loop.run_in_executor(
-                    None, lambda: self._client.connect(host, port, self.settings.keepalive_s, **kwargs)
+                await in_daemon_thread(  # a connect blocked at stop must not hold the exit
+                    lambda: self._client.connect(host, port, self.settings.keepalive_s, **kwargs),
+                    name=f"mqtt-connect-{self.settings.client_id}",
                 )
             async with asyncio.timeout(self.settings.connect_timeout_s):
                 await asyncio.shield(connack)

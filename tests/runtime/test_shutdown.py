@@ -8,10 +8,11 @@ import logging
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
-from runtime.shutdown import cancel_leftovers, run_stop_steps
+from runtime.shutdown import cancel_leftovers, in_daemon_thread, run_stop_steps
 from runtime.tasks import cancel_and_wait
 
 GUARD_S = 5.0  # the test's own bound around a stop that should end long before
@@ -76,11 +77,12 @@ async def test_a_step_over_its_deadline_is_named_and_the_later_steps_still_run(c
     await child
 
 
-async def test_a_step_that_raises_is_named_and_the_next_one_runs(caplog):
+@pytest.mark.parametrize("error", [OSError("disk gone"), TimeoutError("the step's own timeout")])
+async def test_a_step_that_raises_is_named_and_the_next_one_runs(error, caplog):
     ran: list[str] = []
 
     async def broken() -> None:
-        raise OSError("disk gone")
+        raise error
 
     async def after() -> None:
         ran.append("after")
@@ -88,7 +90,8 @@ async def test_a_step_that_raises_is_named_and_the_next_one_runs(caplog):
     with caplog.at_level(logging.ERROR, logger="runtime.shutdown"):
         failed = await run_stop_steps([("log", broken), ("after", after)], deadline_s=1.0)
     assert failed == ["log"] and ran == ["after"]
-    assert "stop: log failed" in caplog.text and "disk gone" in caplog.text
+    assert "stop: log failed" in caplog.text and str(error) in caplog.text
+    assert "did not stop within" not in caplog.text  # not mistaken for an overrun
 
 
 def test_cancel_leftovers_ends_what_it_can_and_names_the_rest():
@@ -137,3 +140,13 @@ def test_the_exit_guard_leaves_a_process_that_exits_in_time_alone(exit_code):
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=20, check=False
     )
     assert done.returncode == exit_code, done.stderr
+
+
+async def test_in_daemon_thread_runs_the_call_where_it_cannot_hold_the_exit():
+    def refuse() -> None:
+        raise ConnectionRefusedError("refused")
+
+    thread = await in_daemon_thread(threading.current_thread, name="blocking-call")
+    assert thread.daemon and thread.name == "blocking-call"
+    with pytest.raises(ConnectionRefusedError, match="refused"):
+        await in_daemon_thread(refuse, name="blocking-call")
