@@ -4,16 +4,17 @@
 Start (refused, exit 2, when the config file enables ``[camera]`` or ``[training]`` and this install
 lacks its extra: gateway/extras.py): lock the data dir, open the log, load the control plane's
 desired config and apply it (which starts the camera runner when ``[camera]`` is configured and
-enabled, and the training runner when training is enabled), status HTTP, uplink, MQTT + sensor
-ingest, the control plane's MQTT connection; then READY=1.
-Stop (SIGTERM/SIGINT, or a fatal log error): STOPPING=1, stop the control plane, stop intake, flush
-the log and ack what is durable, stop the uplink, publish "offline" and disconnect, stop HTTP, stop
-training (a round in progress ends at its next step), stop the camera (its last events are logged),
-close the log, unlock. SIGHUP: reload the config file
-(refused whole if invalid; the old one stays).
+enabled, and the training runner when training is enabled), status HTTP, uplink, heartbeat, MQTT,
+placement, the control plane's MQTT connection, sensor ingest last; then READY=1.
+Stop (SIGTERM/SIGINT, or a fatal log error): STOPPING=1, stop intake (nothing more is taken from the
+broker), flush the log and ack what is durable, stop the control plane and placement, publish
+"offline" and disconnect, stop the heartbeat, the uplink, HTTP, training (a round in progress ends
+at its next step) and the camera (its last events are logged), close the log, unlock; each step
+within its share of STOP_STEPS_S (runtime/shutdown.py). SIGHUP: reload the config file (refused
+whole if invalid; the old one stays).
 
 Invariant: at most one daemon uses a data dir (flock), and a stop never acknowledges a message
-whose record is not durable; it finishes within STOP_DEADLINE_S (exit 0) or says what hung (exit 1).
+whose record is not durable; it finishes within STOP_STEPS_S (True) or names what hung (False).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +59,7 @@ from protocol.control import ControlError, Side
 from protocol.derived import PlacedService
 from protocol.errors import ProtocolError
 from protocol.topics import placement_topic, status_topic
+from runtime.shutdown import run_stop_steps
 
 if TYPE_CHECKING:  # imported where they are built (_make_camera, _make_training): see there why
     from gateway.camera.runner import CameraRunner
@@ -64,7 +67,10 @@ if TYPE_CHECKING:  # imported where they are built (_make_camera, _make_training
 
 log = logging.getLogger(__name__)
 
-STOP_DEADLINE_S = 10.0
+STOP_DEADLINE_S = 10.0  # SIGTERM to exit (docs/gateway.md, "Stopping"; deploy/systemd allows more)
+STOP_STEPS_S = 8.0  # the subsystems' stop steps; the rest is for leftover tasks and the exit itself
+CONTROL_STOP_S = 1.0  # the control connection's disconnect
+MQTT_STOP_S = 2.0  # the data connection's "offline" and disconnect
 
 
 def presence_payload(gateway_id: str, state: str, ts: float) -> bytes:
@@ -326,8 +332,8 @@ class GatewayRunner:
             ("heartbeat", self.heartbeat),
             ("mqtt", self.mqtt),
             ("placement", self.placement),
-            ("ingest", self.ingest),
             ("control", self.control),
+            ("ingest", self.ingest),  # last: the first to stop
         )
         for name, service in services:
             if service is not None:  # placement is optional
@@ -340,16 +346,16 @@ class GatewayRunner:
             self.config.http.listen,
         )
 
-    async def stop(self, deadline_s: float = STOP_DEADLINE_S) -> bool:
-        """Stop in reverse order of start; True if everything stopped cleanly within the deadline."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + deadline_s
-        steps = {
-            "control": lambda: self.control.stop(timeout_s=max(0.1, min(2.0, (end - loop.time()) / 4))),
-            "ingest": lambda: self.ingest.stop(timeout_s=max(0.1, (end - loop.time()) * 0.6)),
-            "mqtt": lambda: self.mqtt.stop(
-                final=self._offline_now(), timeout_s=max(0.1, (end - loop.time()) / 3)
-            ),
+    async def stop(self, deadline_s: float = STOP_STEPS_S) -> bool:
+        """Stop in reverse order of start; True if everything stopped cleanly within the deadline.
+
+        Intake stops first (it started last): from then on nothing more is taken from the broker.
+        The uplink stops after ingest and MQTT, so a last upload may still finish.
+        """
+        steps: dict[str, Callable[[], Awaitable[object]]] = {
+            "ingest": self.ingest.stop,
+            "control": lambda: self.control.stop(timeout_s=CONTROL_STOP_S),
+            "mqtt": lambda: self.mqtt.stop(final=self._offline_now(), timeout_s=MQTT_STOP_S),
             "uplink": self.uplink.stop,
             "heartbeat": self.heartbeat.stop,
             "placement": lambda: self.placement.stop() if self.placement else asyncio.sleep(0),
@@ -358,24 +364,12 @@ class GatewayRunner:
             "training": self.training.stop,
             "log": self.log.close,
         }
-        clean = True
-        # Sequential on purpose: each subsystem is either stopped or still running, never half.
-        # The uplink is stopped after ingest/mqtt (reverse order) so a last upload may still finish.
-        for name in reversed(self._started):
-            if name == "lock":
-                self._lock.release()
-                continue
-            try:
-                async with asyncio.timeout(max(0.1, end - loop.time())):
-                    await steps[name]()
-            except TimeoutError:
-                clean = False
-                log.error("stop: %s did not stop within the %.0fs deadline", name, deadline_s)
-            except Exception:
-                clean = False
-                log.exception("stop: %s failed", name)
+        started = [name for name in reversed(self._started) if name != "lock"]
+        failed = await run_stop_steps([(name, steps[name]) for name in started], deadline_s)
+        if "lock" in self._started:
+            self._lock.release()
         self._started.clear()
-        return clean
+        return not failed
 
     async def reload(self) -> bool:
         """SIGHUP: read the config file again; an invalid one is refused whole and the old config stays."""

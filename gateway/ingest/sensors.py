@@ -144,27 +144,23 @@ class SensorIngest:
         self._intake = asyncio.create_task(self._intake_loop(), name="ingest-intake")
         self._flusher = asyncio.create_task(self._flusher_loop(), name="ingest-flusher")
 
-    async def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop intake, flush and ack what was taken (waiting for durability up to ``timeout_s``).
+    async def stop(self) -> None:
+        """Stop taking messages at once, then flush and ack what was taken.
 
-        The socket is still read (PUBACKs must get through); messages that arrive from now on stay
-        unacked in the adapter's queue and the broker redelivers them to the next run.
+        The caller bounds it (runtime/shutdown.py); cut short, what is not yet acked stays unacked.
+        Messages that reach the adapter from now on are never taken nor acked: the broker redelivers
+        them to the next run. The subscription stays, so the broker keeps queueing for the session
+        while the gateway is down (an UNSUBSCRIBE would make it drop what devices publish meanwhile).
         """
         await cancel_and_wait(self._intake)
+        self._intake = None
+        log.info("ingest: intake stopped; %d messages to flush and ack", len(self._awaiting_ack))
         await self._run_windows(self.windows.close)  # the open windows end with this run
         self._stopping = True
         self._flush_now.set()
-        if self._flusher is not None:
-            try:
-                async with asyncio.timeout(timeout_s):
-                    await self._flusher
-            except TimeoutError:
-                log.error(
-                    "ingest: log not durable within %.1fs at shutdown; unacked messages "
-                    "will be redelivered by the broker",
-                    timeout_s,
-                )
-        self._intake = self._flusher = None
+        flusher, self._flusher = self._flusher, None
+        if flusher is not None:
+            await flusher  # a deadline around stop() cancels it with the caller: nothing more is acked
 
     # --- intake ----------------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 Built the way aiomqtt is. Paho's socket callbacks attach its socket to the loop (``add_reader`` and
 ``add_writer`` call ``loop_read`` and ``loop_write``) and a misc task calls ``loop_misc`` every second
-(keepalive). The blocking TCP/TLS connect runs in an executor thread, so the socket callbacks fired
+(keepalive). The blocking TCP/TLS connect runs in another thread, so the socket callbacks fired
 from it reach the loop through ``call_soon_threadsafe``. The owner (gateway/mqtt/adapter.py) pauses reading
 when its inbound queue is full and resumes it once the queue has room.
 

@@ -5,23 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 
-from gateway.storage.epoch_log import EpochLog
 from protocol.records import decode_record
 from protocol.telemetry import MAX_TELEMETRY_BYTES
-from tests.harness.gatewayd import Gatewayd, telemetry, write_config
+from tests.harness.gatewayd import Gatewayd, log_records, telemetry, write_config
 from tests.harness.mqtt import publish
 from tests.harness.poll import wait_until
 from tests.harness.processes import run_module
-
-
-async def log_records(data_dir) -> list[tuple[int, bytes]]:
-    """The telemetry records in a gateway's log (its placement markers and sensor results left out)."""
-    log = EpochLog(data_dir / "log")
-    await log.open()
-    try:
-        return [entry async for entry in log.read(1) if b'"kind":"telemetry"' in entry[1]]
-    finally:
-        await log.close()
 
 
 def topic(device: str, leaf: str = "telemetry", gw: str = "gw1") -> str:

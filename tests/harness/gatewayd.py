@@ -1,5 +1,6 @@
 """gatewayd, the real gateway daemon, as a subprocess: its config files (plain broker or the secure
-one), the process (``Gatewayd``), its HTTP status, and the telemetry a device publishes to it.
+one), the process (``Gatewayd``), its HTTP status, the telemetry a device publishes to it, and the
+telemetry records its log holds once it has stopped (``log_records``).
 
 The daemon's output goes to ``<config stem>.log`` beside its config; ``terminate`` returns what this
 run of the daemon wrote there.
@@ -9,11 +10,13 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gateway.storage.epoch_log import EpochLog
 from tests.harness.broker import SecureBroker
 from tests.harness.install import Installation
 from tests.harness.poll import wait_until
@@ -78,7 +81,10 @@ def write_secure_config(
 class Gatewayd:
     """One run of gatewayd with ``config``; started at construction, ``wait_ready`` before use.
     ``installed``: the ``gatewayd`` of an installation (tests/harness/install.py), run from the
-    config's folder; default: this checkout's ``python -m gateway.daemon``."""
+    config's folder; default: this checkout's ``python -m gateway.daemon``, or ``module`` with
+    ``args`` before ``--config``: another entry point that ends in ``gateway.daemon.main`` (one with a
+    fault of its own, e.g. tests/harness/faulty_stop.py); ``under``: a command that runs that command
+    line (e.g. under a seccomp filter)."""
 
     def __init__(
         self,
@@ -86,18 +92,18 @@ class Gatewayd:
         http_port: int,
         installed: Installation | None = None,
         *,
+        module: str = "gateway.daemon",
+        args: Sequence[str] = (),
         under: Sequence[str] = (),
     ) -> None:
-        """``under``: a command that runs this checkout's daemon command line (e.g. under a seccomp
-        filter)."""
         self.config = config
         self.http_port = http_port
         self.log = LogFile(config.with_suffix(".log"))
-        args = ["--config", str(config)]
+        config_args = [*args, "--config", str(config)]
         if installed is None:
-            self.proc = start_module("gateway.daemon", args, self.log.path, under=under)
+            self.proc = start_module(module, config_args, self.log.path, under=under)
         else:
-            argv = [*installed.command("gatewayd"), *args]
+            argv = [*installed.command("gatewayd"), *config_args]
             self.proc = start_program(argv, self.log.path, cwd=config.parent, env=installed.env)
 
     def wait_ready(self, timeout_s: float = 20.0) -> Gatewayd:
@@ -135,9 +141,26 @@ class Gatewayd:
         self.proc.wait(timeout_s)
         return self.proc.returncode, self.output()
 
+    def timed_terminate(self, timeout_s: float = 30.0) -> tuple[int, float, str]:
+        """``terminate``, also measuring the seconds from SIGTERM to the exit: (code, seconds, log)."""
+        began = time.monotonic()
+        code, output = self.terminate(timeout_s)
+        return code, time.monotonic() - began, output
+
     def kill(self) -> None:
         """SIGKILL if still running (no flush, no ack), and reap it."""
         kill_process(self.proc)
+
+
+async def log_records(data_dir: Path) -> list[tuple[int, bytes]]:
+    """The telemetry records in a stopped gateway's log (its placement markers and sensor results
+    left out), as (LSN, record)."""
+    log = EpochLog(data_dir / "log")
+    await log.open()
+    try:
+        return [entry async for entry in log.read(1) if b'"kind":"telemetry"' in entry[1]]
+    finally:
+        await log.close()
 
 
 def telemetry(device: str, seq: int, **overrides: Any) -> bytes:
