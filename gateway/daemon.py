@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.control.recent_errors import RecentErrors
+from gateway.control.recent_log import RecentLog
 from gateway.control.sdnotify import SystemdNotifier
 from gateway.datadir import StartupError
 from gateway.runner import GatewayRunner
@@ -29,7 +29,7 @@ EXIT_OK, EXIT_FAILURE, EXIT_CONFIG = 0, 1, 2
 
 
 async def run_daemon(
-    config: GatewayConfig, config_path: Path | None = None, recent: RecentErrors | None = None
+    config: GatewayConfig, config_path: Path | None = None, recent: RecentLog | None = None
 ) -> int:
     notifier = SystemdNotifier()
     runner = GatewayRunner(config, config_path, recent)
@@ -73,14 +73,14 @@ async def run_daemon(
     return EXIT_FAILURE if failed or not clean else EXIT_OK
 
 
-def setup_logging(gateway_id: str, level: str) -> RecentErrors:
-    """stderr lines that name the gateway, and the ring of recent warnings/errors (``gatewayctl logs``)."""
+def setup_logging(gateway_id: str, level: str) -> RecentLog:
+    """stderr lines that name the gateway, and the rings of recent lines (``gatewayctl logs``)."""
     logging.basicConfig(
         stream=sys.stderr,
         level=level,
         format=f"%(asctime)s %(levelname)s gw={gateway_id} %(name)s: %(message)s",
     )
-    recent = RecentErrors()
+    recent = RecentLog()
     logging.getLogger().addHandler(recent)
     return recent
 

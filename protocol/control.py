@@ -207,6 +207,12 @@ class ServiceStopRequest(_Change):
     service: StartableService
 
 
+class ServiceRestartRequest(_Request):
+    """Stop and start a running service with its desired config, which stays as it is (no revision)."""
+
+    service: StartableService
+
+
 class DeviceAddRequest(_Change):
     device: DevicePattern
 
@@ -237,6 +243,16 @@ class LogLevelRequest(_Change):
 
 class LogErrorsRequest(_Request):
     limit: int = Field(default=50, ge=1, le=500)
+    level: Literal["INFO", "WARNING", "ERROR"] = Field(default="WARNING", description="this level and up")
+    after: str | None = Field(
+        default=None,
+        max_length=64,
+        description="a cursor (an answer's next): the lines after it, oldest first",
+    )
+
+
+class DevicesListRequest(_Request):
+    pass
 
 
 OPS: dict[str, type[_Request]] = {
@@ -247,6 +263,7 @@ OPS: dict[str, type[_Request]] = {
     "config.patch": ConfigPatchRequest,
     "service.start": ServiceStartRequest,
     "service.stop": ServiceStopRequest,
+    "service.restart": ServiceRestartRequest,
     "device.add": DeviceAddRequest,
     "device.remove": DeviceRemoveRequest,
     "camera.source": CameraSourceRequest,
@@ -254,8 +271,9 @@ OPS: dict[str, type[_Request]] = {
     "placement.pin": PlacementPinRequest,
     "log.level": LogLevelRequest,
     "log.errors": LogErrorsRequest,
+    "devices.list": DevicesListRequest,
 }
-READ_ONLY_OPS = frozenset({"services.list", "status.get", "config.get", "log.errors"})
+READ_ONLY_OPS = frozenset({"services.list", "status.get", "config.get", "log.errors", "devices.list"})
 
 
 def peek_reply_fields(payload: bytes) -> tuple[str | None, str | None]:
