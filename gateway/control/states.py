@@ -40,7 +40,10 @@ class ServiceStates:
         self._applying.add(service)
         try:
             self._answers[service] = await self._handlers.apply(service, settings)
-            self._set_problem(service, self._handlers.health(service))  # not what the old settings had
+            # not what the old settings had; a problem that came during the apply (a capture that
+            # failed at once) is logged here, as ``check`` logs one that comes later
+            if self._set_problem(service, self._handlers.health(service)):
+                self._log(service)
         finally:
             self._applying.discard(service)
 

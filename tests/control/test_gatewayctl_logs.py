@@ -6,27 +6,12 @@ from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-
-from tests.harness.broker import Broker
 from tests.harness.gatewayctl import broker_args, ctl, ctl_json
-from tests.harness.gatewayd import Gatewayd, write_config
 from tests.harness.poll import wait_until
 from tests.harness.processes import LogFile, start_module
 
 CHANGES = 6
-
-
-@pytest.fixture
-def gatewayd(mosquitto: Broker, tmp_path: Path) -> Iterator[Gatewayd]:
-    config, http_port = write_config(tmp_path, mosquitto.url)
-    gw = Gatewayd(config, http_port).wait_ready()
-    wait_until(lambda: gw.status()["control"]["births"] >= 1, 20, "control plane subscribed")
-    yield gw
-    gw.kill()
 
 
 def test_level_info_reads_the_info_lines_and_the_default_only_warnings(mosquitto, gatewayd):
