@@ -33,12 +33,11 @@ from gateway.control.client import ControlClient, CtlError
 from gateway.control.render import human, log_lines, presence
 from gateway.preflight.run import preflight, render_checks
 from protocol.config import MqttVersion
-from protocol.control import SERVICE_NAMES, ControlResponse
+from protocol.control import MAX_LOG_LINES, SERVICE_NAMES, ControlResponse
 from protocol.topics import check_id
 
 EXIT_OK, EXIT_NO_STATUS, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # Ctrl-C, other than the end of logs --follow
-FOLLOW_LIMIT = 500  # the most lines one log.errors answer holds; a full answer is read on at once
 
 
 def json_object(text: str) -> dict[str, Any]:
@@ -211,8 +210,8 @@ async def follow_logs(client: ControlClient, args: argparse.Namespace, as_json: 
         lines = [json.dumps(line) for line in data["lines"]] if as_json else log_lines(data)
         if lines:
             print("\n".join(lines), flush=True)
-        body = {"level": args.level, "limit": FOLLOW_LIMIT, "after": data["next"]}
-        if len(data["lines"]) < FOLLOW_LIMIT:
+        body = {"level": args.level, "limit": MAX_LOG_LINES, "after": data["next"]}
+        if len(data["lines"]) < MAX_LOG_LINES:  # a full answer: more may wait, read on at once
             await asyncio.sleep(args.interval)  # polling is the mechanism: the gateway pushes no lines
 
 

@@ -31,6 +31,7 @@ from protocol.strict import SchemaVersion
 from protocol.topics import ID_PATTERN
 
 MAX_REQUEST_BYTES = 64 * 1024
+MAX_LOG_LINES = 500  # the most lines one log.errors answer holds
 ServiceName = Literal["sensor", "camera", "training", "models", "placement", "gateway"]
 SERVICE_NAMES: tuple[ServiceName, ...] = get_args(ServiceName)
 # what a service's handler reports; degraded: applied and running, but a worker is backing off after errors
@@ -242,7 +243,7 @@ class LogLevelRequest(_Change):
 
 
 class LogErrorsRequest(_Request):
-    limit: int = Field(default=50, ge=1, le=500)
+    limit: int = Field(default=50, ge=1, le=MAX_LOG_LINES)
     level: Literal["INFO", "WARNING", "ERROR"] = Field(default="WARNING", description="this level and up")
     after: str | None = Field(
         default=None,

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import collections
 import logging
+import re
 import secrets
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 from protocol.control import ControlError
@@ -28,25 +28,7 @@ INFO_LINES = 500
 # the level a reader asks for -> the ring that holds its lines (ERROR reads the warning ring, filtered)
 RING_OF_LEVEL = {"INFO": "info", "WARNING": "warning", "ERROR": "warning"}
 _Kept = tuple[int, int, dict[str, Any]]  # (seq, levelno, line)
-
-
-@dataclass(frozen=True)
-class LogRead:
-    """One read: the lines (oldest first), the cursor to read on from, what was missed or restarted."""
-
-    lines: list[dict[str, Any]]
-    next: str
-    missed: int = 0
-    restarted: bool = False
-
-    def as_dict(self, dropped: int) -> dict[str, Any]:
-        return {
-            "lines": self.lines,
-            "next": self.next,
-            "missed": self.missed,
-            "restarted": self.restarted,
-            "dropped": dropped,
-        }
+CURSOR = re.compile(r"(?P<run>[0-9a-f]{1,16})-(?P<ring>info|warning)-(?P<seq>[0-9]{1,18})")
 
 
 class LogRing:
@@ -122,33 +104,35 @@ class RecentLog(logging.Handler):
         level's ring or from its future."""
         name = RING_OF_LEVEL[level]
         ring, levelno = self.rings[name], logging.getLevelNamesMapping()[level]
+        missed, restarted = 0, False
         if after is None:
             lines, read_to = ring.tail(limit, levelno)
-            result = LogRead(lines, self._cursor(name, read_to))
         else:
             seq, restarted = self._parse(after, name, ring.taken)
             lines, read_to, missed = ring.after(seq, limit, levelno)
-            result = LogRead(lines, self._cursor(name, read_to), missed, restarted)
-        return result.as_dict(ring.dropped)
-
-    def _cursor(self, ring: str, seq: int) -> str:
-        return f"{self.run}-{ring}-{seq}"
+        return {
+            "lines": lines,
+            "next": f"{self.run}-{name}-{read_to}",
+            "missed": missed,
+            "restarted": restarted,
+            "dropped": ring.dropped,
+        }
 
     def _parse(self, cursor: str, ring: str, taken: int) -> tuple[int, bool]:
         """(seq, restarted): a cursor of an earlier run reads this run from its start."""
-        run, _, rest = cursor.partition("-")
-        name, _, seq_text = rest.partition("-")
-        if not (name in self.rings and seq_text.isdigit()):
+        parts = CURSOR.fullmatch(cursor)
+        if parts is None:
             raise ControlError("invalid", f"{cursor!r} is not a cursor (<run>-<ring>-<seq>)", field="after")
-        if run != self.run:
+        if parts["run"] != self.run:
             return 0, True
-        if name != ring:
+        if parts["ring"] != ring:
             raise ControlError(
                 "invalid",
-                f"{cursor!r} is a cursor of the {name} lines; read {ring} lines from one of "
-                "theirs (the same level)",
+                f"{cursor!r} is a cursor of the {parts['ring']} lines, not of the {ring} lines: "
+                "follow at the level it was read at",
                 field="after",
             )
-        if int(seq_text) > taken:
+        seq = int(parts["seq"])
+        if seq > taken:
             raise ControlError("invalid", f"{cursor!r} is past the newest line ({taken})", field="after")
-        return int(seq_text), False
+        return seq, False

@@ -7,6 +7,7 @@ tried without waiting and let go at once; the port is bound and closed at once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -107,13 +108,23 @@ def check_lock(config: GatewayConfig) -> tuple[Check, bool]:
     return Check("lock", "WARN", detail), True
 
 
+def _bytes_in(folder: Path) -> int:
+    total = 0
+    for path in folder.rglob("*") if folder.is_dir() else ():
+        with contextlib.suppress(FileNotFoundError):  # a segment the running gatewayd trimmed meanwhile
+            total += path.stat().st_size if path.is_file() else 0
+    return total
+
+
 def check_disk(config: GatewayConfig) -> Check:
     """The disk under the data dir has room for what the log may still grow by (``log.max_bytes``)."""
     where = nearest_existing(config.data_dir)
-    log_dir = record_log_dir(config)
-    used = sum(f.stat().st_size for f in log_dir.rglob("*") if f.is_file()) if log_dir.is_dir() else 0
+    try:
+        used = _bytes_in(record_log_dir(config))
+        free = shutil.disk_usage(where).free
+    except OSError as exc:
+        return Check("disk", "WARN", f"cannot measure {where}: {exc.strerror or exc}")
     room = max(0, config.log.max_bytes - used)
-    free = shutil.disk_usage(where).free
     budget = f"log.max_bytes {size(config.log.max_bytes)}, {size(used)} used"
     if free < room:
         detail = f"{size(free)} free on {where}, but the log may grow by {size(room)} ({budget})"

@@ -98,7 +98,7 @@ def test_a_cursor_of_another_run_reads_this_one_from_its_start(logger):
         ("abc-warning-x", "is not a cursor"),
         ("abc-nowhere-1", "is not a cursor"),
         (None, "is past the newest line"),  # this run's, from the future
-        ("info", "is a cursor of the info lines"),  # this run's, of the other ring
+        ("info", "is a cursor of the info lines, not of the warning lines"),  # of the other ring
     ],
 )
 def test_a_bad_cursor_is_refused_naming_after(logger, cursor, says):
