@@ -33,7 +33,9 @@ def test_follow_prints_each_new_line_once_in_order_until_ctrl_c(mosquitto, gatew
     args = broker_args(mosquitto.url)
     output = LogFile(tmp_path / "follow.out")
     follower = start_module(
-        "gateway.ctl", [*args, "logs", "--follow", "--level", "INFO", "--interval", "0.2"], output.path
+        "gateway.ctl",
+        [*args, "logs", "--follow", "--level", "INFO", "--limit", "500", "--interval", "0.2"],
+        output.path,
     )
     try:
         wait_until(lambda: "gatewayd started" in output.text(), 20, "the follower's first lines")
