@@ -1,15 +1,19 @@
-"""gatewayctl: operate a gateway over MQTT (docs/mqtt-api.md, "Control plane").
+"""gatewayctl: operate a gateway over MQTT (docs/mqtt-api.md, "Control plane"), or check its box.
 
     gatewayctl --broker URL --gateway ID [--username U --password-file F --ca-file F] COMMAND [--json]
+    gatewayctl check --config FILE [--json]
 
-Commands: status, services, config get|set|patch, start, stop, devices [add|remove], camera-source,
-model pin|unpin, placement [pin|unpin], log-level, logs. Human tables by default, ``--json`` for scripts.
+Commands: status, services, config get|set|patch, start, stop, restart, devices [add|remove],
+camera-source, model pin|unpin, placement [pin|unpin], log-level, logs [--level L] [--follow]; and
+check, the preflight run on the gateway's box (gateway/preflight). Human tables by default
+(gateway/control/render.py), ``--json`` for scripts.
 
 Invariant: it answers or gives up within ``--timeout`` (connecting to the broker included; then at
-most 1 s to disconnect); exit 0 on success, 1 when the gateway is offline or does not answer in
-time, 2 for usage or connection problems (including the broker's refusal), 3 when the gateway
-refused the request (its error, naming the field, is printed). Every failure is one line on
-stderr, never a traceback.
+most 1 s to disconnect; ``logs --follow``: each poll, until Ctrl-C, which exits 0); exit 0 on
+success, 1 when the gateway is offline or does not answer in time (``check``: when a check fails),
+2 for usage or connection problems (including the broker's refusal), 3 when the gateway refused the
+request (its error, naming the field, is printed). Every failure is one line on stderr, never a
+traceback.
 """
 
 from __future__ import annotations
@@ -20,16 +24,20 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, get_args
 
 from gateway.control.client import ControlClient, CtlError
+from gateway.control.render import human, log_lines, presence
+from gateway.preflight.run import preflight, render_checks
 from protocol.config import MqttVersion
-from protocol.control import SERVICE_NAMES, ControlResponse
+from protocol.control import MAX_LOG_LINES, SERVICE_NAMES, ControlResponse
 from protocol.topics import check_id
 
 EXIT_OK, EXIT_NO_STATUS, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130  # Ctrl-C, other than the end of logs --follow
 
 
 def json_object(text: str) -> dict[str, Any]:
@@ -52,8 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gatewayctl", description="operate an edgefed gateway over MQTT", parents=[common]
     )
-    parser.add_argument("--broker", required=True, help="mqtt://HOST:PORT or mqtts://HOST:PORT")
-    parser.add_argument("--gateway", required=True, help="gateway id")
+    parser.add_argument("--broker", help="mqtt://HOST:PORT or mqtts://HOST:PORT (every command but check)")
+    parser.add_argument("--gateway", help="gateway id (every command but check)")
     parser.add_argument("--username")
     parser.add_argument("--password-file", type=Path, help="file holding the password alone")
     parser.add_argument("--ca-file", type=Path, help="CA to verify the broker (mqtts)")
@@ -61,9 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--key-file", type=Path, help="client key (mqtts, optional)")
     parser.add_argument("--protocol", choices=get_args(MqttVersion), default="5")
     parser.add_argument(
-        "--timeout", type=float, default=5.0, help="seconds for the whole command (connecting included)"
+        "--timeout",
+        type=float,
+        default=5.0,
+        help="seconds for the whole command (connecting included); check: for each network check",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser(
+        "check", parents=[common], help="preflight on the gateway's box: config, data dir, broker, cloud"
+    )
+    check.add_argument("--config", required=True, type=Path, help="the gateway's TOML file")
     sub.add_parser("status", parents=[common], help="the gateway's presence and control summary")
     sub.add_parser("services", parents=[common], help="every service: state, revision, applied?")
     config = sub.add_parser("config", parents=[common], help="a service's desired config")
@@ -80,7 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
     for name, what in (("start", "start a service"), ("stop", "stop a service (sensor: hold the intake)")):
         startable = ("sensor", "camera", "training")
         sub.add_parser(name, parents=[common], help=what).add_argument("service", choices=startable)
-    devices = sub.add_parser("devices", parents=[common], help="devices.allow: list, add, remove")
+    restart = sub.add_parser("restart", parents=[common], help="stop and start a running service")
+    restart.add_argument("service", choices=("sensor", "camera", "training"))
+    devices = sub.add_parser(
+        "devices", parents=[common], help="devices heard from and devices.allow; add, remove"
+    )
     devices.add_argument("action", nargs="?", choices=("add", "remove"))
     devices.add_argument("device", nargs="?", help="device id or glob")
     camera = sub.add_parser("camera-source", parents=[common], help="set the camera source")
@@ -98,8 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("log-level", parents=[common], help="the gateway's log level").add_argument(
         "level", choices=("DEBUG", "INFO", "WARNING", "ERROR")
     )
-    logs = sub.add_parser("logs", parents=[common], help="recent warnings and errors")
-    logs.add_argument("--limit", type=int, default=50)
+    logs = sub.add_parser("logs", parents=[common], help="recent log lines (warnings and errors by default)")
+    logs.add_argument("--limit", type=int, default=50, help="the last N lines (1-500)")
+    logs.add_argument("--level", choices=("INFO", "WARNING", "ERROR"), default="WARNING", help="this and up")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until Ctrl-C")
+    logs.add_argument("--interval", type=float, default=1.0, help="--follow: seconds between polls")
     return parser
 
 
@@ -116,7 +138,7 @@ def _plan_config(args: argparse.Namespace) -> Planned:
 
 def _plan_devices(args: argparse.Namespace) -> Planned:
     if args.action is None:
-        return "config.get", {"service": "sensor"}  # the list is the sensor's allow list
+        return "devices.list", {}
     if not args.device:
         raise CtlError(f"devices {args.action}: name a device", EXIT_USAGE)
     return f"device.{args.action}", {"device": args.device}
@@ -149,12 +171,13 @@ _PLANS: dict[str, Callable[[argparse.Namespace], Planned | None]] = {
     "config": _plan_config,
     "start": lambda args: ("service.start", {"service": args.service}),
     "stop": lambda args: ("service.stop", {"service": args.service}),
+    "restart": lambda args: ("service.restart", {"service": args.service}),
     "devices": _plan_devices,
     "camera-source": _plan_camera_source,
     "model": _plan_model,
     "placement": _plan_placement,
     "log-level": lambda args: ("log.level", {"level": args.level}),
-    "logs": lambda args: ("log.errors", {"limit": args.limit}),
+    "logs": lambda args: ("log.errors", {"limit": args.limit, "level": args.level}),
 }
 
 
@@ -166,50 +189,46 @@ def plan_request(args: argparse.Namespace) -> Planned | None:
     return plan(args)
 
 
-def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    cells = [[str(row.get(c, "")) for c in columns] for row in rows]
-    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
-    return "\n".join(line.rstrip() for line in lines)
+def refused(response: ControlResponse) -> int:
+    """The gateway's refusal as one line on stderr; the exit code."""
+    assert response.error is not None
+    where = f" {response.error.field}:" if response.error.field else ""
+    print(f"gatewayctl: refused ({response.error.reason}):{where} {response.error.detail}", file=sys.stderr)
+    return EXIT_REFUSED
 
 
-def human(args: argparse.Namespace, response: ControlResponse) -> str:
-    data = response.data or {}
-    if args.command == "services":
-        rows = [{**view, "changed_at": view["revision"]} for view in data["services"]]
-        columns = ["service", "state", "applied", "changed_at", "handler", "detail"]
-        return table(rows, columns) + f"\nconfig revision {response.revision} (what --revision takes)"
-    if args.command == "logs":
-        rows = [{**line, "ts": f"{line['ts']:.3f}"} for line in data["lines"]]
-        return table(rows, ["ts", "level", "logger", "message"]) if rows else "no recent warnings or errors"
-    if args.command == "devices" and args.action is None:
-        return "\n".join(data["config"]["allow"])
-    if args.command == "placement" and args.action is None:
-        pins = data["config"]["pins"]
-        rows = [{"task": k, "pinned": v} for k, v in sorted(pins.items())]
-        return (
-            table(rows, ["task", "pinned"]) if rows else "no pins (the planner decides)"
-        ) + f"\n(state {data['state']}: {data['detail']})"
-    if args.command == "config" and args.action == "get":
-        head = (
-            f"{data['service']}: {data['state']}, applied: {data['applied']} (config revision "
-            f"{response.revision}: what --revision takes; this service last changed at {data['revision']})"
-        )
-        return head + "\n" + json.dumps(data["config"], indent=2, sort_keys=True)
-    if not data.get("changed"):
-        return f"no change (revision {response.revision})"
-    out = [f"revision {response.revision}"]
-    for view in data["services"].values():
-        out.append(
-            f"  {view['service']}: {view['state']}, applied: {view['applied']}"
-            + (f" ({view['detail']})" if view["detail"] else "")
-        )
-    return "\n".join(out)
+async def follow_logs(client: ControlClient, args: argparse.Namespace, as_json: bool) -> int:
+    """``logs --follow``: the last ``--limit`` lines, then each new one as it comes, once and in order
+    (the cursor of each answer is where the next poll reads on), until Ctrl-C."""
+    body: dict[str, Any] = {"level": args.level, "limit": args.limit}
+    while True:
+        client.renew()  # each poll has the whole --timeout
+        response = await client.request("log.errors", body)
+        if response.status == "error":
+            return refused(response)
+        data = response.data or {}
+        lines = [json.dumps(line) for line in data["lines"]] if as_json else log_lines(data)
+        if lines:
+            print("\n".join(lines), flush=True)
+        body = {"level": args.level, "limit": MAX_LOG_LINES, "after": data["next"]}
+        if len(data["lines"]) < MAX_LOG_LINES:  # a full answer: more may wait, read on at once
+            await asyncio.sleep(args.interval)  # polling is the mechanism: the gateway pushes no lines
+
+
+async def run_check(args: argparse.Namespace, as_json: bool) -> int:
+    checks = await preflight(args.config, timeout_s=args.timeout)
+    failed = any(check.status == "FAIL" for check in checks)
+    if as_json:
+        print(json.dumps({"ok": not failed, "checks": [check.as_dict() for check in checks]}))
+    else:
+        print(render_checks(checks))
+    return EXIT_NO_STATUS if failed else EXIT_OK
 
 
 async def run(args: argparse.Namespace) -> int:
     as_json = getattr(args, "json", False)
+    if args.command == "check":
+        return await run_check(args, as_json)
     for option in ("password_file", "ca_file", "cert_file", "key_file"):
         path = getattr(args, option)
         if path is not None and not (path.is_file() and os.access(path, os.R_OK)):
@@ -234,34 +253,28 @@ async def run(args: argparse.Namespace) -> int:
                     f"gateway {args.gateway} offline or no status (nothing on "
                     f"edgefed/{args.gateway}/status within {args.timeout:g}s)"
                 )
-            state = status.get("state", "?")
-            print(
-                json.dumps(status)
-                if as_json
-                else f"gateway {status.get('gateway', args.gateway)}: {state} (since {status.get('ts', '?')})"
-            )
-            return EXIT_OK if state == "online" else EXIT_NO_STATUS
+            print(json.dumps(status) if as_json else presence(args.gateway, status, time.time()))
+            return EXIT_OK if status.get("state") == "online" else EXIT_NO_STATUS
+        if args.command == "logs" and args.follow:
+            return await follow_logs(client, args, as_json)
         response = await client.request(*planned)
     if as_json:
         print(response.model_dump_json(exclude_none=True))
     elif response.status == "ok":
-        print(human(args, response))
-    if response.status == "error":
-        assert response.error is not None
-        where = f" {response.error.field}:" if response.error.field else ""
-        print(
-            f"gatewayctl: refused ({response.error.reason}):{where} {response.error.detail}", file=sys.stderr
-        )
-        return EXIT_REFUSED
-    return EXIT_OK
+        print(human(args, response, time.time()))
+    return refused(response) if response.status == "error" else EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command != "check" and not (args.broker and args.gateway):
+        parser.error(f"{args.command} needs --broker and --gateway")
     if not logging.getLogger().handlers:  # the MQTT adapter's retry warnings are not the operator's
         logging.getLogger().addHandler(logging.NullHandler())  # business: the one-line error says it
     try:
-        check_id("gateway", args.gateway)
+        if args.gateway is not None:
+            check_id("gateway", args.gateway)
         return asyncio.run(run(args))
     except CtlError as exc:
         print(f"gatewayctl: {exc}", file=sys.stderr)
@@ -269,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         print(f"gatewayctl: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # Ctrl-C: how logs --follow ends, and only that is a success
+        return EXIT_OK if getattr(args, "follow", False) else EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

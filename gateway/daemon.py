@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.control.recent_errors import RecentErrors
+from gateway.control.recent_log import RecentLog
 from gateway.control.sdnotify import SystemdNotifier
 from gateway.datadir import StartupError
 from gateway.runner import STOP_DEADLINE_S, GatewayRunner
@@ -40,7 +40,7 @@ EXIT_MARGIN_S = 0.5  # the exit guard fires this long before STOP_DEADLINE_S
 async def run_daemon(
     config: GatewayConfig,
     config_path: Path | None = None,
-    recent: RecentErrors | None = None,
+    recent: RecentLog | None = None,
     stop_begins: Callable[[], object] = lambda: None,
 ) -> int:
     """Run the gateway until SIGTERM/SIGINT or a fatal log error, then stop it; the exit code.
@@ -116,14 +116,14 @@ async def _stop(runner: GatewayRunner, notifier: SystemdNotifier, failed: bool) 
     return EXIT_OK
 
 
-def setup_logging(gateway_id: str, level: str) -> RecentErrors:
-    """stderr lines that name the gateway, and the ring of recent warnings/errors (``gatewayctl logs``)."""
+def setup_logging(gateway_id: str, level: str) -> RecentLog:
+    """stderr lines that name the gateway, and the rings of recent lines (``gatewayctl logs``)."""
     logging.basicConfig(
         stream=sys.stderr,
         level=level,
         format=f"%(asctime)s %(levelname)s gw={gateway_id} %(name)s: %(message)s",
     )
-    recent = RecentErrors()
+    recent = RecentLog()
     logging.getLogger().addHandler(recent)
     return recent
 

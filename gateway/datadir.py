@@ -40,6 +40,21 @@ class DataDirLock:
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
 
+    def holder(self) -> str | None:
+        """Who holds the lock now, tried and let go at once (``gatewayctl check``): the pid its holder
+        wrote (``"?"`` if none), or None when it is free or was never made."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)  # never created, nor truncated, here
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        finally:
+            os.close(fd)  # closing lets go of a lock this took
+        return None
+
     def release(self) -> None:
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)

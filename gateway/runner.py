@@ -39,7 +39,8 @@ from gateway.control.handlers import (
     TrainingHandler,
 )
 from gateway.control.plane import ControlPlane
-from gateway.control.recent_errors import RecentErrors
+from gateway.control.recent_log import RecentLog
+from gateway.control.reports import GatewayReports
 from gateway.control.store import ControlStore
 from gateway.control.wiring import base_from_file, known_models, task_catalog
 from gateway.datadir import DataDirLock, StartupError, open_record_log, record_log_dir
@@ -93,7 +94,7 @@ TRAINING_LIVE_FIELDS = {"enabled": False, "private": True}  # [training] fields 
 
 class GatewayRunner:
     def __init__(
-        self, config: GatewayConfig, config_path: Path | None = None, recent: RecentErrors | None = None
+        self, config: GatewayConfig, config_path: Path | None = None, recent: RecentLog | None = None
     ) -> None:
         self.config = config
         gw = config.gateway_id
@@ -156,7 +157,7 @@ class GatewayRunner:
             sensor_params=config.sensor.params(),
             sides=lambda: self._sides("sensor"),
         )
-        self.recent = recent or RecentErrors()
+        self.recent = recent or RecentLog()
         self.handlers = HandlerSet()
         self.handlers.connect(
             "sensor", SensorHandler(lambda allow: self.ingest.set_allow(allow), self.mqtt.hold)
@@ -188,8 +189,7 @@ class GatewayRunner:
             self.handlers,
             task_catalog(),
             known_models(config),
-            self.recent,
-            self.status,
+            GatewayReports(self.recent, self.status, self.ingest.devices),
         )
         self.reloads = {"ok": 0, "failed": 0}
         self.last_reload: dict[str, Any] | None = None

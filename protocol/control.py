@@ -31,6 +31,7 @@ from protocol.strict import SchemaVersion
 from protocol.topics import ID_PATTERN
 
 MAX_REQUEST_BYTES = 64 * 1024
+MAX_LOG_LINES = 500  # the most lines one log.errors answer holds
 ServiceName = Literal["sensor", "camera", "training", "models", "placement", "gateway"]
 SERVICE_NAMES: tuple[ServiceName, ...] = get_args(ServiceName)
 # what a service's handler reports; degraded: applied and running, but a worker is backing off after errors
@@ -207,6 +208,12 @@ class ServiceStopRequest(_Change):
     service: StartableService
 
 
+class ServiceRestartRequest(_Request):
+    """Stop and start a running service with its desired config, which stays as it is (no revision)."""
+
+    service: StartableService
+
+
 class DeviceAddRequest(_Change):
     device: DevicePattern
 
@@ -236,7 +243,17 @@ class LogLevelRequest(_Change):
 
 
 class LogErrorsRequest(_Request):
-    limit: int = Field(default=50, ge=1, le=500)
+    limit: int = Field(default=50, ge=1, le=MAX_LOG_LINES)
+    level: Literal["INFO", "WARNING", "ERROR"] = Field(default="WARNING", description="this level and up")
+    after: str | None = Field(
+        default=None,
+        max_length=64,
+        description="a cursor (an answer's next): the lines after it, oldest first",
+    )
+
+
+class DevicesListRequest(_Request):
+    pass
 
 
 OPS: dict[str, type[_Request]] = {
@@ -247,6 +264,7 @@ OPS: dict[str, type[_Request]] = {
     "config.patch": ConfigPatchRequest,
     "service.start": ServiceStartRequest,
     "service.stop": ServiceStopRequest,
+    "service.restart": ServiceRestartRequest,
     "device.add": DeviceAddRequest,
     "device.remove": DeviceRemoveRequest,
     "camera.source": CameraSourceRequest,
@@ -254,8 +272,9 @@ OPS: dict[str, type[_Request]] = {
     "placement.pin": PlacementPinRequest,
     "log.level": LogLevelRequest,
     "log.errors": LogErrorsRequest,
+    "devices.list": DevicesListRequest,
 }
-READ_ONLY_OPS = frozenset({"services.list", "status.get", "config.get", "log.errors"})
+READ_ONLY_OPS = frozenset({"services.list", "status.get", "config.get", "log.errors", "devices.list"})
 
 
 def peek_reply_fields(payload: bytes) -> tuple[str | None, str | None]:

@@ -7,7 +7,8 @@ Correlation Data (or, on 3.1.1, ``response_topic``/``correlation_id`` in the pay
 the answer that carries its correlation.
 
 Invariant: every wait (connecting, the status, the answer) comes out of one budget of ``timeout_s``
-that starts when the client is entered, so a command ends within ``timeout_s`` plus the disconnect
+that starts when the client is entered (or, for a command that keeps polling, ``logs --follow``,
+when it ``renew``s it before a request), so a command ends within ``timeout_s`` plus the disconnect
 (at most DISCONNECT_S); every failure becomes a ``CtlError`` whose message tells the operator what
 to do (connect refused, not authorized, gateway offline, no answer in time).
 """
@@ -98,6 +99,10 @@ class ControlClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self._adapter.stop(timeout_s=DISCONNECT_S)
+
+    def renew(self) -> None:
+        """A whole new budget of ``timeout_s`` from now, for the next request of a command that polls."""
+        self._deadline = asyncio.get_running_loop().time() + self.timeout_s
 
     def _left(self) -> float:
         """Seconds left of the budget (``timeout_s`` from entry)."""

@@ -4,13 +4,16 @@ config and state of every service, retained, under ``edgefed/<gw>/services/<serv
 It owns its own MQTT connection (client id ``<id>-control``, clean session) and one task, which
 takes requests one at a time: a request is parsed, checked against the current revision, applied
 to a copy of the config (pure, gateway/control/ops.py), persisted (atomic file write), and only
-then made current and handed to the service handlers. Every request is answered: on its MQTT v5
-Response Topic with its Correlation Data, else on the ``response_topic``/``correlation_id`` of its
-payload (the MQTT 3.1.1 fallback), else on ``edgefed/<gw>/control/response/<op>`` (Zigbee2MQTT's
-convention). On each (re)connect the retained service topics are published again (a birth), and a
-state a service reaches on its own (``HandlerSet.report``) is published again when it comes, as is
-each change the task finds when it asks every service how it is doing, at least every 0.5 s
-(``degraded`` or ``failed`` with the error: gateway/control/states.py).
+then made current and handed to the service handlers. A restart (``service.restart``) hands a
+running service its config disabled, then as it is, and keeps the revision; what the gateway
+reports about itself (status, log lines, devices) comes from gateway/control/reports.py. Every
+request is answered: on its MQTT v5 Response Topic with its Correlation Data, else on the
+``response_topic``/``correlation_id`` of its payload (the MQTT 3.1.1 fallback), else on
+``edgefed/<gw>/control/response/<op>`` (Zigbee2MQTT's convention). On each (re)connect the
+retained service topics are published again (a birth), and a state a service reaches on its own
+(``HandlerSet.report``) is published again when it comes, as is each change the task finds when it
+asks every service how it is doing, at least every 0.5 s (``degraded`` or ``failed`` with the
+error: gateway/control/states.py).
 
 Invariant: a refused request changes nothing (config, revision, file) and is answered with an
 error naming the field; an accepted change is on disk before it is current, answered, or applied.
@@ -36,7 +39,7 @@ from gateway.control.ops import (
     effective,
     overrides_after,
 )
-from gateway.control.recent_errors import RecentErrors
+from gateway.control.reports import GatewayReports
 from gateway.control.states import ServiceStates
 from gateway.control.store import ControlStore
 from gateway.mqtt.adapter import InboundMessage, MqttAdapter, MqttError
@@ -50,8 +53,8 @@ from protocol.control import (
     ControlResponse,
     DesiredConfig,
     ErrorBody,
-    LogErrorsRequest,
     ResponseStatus,
+    ServiceRestartRequest,
     StoredControl,
     parse_request,
     peek_reply_fields,
@@ -81,8 +84,7 @@ class ControlPlane:
         handlers: HandlerSet,
         catalog: TaskCatalog,
         models: Collection[str],
-        recent: RecentErrors,
-        status: Callable[[], dict[str, Any]],
+        reports: GatewayReports,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.gateway_id = gateway_id
@@ -92,8 +94,7 @@ class ControlPlane:
         self.handlers = handlers
         self._catalog = catalog
         self._models = models  # the models this gateway runs: the only ones a pin may name
-        self._recent = recent
-        self._status = status
+        self._reports = reports
         self._clock = clock
         self.config = base
         self.revision = 0
@@ -237,6 +238,8 @@ class ControlPlane:
     async def _execute(self, op: str, request: Any) -> dict[str, Any]:
         if op in READ_ONLY_OPS:
             return self._read(op, request)
+        if isinstance(request, ServiceRestartRequest):
+            return await self._restart(request.service)
         async with self._lock:
             if request.revision is not None and request.revision != self.revision:
                 raise ControlError(
@@ -258,11 +261,17 @@ class ControlPlane:
     def _read(self, op: str, request: Any) -> dict[str, Any]:
         if isinstance(request, ConfigGetRequest):
             return self._service_view(request.service)
-        if isinstance(request, LogErrorsRequest):
-            return {"lines": self._recent.recent(request.limit), "dropped": self._recent.dropped}
-        if op == "status.get":
-            return self._status()
-        return {"services": [self._service_view(s) for s in SERVICE_NAMES]}
+        if op == "services.list":
+            return {"services": [self._service_view(s) for s in SERVICE_NAMES]}
+        return self._reports.read(request, allow=self.config.sensor.allow)
+
+    async def _restart(self, service: str) -> dict[str, Any]:
+        """Stop and start ``service`` with its desired config, which does not change (nor the revision)."""
+        async with self._lock:
+            await self.states.restart(service, getattr(self.config, service))
+            await self._publish_service(service)
+            await self._publish_event(service, "service.restart")
+            return self._service_view(service)
 
     async def _commit(
         self, new: DesiredConfig, overrides: dict[str, dict[str, Any]], changed: list[str], why: str
@@ -283,17 +292,7 @@ class ControlPlane:
             self._service_revision[service] = self.revision
             await self.states.apply(service, getattr(new, service))
             await self._publish_service(service)
-            event = {
-                "v": 1,
-                "service": service,
-                "revision": self.revision,
-                "op": why,
-                "ts": round(self._clock(), 3),
-                **self.states.current(service).as_dict(),
-            }
-            await self._publish(
-                service_topic(self.gateway_id, service, "events"), json.dumps(event).encode(), retain=False
-            )
+            await self._publish_event(service, why)
         log.info(
             "control: revision %d (%s): %s",
             self.revision,
@@ -337,25 +336,27 @@ class ControlPlane:
 
     async def _publish_service(self, service: str) -> None:
         view = self._service_view(service)
-        config = {
-            "v": 1,
-            "service": service,
-            "revision": view["revision"],
-            "config": view["config"],
-            "overridden": view["overridden"],
-        }
-        state = {
-            "v": 1,
-            "service": service,
-            "revision": view["revision"],
-            "state": view["state"],
-            "applied": view["applied"],
-            "detail": view["detail"],
-        }
+        common = {"v": 1, "service": service, "revision": view["revision"]}
+        config = {**common, "config": view["config"], "overridden": view["overridden"]}
+        state = {**common, **{key: view[key] for key in ("state", "applied", "detail")}}
         for leaf, body in (("config", config), ("state", state)):
             await self._publish(
                 service_topic(self.gateway_id, service, leaf), json.dumps(body).encode(), retain=True
             )
+
+    async def _publish_event(self, service: str, op: str) -> None:
+        """What an accepted change (or a restart) did to ``service``, on its ``events`` topic."""
+        event = {
+            "v": 1,
+            "service": service,
+            "revision": self.revision,
+            "op": op,
+            "ts": round(self._clock(), 3),
+            **self.states.current(service).as_dict(),
+        }
+        await self._publish(
+            service_topic(self.gateway_id, service, "events"), json.dumps(event).encode(), retain=False
+        )
 
     async def _publish_birth(self) -> None:
         self.counters["births"] += 1

@@ -4,8 +4,9 @@ service whose worker is backing off is ``degraded``, one whose worker died is ``
 the error, until it recovers and the answer shows again.
 
 Owner: the control plane; its task calls ``check`` each time round (at least every 0.5 s) and
-publishes the services it returns. Every change of state is logged: as a warning (so also in
-``log.errors``) when the service is degraded or failed, at most once per service per 10 s.
+publishes the services it returns, and ``apply`` (or ``restart``: stop, then start with the same
+settings) for each request that changes a service. Every change of state is logged: as a warning
+(so also in ``log.errors``) when the service is degraded or failed, at most once per service per 10 s.
 
 Invariant: every view (the retained ``state``, ``services.list``, ``/status``, the heartbeat) reads
 ``current``, so no two disagree; a report or health check taken while the service's apply runs is
@@ -19,7 +20,7 @@ from typing import Any
 
 from gateway.control.handlers import Applied, HandlerSet
 from gateway.ratelimit import RateLimitedLog
-from protocol.control import SERVICE_NAMES
+from protocol.control import SERVICE_NAMES, ControlError
 
 log = logging.getLogger(__name__)
 
@@ -36,16 +37,26 @@ class ServiceStates:
         self._warn = RateLimitedLog(log)
 
     async def apply(self, service: str, settings: Any) -> None:
-        before = self.current(service)
         self._applying.add(service)
         try:
             self._answers[service] = await self._handlers.apply(service, settings)
-            self._set_problem(service, self._handlers.health(service))  # not what the old settings had
+            # not what the old settings had; a problem that came during the apply (a capture that
+            # failed at once) is logged here, as ``check`` logs one that comes later
+            if self._set_problem(service, self._handlers.health(service)):
+                self._log(service)
         finally:
             self._applying.discard(service)
-        now = self.current(service)
-        if now.state in UNHEALTHY and now != before:  # a worker that failed before its apply returned
-            self._log(service)
+
+    async def restart(self, service: str, settings: Any) -> None:
+        """Apply ``settings`` (a running service's) disabled, then as they are: its subsystem stops and
+        starts again. ControlError if the settings have it stopped: there is nothing to restart."""
+        if not settings.enabled:
+            raise ControlError(
+                "conflict", f"{service} is stopped (enabled = false): start it", field="service"
+            )
+        await self.apply(service, settings.model_copy(update={"enabled": False}))
+        await self.apply(service, settings)
+        log.info("control: %s restarted: %s", service, self.current(service).state)
 
     def report(self, service: str, applied: Applied) -> bool:
         """``service`` reached ``applied`` on its own; True if that is news (logged; to publish)."""

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.ingest.device_stats import DeviceStats
 from gateway.ingest.recent_samples import RecentSamples, SampleKey
 from gateway.ingest.windows import SensorWindows
 from gateway.mqtt.adapter import InboundMessage, MqttAdapter
@@ -127,6 +128,7 @@ class SensorIngest:
         self.acked = 0
         self.epochs = 0
         self.redelivered = 0  # samples already in the log, delivered again by the broker
+        self.devices = DeviceStats()  # who sent what, allowed or not (devices.list)
         self._recent = RecentSamples()
         self.windows = SensorWindows(record_log, gateway_id, sensor_params or SensorParams(), sides, clock)
         self._last_tick = 0.0
@@ -190,8 +192,10 @@ class SensorIngest:
             verdict = Verdict(None, "too_large", f"{message.topic}: {size}")
         else:
             verdict = judge_message(self.gateway_id, self._allow, message.topic, message.payload, received_ts)
+        outcome: str | None = None  # for the device's figures: accepted, redelivered, or the reject reason
         if verdict.sample in self._recent:
             self.redelivered += 1  # already durable or in the open epoch: ack it with this epoch
+            outcome = "redelivered"
         elif verdict.record is not None and not self._failed:
             try:
                 lsn = await self._log.append(verdict.record)
@@ -202,6 +206,7 @@ class SensorIngest:
                 return  # never acked: the broker keeps it
             else:
                 self.accepted += 1
+                outcome = "accepted"
                 self._appended_since_flush += 1
                 assert verdict.sample is not None and verdict.telemetry is not None, "a record's Verdict"
                 self._recent.remember(verdict.sample)
@@ -210,6 +215,9 @@ class SensorIngest:
         if verdict.reason is not None:
             self.rejected[verdict.reason] = self.rejected.get(verdict.reason, 0) + 1
             self._warn.warning(verdict.reason, "ingest: rejected (%s): %s", verdict.reason, verdict.detail)
+        outcome = outcome or verdict.reason
+        if outcome is not None:  # None: the log has failed, this message is not taken
+            self.devices.record(message.topic, received_ts, outcome)
         self._awaiting_ack.append(message)
         if len(self._awaiting_ack) >= EAGER_FLUSH_MESSAGES:
             self._flush_now.set()

@@ -11,22 +11,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.harness.camera import DevicesimCamera
+from tests.harness.camera import DevicesimCamera, camera_extra
 from tests.harness.cloud_http import call
 from tests.harness.gatewayctl import broker_args, ctl, ctl_json
 from tests.harness.gatewayd import Gatewayd, write_config
 from tests.harness.mqtt import retained
 from tests.harness.poll import wait_until
 from tests.harness.processes import free_port
-
-
-def camera_extra(camera_port: int) -> str:
-    return (
-        "heartbeat_interval_s = 0.5\n"  # still inside write_config's [uplink]
-        "[placement]\nenabled = false\n"
-        f'[camera]\nenabled = true\ncamera_id = "cam1"\nsource = "http://127.0.0.1:{camera_port}/stream.mjpg"\n'
-        "open_timeout_s = 2.0\nread_timeout_s = 2.0\nbackoff_initial_s = 0.2\nbackoff_max_s = 1.0\n"
-    )
 
 
 def fleet_camera(cloudd) -> dict:

@@ -47,6 +47,7 @@ FIELDS = [
     "where",
     "level",
     "limit",
+    "after",
     "correlation_id",
     "response_topic",
     "enabled",

@@ -10,26 +10,13 @@ import re
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from gateway.ctl import build_parser
-from tests.harness.broker import Broker
+from gateway.ctl import build_parser, main
 from tests.harness.gatewayctl import broker_args, ctl
-from tests.harness.gatewayd import Gatewayd, write_config
-from tests.harness.poll import wait_until
 
 DISCONNECT_S = 1.0  # docs/gateway.md: gatewayctl ends within --timeout, plus at most 1 s to disconnect
-
-
-@pytest.fixture
-def gatewayd(mosquitto: Broker, tmp_path: Path) -> Iterator[Gatewayd]:
-    config, http_port = write_config(tmp_path, mosquitto.url)
-    gw = Gatewayd(config, http_port).wait_ready()
-    wait_until(lambda: gw.status()["control"]["births"] >= 1, 20, "control plane subscribed")
-    yield gw
-    gw.kill()
 
 
 def test_the_revision_config_get_prints_is_the_one_revision_takes(mosquitto, gatewayd):
@@ -108,3 +95,10 @@ def test_a_bad_value_is_one_line_not_a_traceback(value, says):
     code, out, err = ctl(*broker_args("mqtt://127.0.0.1:9"), "config", "set", "sensor", value)
     assert code == 2 and out == "", (out, err)
     assert err.count("\n") == 1 and says in err and "Traceback" not in err, err
+
+
+def test_every_command_but_check_needs_the_broker_and_the_gateway(capsys):
+    with pytest.raises(SystemExit) as exited:  # argparse's usage error, as for any other
+        main(["--gateway", "gw1", "services"])
+    assert exited.value.code == 2
+    assert "gatewayctl: error: services needs --broker and --gateway" in capsys.readouterr().err

@@ -31,6 +31,6 @@ def test_loose_types_and_a_live_retained_request_are_refused_and_change_nothing(
         assert status["control"]["refused_by_reason"]["invalid"] == 2
         assert status["control"]["revision"] == 0 and status["control"]["changes"] == 0
         code, out, err = ctl(*broker_args(mosquitto.url), "devices")
-        assert code == 0 and out.split() == ["*"], err
+        assert code == 0 and "allow: * (" in out, (out, err)
     finally:
         gw.kill()

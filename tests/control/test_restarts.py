@@ -109,7 +109,7 @@ def test_sighup_reloads_and_a_broken_file_keeps_the_old_config(mosquitto, tmp_pa
         wait_until(lambda: gw.status()["reload"]["ok"] == 1, 20, "reload applied")
         assert gw.status()["control"]["revision"] == 1
         code, out, err = plain_ctl(mosquitto.url, "devices")
-        assert code == 0 and out.split() == ["barn-*"], err
+        assert code == 0 and "allow: barn-* (" in out, (out, err)
         rc, err = gw.terminate()
         assert rc == 0
         assert "reload:" in err and "refused, keeping the previous config" in err

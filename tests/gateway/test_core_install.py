@@ -71,6 +71,29 @@ def test_a_camera_enabled_without_the_camera_extra_is_refused_at_start(core, tmp
     assert not (tmp_path / "data-gw1" / "log").exists()  # refused before anything was opened
 
 
+def test_gatewayctl_check_from_the_core_install_names_the_missing_extra(core, tmp_path):
+    config, _ = write_config(tmp_path, "mqtt://127.0.0.1:9")
+    camera = '[camera]\nenabled = true\nsource = "rtsp://127.0.0.1:9/cam"\n'
+    config.write_text(config.read_text() + camera)
+    result = core.run(
+        "gatewayctl", "--timeout", "1", "--json", "check", "--config", str(config), cwd=tmp_path
+    )
+    assert result.returncode == 1, result
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    assert checks["extras"] == {
+        "name": "extras",
+        "status": "FAIL",
+        "detail": "[camera] needs the \"camera\" extra: pip install 'edgefed[camera]' "
+        "(not installed: numpy, cv2, onnxruntime)",
+    }
+    config.write_text(config.read_text().replace("enabled = true", "enabled = false"))
+    result = core.run(
+        "gatewayctl", "--timeout", "1", "--json", "check", "--config", str(config), cwd=tmp_path
+    )
+    extras = {c["name"]: c for c in json.loads(result.stdout)["checks"]}["extras"]
+    assert extras["status"] == "WARN" and "[camera] is off; enabling it fails" in extras["detail"], extras
+
+
 def test_enabling_camera_or_training_over_mqtt_without_their_extras_fails_and_the_gateway_runs_on(
     core, mosquitto, tmp_path
 ):

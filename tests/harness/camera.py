@@ -1,5 +1,6 @@
-"""Camera tests' tools: a real ``devicesim camera`` process (MJPEG over HTTP, ground truth to a file),
-a recorded video, the committed scene model and relabelled copies of it, ground-truth matching."""
+"""Camera tests' tools: a gateway config's [camera] section, a real ``devicesim camera`` process (MJPEG
+over HTTP, ground truth to a file), a recorded video, the committed scene model and relabelled copies
+of it, ground-truth matching."""
 
 from __future__ import annotations
 
@@ -29,6 +30,17 @@ def relabel(artifact: ModelArtifact, version: str, onnx_bytes: bytes | None = No
     fields = artifact.metadata.model_dump(exclude={"sha256", "size"})
     fields["version"] = version
     return replace(artifact, metadata=build_metadata(data, **fields), onnx_bytes=data)
+
+
+def camera_extra(camera_port: int) -> str:
+    """For write_config's ``extra``: a [camera] reading MJPEG from ``camera_port`` (placement off), with
+    short timeouts and backoff, and heartbeats every 0.5 s."""
+    return (
+        "heartbeat_interval_s = 0.5\n"  # still inside write_config's [uplink]
+        "[placement]\nenabled = false\n"
+        f'[camera]\nenabled = true\ncamera_id = "cam1"\nsource = "http://127.0.0.1:{camera_port}/stream.mjpg"\n'
+        "open_timeout_s = 2.0\nread_timeout_s = 2.0\nbackoff_initial_s = 0.2\nbackoff_max_s = 1.0\n"
+    )
 
 
 class DevicesimCamera:

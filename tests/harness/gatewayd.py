@@ -61,6 +61,8 @@ def write_secure_config(
     extra: str = "",
     mtls: bool = False,
     flush_ms: int = 20,
+    cloud_url: str = "http://127.0.0.1:9",
+    token: str = "t",
 ) -> tuple[Path, int]:
     """gw1's config for the secure broker: its password over TLS, or its client certificate (mTLS)."""
     port = http_port or free_port()
@@ -73,7 +75,7 @@ def write_secure_config(
         f'ca_file = "{sb.ca}"\n{cert}'
         f"[log]\nflush_interval_ms = {flush_ms}\n"
         f'[http]\nlisten = "127.0.0.1:{port}"\n'
-        f'[uplink]\ncloud_url = "http://127.0.0.1:9"\ntoken = "t"\nbackoff_max_s = 1.0\n'
+        f'[uplink]\ncloud_url = "{cloud_url}"\ntoken = "{token}"\nbackoff_max_s = 1.0\n'
     )
     return config, port
 
