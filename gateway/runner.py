@@ -47,12 +47,14 @@ from gateway.datadir import DataDirLock, StartupError, open_record_log, record_l
 from gateway.extras import NeedsExtraHandler, extra_installed, missing_extras
 from gateway.heartbeat import HeartbeatSender, heartbeat_link, heartbeat_placement, heartbeat_services
 from gateway.ingest.sensors import SensorIngest
-from gateway.metrics import StatsCollector, make_registry
+from gateway.metrics import make_registry
 from gateway.mqtt.adapter import MqttAdapter, Will, settings_from_config
 from gateway.mqtt.types import MqttSettings
 from gateway.placement.execution import ServiceSides
 from gateway.placement.plan import Plan
 from gateway.placement.runner import PlacementRunner, make_monitor
+from gateway.reload import applied_live, restart_needed_for
+from gateway.runner_metrics import gateway_collector
 from gateway.status import StatusServer
 from gateway.uplink.sender import Uplink, read_token
 from protocol.config import GatewayConfig, load_gateway_config
@@ -77,19 +79,6 @@ MQTT_STOP_S = 2.0  # the data connection's "offline" and disconnect
 def presence_payload(gateway_id: str, state: str, ts: float) -> bytes:
     """The retained status message; "offline" is also the last will."""
     return json.dumps({"v": 1, "state": state, "gateway": gateway_id, "ts": round(ts, 3)}).encode()
-
-
-RESTART_ONLY = (
-    "gateway_id",
-    "data_dir",
-    "mqtt",
-    "http",
-    "log",
-    "uplink",
-    "sensor",
-)  # a reload cannot change these
-CAMERA_LIVE_FIELDS = {"enabled": None, "source": None, "sample_fps": None}  # [camera] fields a reload applies
-TRAINING_LIVE_FIELDS = {"enabled": False, "private": True}  # [training] fields a reload applies
 
 
 class GatewayRunner:
@@ -193,45 +182,7 @@ class GatewayRunner:
         )
         self.reloads = {"ok": 0, "failed": 0}
         self.last_reload: dict[str, Any] | None = None
-        collector = StatsCollector(gw)
-        collector.add("mqtt", self.mqtt.stats, gauges={"connected", "inbound_queued", "reading_paused"})
-        collector.add(
-            "log",
-            self.log.stats,
-            gauges={
-                "durable_lsn",
-                "trimmed_lsn",
-                "next_lsn",
-                "bytes_used",
-                "max_bytes",
-                "buffered_bytes",
-                "segments",
-            },
-        )
-        collector.add("ingest", self.ingest.stats, gauges={"awaiting_ack", "windows_open"})
-        collector.add_labeled_counter(
-            "ingest_rejected", "device messages rejected, by reason", "reason", lambda: self.ingest.rejected
-        )
-        collector.add(
-            "uplink", lambda: {**self.uplink.figures, "backlog": self.uplink.backlog}, gauges={"backlog"}
-        )
-        collector.add_labeled_counter(
-            "uplink_failures", "failed uploads, by kind", "kind", lambda: self.uplink.failures
-        )
-        collector.add("control", self.control.stats, gauges={"revision"})
-        collector.add_labeled_counter(
-            "control_refused", "control requests refused, by reason", "reason", lambda: self.control.refused
-        )
-        collector.add("reload", lambda: dict(self.reloads))
-        collector.add("heartbeat", lambda: dict(self.heartbeat.counters))
-        if self.camera is not None:
-            from gateway.camera.runner import METRIC_GAUGES
-
-            collector.add("camera", self.camera.metrics, gauges=METRIC_GAUGES)
-        from gateway.federated.runner import METRIC_GAUGES as TRAINING_GAUGES
-
-        collector.add("training", self.training.metrics, gauges=TRAINING_GAUGES)
-        self.registry = make_registry(collector)
+        self.registry = make_registry(gateway_collector(self))
         self.link_monitor.register_metrics(self.registry)
         self.http = StatusServer(config.http.listen, self.status, self.registry)
         self._started: list[str] = []
@@ -386,22 +337,12 @@ class GatewayRunner:
             self.last_reload = {"ok": False, "ts": round(time.time(), 3), "error": detail}
             log.error("reload: %s refused, keeping the previous config: %s", path, detail)
             return False
-        later = [name for name in RESTART_ONLY if getattr(new, name) != getattr(self.config, name)]
-        unpinned: dict[str, Any] = {"pins": {}}
-        if new.placement.model_copy(update=unpinned) != self.config.placement.model_copy(update=unpinned):
-            later.append("placement (other than pins)")
-        if _camera_restart_fields(self.config, new):
-            later.append("camera (other than enabled, source, sample_fps)")
-        live = TRAINING_LIVE_FIELDS
-        if new.training.model_copy(update=live) != self.config.training.model_copy(update=live):
-            later.append("training (other than enabled, private)")
+        later = restart_needed_for(self.config, new)
         if later:
             log.warning(
                 "reload: %s changed in %s; that takes effect at the next restart", ", ".join(later), path
             )
-        self.config = self.config.model_copy(
-            update={"devices": new.devices, "log_level": new.log_level, "placement": new.placement}
-        )
+        self.config = applied_live(self.config, new)
         self.reloads["ok"] += 1
         self.last_reload = {
             "ok": True,
@@ -466,13 +407,3 @@ class GatewayRunner:
             "camera": self.camera.status() if self.camera is not None else None,
             "training": self.training.status(),
         }
-
-
-def _camera_restart_fields(old: GatewayConfig, new: GatewayConfig) -> bool:
-    """True if a reload changed [camera] beyond what the control plane applies live."""
-    if (old.camera is None) != (new.camera is None):
-        return True
-    if old.camera is None or new.camera is None:
-        return False
-    live = CAMERA_LIVE_FIELDS
-    return old.camera.model_copy(update=live) != new.camera.model_copy(update=live)
