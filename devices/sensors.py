@@ -23,6 +23,7 @@ import paho.mqtt.client as mqtt
 from devices.flags import integer, number, readable_file
 from devices.telemetry_model import new_sensor, readings, silent
 from protocol.topics import telemetry_topic
+from runtime.tls_probe import speaks_tls, tls_hint
 
 log = logging.getLogger("devicesim.sensors")
 
@@ -95,23 +96,39 @@ def _connect(url: str, client_id: str, login: BrokerLogin) -> mqtt.Client:
         password = login.password_file.read_text().strip() if login.password_file else None
         client.username_pw_set(login.username, password)
     answered = threading.Event()
-    refused: list[str] = []
+    refused: list[str] = []  # the broker's CONNACK said no
+    closed: list[str] = []  # the connection ended before any CONNACK
 
     def on_connect(client: mqtt.Client, userdata: object, flags: object, reason: Any, props: object) -> None:
         if reason.is_failure:
             refused.append(str(reason))
         answered.set()
 
-    client.on_connect = on_connect
-    client.connect(parsed.hostname, parsed.port or (8883 if tls else 1883), keepalive=30)
+    def on_disconnect(
+        client: mqtt.Client, userdata: object, flags: object, reason: Any, props: object
+    ) -> None:
+        if not answered.is_set():
+            closed.append(str(reason))
+            answered.set()
+
+    client.on_connect, client.on_disconnect = on_connect, on_disconnect
+    host, port = parsed.hostname, parsed.port or (8883 if tls else 1883)
+    client.connect(host, port, keepalive=30)
     client.loop_start()
-    if answered.wait(CONNECT_TIMEOUT_S) and not refused:
+    if answered.wait(CONNECT_TIMEOUT_S) and not (refused or closed):
         return client
-    client.loop_stop()  # before a refused login is retried by paho's thread
+    client.loop_stop()  # before paho's thread tries again
     client.disconnect()
-    raise ConnectionError(
-        f"broker refused: {refused[0]}" if refused else f"no CONNACK within {CONNECT_TIMEOUT_S:g}s"
-    )
+    if refused:
+        raise ConnectionError(f"broker refused: {refused[0]}")
+    if not closed:
+        raise ConnectionError(f"no CONNACK within {CONNECT_TIMEOUT_S:g}s")
+    why = f"connection closed before CONNACK ({closed[0]})"
+    if not tls and speaks_tls(host, port):
+        why += f"; {tls_hint(host, port)}"
+    elif tls and login.cert_file is None:  # how a listener that requires a client certificate ends it
+        why += "; does the broker require a client certificate (--cert-file, --key-file)?"
+    raise ConnectionError(why)
 
 
 def _str(path: Path | None) -> str | None:

@@ -19,8 +19,15 @@ import pytest
 from tests.harness.processes import REPO, free_port, stop_process, wait_for_port
 
 DEPLOY = REPO / "deploy" / "mosquitto"
-# the secure broker's accounts (deploy/mosquitto/make_passwd.sh makes its passwd file from these)
-USERS = {"operator": "op-secret", "gw1": "gw1-secret", "sensor-1": "dev-secret", "gw2": "gw2-secret"}
+# the secure broker's accounts (deploy/mosquitto/make_passwd.sh makes its passwd file from these);
+# sim-1 is devicesim's first sensor of gw1 (device sensor-000)
+USERS = {
+    "operator": "op-secret",
+    "gw1": "gw1-secret",
+    "sensor-1": "dev-secret",
+    "gw2": "gw2-secret",
+    "sim-1": "sim-secret",
+}
 
 
 def need(tool: str) -> None:
@@ -129,6 +136,7 @@ def start_secure_broker(tmp: Path) -> SecureBroker:
         timeout=60,
     )
     acl_args = ["--operator", "operator", "--gateway", "gw1", "--gateway", "gw2", "--device", "gw1:sensor-1"]
+    acl_args += ["--device", "gw1:sensor-000:sim-1"]
     acl = subprocess.run(
         [sys.executable, str(DEPLOY / "make_acl.py"), *acl_args],
         check=True,
