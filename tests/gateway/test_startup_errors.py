@@ -76,11 +76,14 @@ def test_unreadable_password_file_is_named(tmp_path):
 
 def test_tls_files_that_do_not_load_are_named(tmp_path):
     make_certs(tmp_path)
+    (tmp_path / "notes.txt").write_text("not a certificate\n")
     mqtts = '[mqtt]\nbroker = "mqtts://127.0.0.1:8883"\n'
     missing_ca = one_line(gatewayd(tmp_path, mqtts + 'ca_file = "nope.pem"\n' + listen(free_port())))
     assert missing_ca == f"gatewayd: mqtt.ca_file {tmp_path}/nope.pem: cannot read: No such file or directory"
-    not_a_ca = one_line(gatewayd(tmp_path, mqtts + 'ca_file = "san.ext"\n' + listen(free_port())))
-    assert not_a_ca.startswith(f"gatewayd: mqtt.ca_file {tmp_path}/san.ext: not a PEM certificate"), not_a_ca
+    not_a_ca = one_line(gatewayd(tmp_path, mqtts + 'ca_file = "notes.txt"\n' + listen(free_port())))
+    assert not_a_ca.startswith(f"gatewayd: mqtt.ca_file {tmp_path}/notes.txt: not a PEM certificate"), (
+        not_a_ca
+    )
     crossed = mqtts + 'ca_file = "ca.pem"\ncert_file = "gw1.pem"\nkey_file = "server.key"\n'  # another's key
     wrong_key = one_line(gatewayd(tmp_path, crossed + listen(free_port())))
     assert wrong_key.startswith(
