@@ -5,8 +5,9 @@ as a connection lost. The MQTT clients (gateway/mqtt/adapter.py, so gatewayctl t
 then say what is wrong: ``tls_hint``.
 
 Invariant: a probe opens one TCP connection, offers a TLS handshake that verifies nothing and sends
-no data, and closes it, within ``timeout_s``; it answers True only when the server answered in TLS
-(the handshake completed, or the server sent a TLS alert).
+no data, and closes it, waiting at most ``timeout_s`` for each step (the connection, each answer of
+the handshake); it answers True only when the server answered in TLS (the handshake completed, or
+the server sent a TLS alert).
 """
 
 from __future__ import annotations

@@ -40,28 +40,22 @@ def mode_and_group(path: Path) -> tuple[int, int]:
     return stat.S_IMODE(info.st_mode), info.st_gid
 
 
+def make_passwd(users: Path, output: Path, group: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MOSQUITTO_GROUP": group}
+    script = str(DEPLOY / "make_passwd.sh")
+    return subprocess.run(
+        ["sh", script, str(users), str(output)], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
 def test_make_passwd_leaves_the_file_to_the_brokers_group(tmp_path):
     users = tmp_path / "users.txt"
     users.write_text("gw1:secret\n")
-    own_group = grp.getgrgid(os.getgid())
-    env = {**os.environ, "MOSQUITTO_GROUP": own_group.gr_name}  # a group this user may give files to
-    made = subprocess.run(
-        ["sh", str(DEPLOY / "make_passwd.sh"), str(users), str(tmp_path / "passwd")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    own_group = grp.getgrgid(os.getgid())  # a group this user may give its files to, root or not
+    made = make_passwd(users, tmp_path / "passwd", own_group.gr_name)
     assert made.returncode == 0, made.stderr
     assert mode_and_group(tmp_path / "passwd") == (0o640, own_group.gr_gid)
-    env["MOSQUITTO_GROUP"] = "no-such-group-edgefed"
-    made = subprocess.run(
-        ["sh", str(DEPLOY / "make_passwd.sh"), str(users), str(tmp_path / "passwd2")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    made = make_passwd(users, tmp_path / "passwd2", "no-such-group-edgefed")
     assert made.returncode == 0 and "no group no-such-group-edgefed" in made.stderr, made.stderr
     assert mode_and_group(tmp_path / "passwd2")[0] == 0o600  # not opened to anyone else
 

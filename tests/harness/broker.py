@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.processes import REPO, free_port, stop_process, wait_for_port
+from tests.harness.processes import REPO, ProcessExited, free_port, stop_process, wait_for_port
 
 DEPLOY = REPO / "deploy" / "mosquitto"
 # the secure broker's accounts (deploy/mosquitto/make_passwd.sh makes its passwd file from these);
@@ -60,10 +60,17 @@ class Broker:
 
 
 def start_mosquitto(config: Path, port: int) -> subprocess.Popen:
-    """mosquitto with ``config``, its output appended to mosquitto.log beside the config."""
-    with open(config.parent / "mosquitto.log", "ab") as log:
+    """mosquitto with ``config``, its output appended to mosquitto.log beside the config; one that
+    exits at start raises ProcessExited with the end of that log (why: "Unable to open pwfile")."""
+    log_path = config.parent / "mosquitto.log"
+    with open(log_path, "ab") as log:
         proc = subprocess.Popen(["mosquitto", "-c", str(config)], stdout=log, stderr=subprocess.STDOUT)
-    wait_for_port(port, proc=proc)
+    try:
+        wait_for_port(port, proc=proc)
+    except ProcessExited as exc:
+        raise ProcessExited(
+            f"{exc}; mosquitto.log ends: {log_path.read_text(errors='replace')[-600:]}"
+        ) from None
     return proc
 
 
