@@ -21,21 +21,24 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import IO
 
+from devices.flags import PORT, integer, number
+
 BOUNDARY = "edgefedframe"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--width", type=int, default=320)
-    parser.add_argument("--height", type=int, default=240)
-    parser.add_argument("--fps", type=float, default=10.0)
-    parser.add_argument("--frames", type=int, default=0, help="frames to produce (0: until stopped)")
-    parser.add_argument("--noise", type=float, default=3.0, help="sensor noise sigma (grey levels)")
+    parser.add_argument("--seed", type=integer(), default=0)
+    parser.add_argument("--width", type=integer(32, 4096), default=320, help="pixels, 32 to 4096")
+    parser.add_argument("--height", type=integer(32, 4096), default=240, help="pixels, 32 to 4096")
+    # at least 1: the scene is planned in whole frames, and below one frame per second a segment has none
+    parser.add_argument("--fps", type=number(1, 120), default=10.0, help="frames per second, 1 to 120")
+    parser.add_argument("--frames", type=integer(0), default=0, help="frames to produce (0: until stopped)")
+    parser.add_argument("--noise", type=number(0, 255), default=3.0, help="sensor noise sigma (grey levels)")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=None, help="serve MJPEG over HTTP on this port")
+    parser.add_argument("--port", type=PORT, default=None, help="serve MJPEG over HTTP on this port")
     parser.add_argument("--out", type=Path, default=None, help="write an MJPG .avi video file")
     parser.add_argument("--truth", type=Path, default=None, help="write ground truth as JSON lines")
-    parser.add_argument("--jpeg-quality", type=int, default=85)
+    parser.add_argument("--jpeg-quality", type=integer(1, 100), default=85, help="1 to 100")
 
 
 class LatestFrame:

@@ -145,7 +145,8 @@ def _plan_devices(args: argparse.Namespace) -> Planned:
 
 
 def _plan_camera_source(args: argparse.Namespace) -> Planned:
-    return "camera.source", {"source": args.source, **({"sample_fps": args.fps} if args.fps else {})}
+    rate = {} if args.fps is None else {"sample_fps": args.fps}  # 0 too: the gateway refuses it by name
+    return "camera.source", {"source": args.source, **rate}
 
 
 def _plan_model(args: argparse.Namespace) -> Planned:

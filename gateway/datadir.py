@@ -27,8 +27,14 @@ class DataDirLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        data_dir = self.path.parent
+        if data_dir.exists() and not data_dir.is_dir():
+            raise StartupError(f"data_dir {data_dir} is not a directory")
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:  # a parent that is a file, no permission, a read-only file system
+            raise StartupError(f"data_dir {data_dir}: cannot create {self.path}: {exc.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -53,6 +53,7 @@ from gateway.mqtt.types import MqttSettings
 from gateway.placement.execution import ServiceSides
 from gateway.placement.plan import Plan
 from gateway.placement.runner import PlacementRunner, make_monitor
+from gateway.provided_files import check_provided_files
 from gateway.reload import applied_live, restart_needed_for
 from gateway.runner_metrics import gateway_collector
 from gateway.status import StatusServer
@@ -94,15 +95,13 @@ class GatewayRunner:
         refused = missing_extras(config)  # a section the file enables that this install cannot run
         if refused:
             raise StartupError("; ".join(refused))
+        check_provided_files(config)  # the readers below would meet an unreadable file with a traceback
         self.started_at = time.monotonic()
         self._lock = DataDirLock(config.data_dir)
         self.config_path = config_path
         self.log = open_record_log(config)
         self._offline = Will(status_topic(gw), presence_payload(gw, "offline", time.time()))
-        try:
-            settings = settings_from_config(config.mqtt, gw, will=self._offline)
-        except OSError as exc:
-            raise StartupError(f"mqtt.password_file: cannot read: {exc.strerror}") from None
+        settings = settings_from_config(config.mqtt, gw, will=self._offline)
         online = Will(status_topic(gw), presence_payload(gw, "online", time.time()))
         self.mqtt = MqttAdapter(settings, on_connect_publish=[online])
         control_settings = settings_from_config(config.mqtt, gw, will=None, role="control")
@@ -123,10 +122,7 @@ class GatewayRunner:
             if config.placement.enabled
             else None
         )
-        try:
-            self.token = read_token(config.uplink.token, config.uplink.token_file)
-        except OSError as exc:
-            raise StartupError(f"uplink.token_file: cannot read: {exc.strerror}") from None
+        self.token = read_token(config.uplink.token, config.uplink.token_file)
         self.heartbeat = HeartbeatSender(
             gw,
             config.uplink.cloud_url,

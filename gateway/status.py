@@ -14,13 +14,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    """``"127.0.0.1:9100"`` -> ("127.0.0.1", 9100); ``"[::1]:9100"`` works too."""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"http.listen {listen!r} must be HOST:PORT")
-    return host.strip("[]") or "0.0.0.0", int(port)
+from protocol.config import parse_listen
 
 
 class StatusServer:

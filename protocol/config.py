@@ -287,8 +287,23 @@ class TrainingConfig(_Section):
     forward_batch: int = Field(default=256, ge=1, le=10_000)  # raw mode: samples copied per uplink flush
 
 
+def parse_listen(listen: str) -> tuple[str, int]:
+    """``"127.0.0.1:9100"`` -> ("127.0.0.1", 9100); ``"[::1]:9100"`` works too, and ``":9100"`` is every
+    interface. ValueError unless it is HOST:PORT with a port from 1 to 65535."""
+    host, sep, port = listen.rpartition(":")
+    if not (sep and port.isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError(f"{listen!r} must be HOST:PORT with a port from 1 to 65535")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
 class HttpConfig(_Section):
     listen: str = "127.0.0.1:9100"
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        parse_listen(value)
+        return value
 
 
 class GatewayConfig(_Section):

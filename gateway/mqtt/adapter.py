@@ -4,7 +4,8 @@ Built the way aiomqtt is: no paho network thread. gateway/mqtt/socket_driver.py 
 the loop (reads, writes, keepalive), gateway/mqtt/packet_limit.py bounds what paho reads, and
 gateway/mqtt/inbound.py queues what it read; this module is the connection's life and its data path:
 connect, reconnect, acks and publishes. The blocking TCP/TLS connect runs in a daemon thread
-(``runtime.shutdown.in_daemon_thread``: one still blocked at stop does not hold the exit).
+(``runtime.shutdown.in_daemon_thread``: one still blocked at stop does not hold the exit). A plain
+``mqtt://`` connection that ends before its CONNACK may have met TLS: tls_hint.py says so.
 
 The adapter owns one connection task that connects, waits for the connection to drop, backs off
 and reconnects, for ever, until ``stop``; subscriptions are re-made on every connect.
@@ -33,8 +34,10 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from gateway.mqtt.inbound import InboundQueue
 from gateway.mqtt.packet_limit import BoundedClient, RefusedPacket
 from gateway.mqtt.socket_driver import SocketDriver
+from gateway.mqtt.tls_hint import TlsHint
 from gateway.mqtt.types import (  # noqa: F401  (re-exported: the adapter's public names live here)
     InboundMessage,
+    MqttClosedBeforeConnack,
     MqttConnectError,
     MqttCounters,
     MqttError,
@@ -88,6 +91,7 @@ class MqttAdapter:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self.last_connect_error: str | None = None  # why the last connect failed (e.g. "not authorized")
+        self._tls_hint = TlsHint(settings)
         self._warn = RateLimitedLog(log)
         self._client = self._make_client()
         self._socket = SocketDriver(self._client)
@@ -196,7 +200,7 @@ class MqttAdapter:
                 await self._connect_once()
             except MqttError as exc:
                 self.counters.connect_failures += 1
-                self.last_connect_error = str(exc)
+                self.last_connect_error = str(exc) + await self._tls_hint.after(exc)
                 delay = retry.failed()
                 log.warning(
                     "mqtt: cannot connect to %s (%s); retrying in %.1fs", self.settings.url, exc, delay
@@ -274,13 +278,12 @@ class MqttAdapter:
         self._state.lost.set()
         future = self._state.connack
         if future is not None and not future.done():
-            future.set_exception(MqttConnectError(f"disconnected before CONNACK: {reason}"))
+            future.set_exception(MqttClosedBeforeConnack(f"disconnected before CONNACK: {reason}"))
 
     def _on_message(self, client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
         self.counters.messages_in += 1
-        props = getattr(message, "properties", None)
-        response_topic = getattr(props, "ResponseTopic", None) if props is not None else None
-        correlation = getattr(props, "CorrelationData", None) if props is not None else None
+        props = getattr(message, "properties", None)  # None on MQTT 3.1.1, and so are both below
+        correlation = getattr(props, "CorrelationData", None)
         self._inbound.put(
             InboundMessage(
                 message.topic,
@@ -289,7 +292,7 @@ class MqttAdapter:
                 message.mid,
                 bool(message.retain),
                 self._state.number,
-                response_topic,
+                getattr(props, "ResponseTopic", None),
                 bytes(correlation) if correlation is not None else None,
             )
         )
@@ -398,8 +401,5 @@ class MqttAdapter:
             self._publish_waiters.pop(info.mid, None)
 
     def stats(self) -> dict[str, int]:
-        out = dict(vars(self.counters))
-        out["connected"] = int(self._state.connected)
-        out["inbound_queued"] = len(self._inbound)
-        out["reading_paused"] = int(self._socket.reading_paused)
-        return out
+        connection = {"connected": int(self._state.connected), "inbound_queued": len(self._inbound)}
+        return {**vars(self.counters), **connection, "reading_paused": int(self._socket.reading_paused)}

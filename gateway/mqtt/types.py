@@ -29,6 +29,11 @@ class MqttConnectError(MqttError):
     """The broker could not be reached or refused the connection."""
 
 
+class MqttClosedBeforeConnack(MqttConnectError):
+    """The connection ended after CONNECT and before the broker's CONNACK: what a TLS listener does
+    to a plain MQTT client (the adapter then probes for TLS: runtime/tls_probe.py)."""
+
+
 class MqttNotConnected(MqttError):
     """An operation needs a connection and there is none right now."""
 

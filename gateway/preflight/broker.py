@@ -14,9 +14,11 @@ import dataclasses
 import secrets
 import ssl
 
+from gateway.datadir import StartupError
 from gateway.mqtt.adapter import MqttAdapter
 from gateway.mqtt.types import MqttSettings, settings_from_config
 from gateway.preflight.outcome import Check, reason
+from gateway.provided_files import broker_tls_context
 from protocol.config import GatewayConfig
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -56,24 +58,13 @@ def _plain(config: GatewayConfig, host: str) -> Check:
     return Check("broker_tls", "OK", f"not used ({config.mqtt.broker})")
 
 
-def _tls_context(config: GatewayConfig) -> ssl.SSLContext:
-    """What paho's ``tls_set`` makes of the same files: verify the broker (and its name), and present
-    the client certificate when one is configured."""
-    mqtt = config.mqtt
-    context = ssl.create_default_context(cafile=str(mqtt.ca_file) if mqtt.ca_file else None)
-    if mqtt.cert_file is not None:
-        context.load_cert_chain(str(mqtt.cert_file), str(mqtt.key_file) if mqtt.key_file else None)
-    return context
-
-
 async def _tls(config: GatewayConfig, host: str, port: int, timeout_s: float) -> Check:
     mqtt = config.mqtt
     against = f"mqtt.ca_file {mqtt.ca_file}" if mqtt.ca_file else "the system's CAs"
     try:
-        context = _tls_context(config)
-    except (OSError, ssl.SSLError) as exc:
-        files = ", ".join(str(f) for f in (mqtt.ca_file, mqtt.cert_file, mqtt.key_file) if f)
-        return Check("broker_tls", "FAIL", f"cannot load {files}: {exc.strerror or exc}")
+        context = broker_tls_context(mqtt)
+    except StartupError as exc:
+        return Check("broker_tls", "FAIL", str(exc))
     try:
         async with asyncio.timeout(timeout_s):
             _, writer = await asyncio.open_connection(host, port, ssl=context, server_hostname=host)

@@ -19,7 +19,7 @@ from gateway.control.wiring import base_from_file
 from gateway.datadir import DataDirLock, record_log_dir
 from gateway.extras import SECTION_EXTRA, missing_extras, missing_modules, module_installed, needs_extra
 from gateway.preflight.outcome import Check, size
-from protocol.config import GatewayConfig, load_gateway_config
+from protocol.config import GatewayConfig, load_gateway_config, parse_listen
 from protocol.errors import ProtocolError
 
 
@@ -134,14 +134,11 @@ def check_disk(config: GatewayConfig) -> Check:
 
 def check_http(config: GatewayConfig, gatewayd_running: bool) -> Check:
     """The status port (``http.listen``) can be listened on; in use is expected while gatewayd runs."""
-    host, _, port = config.http.listen.rpartition(":")
     try:
-        with socket.create_server((host, int(port))):
+        with socket.create_server(parse_listen(config.http.listen)):  # valid: the config was validated
             pass
     except OSError as exc:
         if gatewayd_running:
             return Check("http", "OK", f"{config.http.listen} in use, by the running gatewayd presumably")
         return Check("http", "FAIL", f"http.listen {config.http.listen}: {exc.strerror or exc}")
-    except ValueError:
-        return Check("http", "FAIL", f"http.listen {config.http.listen!r} is not HOST:PORT")
     return Check("http", "OK", f"{config.http.listen} is free")

@@ -8,6 +8,7 @@ survive ``restart`` as they do in the field.
 from __future__ import annotations
 
 import getpass
+import os
 import shutil
 import subprocess
 import sys
@@ -16,11 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.processes import REPO, free_port, stop_process, wait_for_port
+from tests.harness.processes import REPO, ProcessExited, free_port, stop_process, wait_for_port
 
 DEPLOY = REPO / "deploy" / "mosquitto"
-# the secure broker's accounts (deploy/mosquitto/make_passwd.sh makes its passwd file from these)
-USERS = {"operator": "op-secret", "gw1": "gw1-secret", "sensor-1": "dev-secret", "gw2": "gw2-secret"}
+# the secure broker's accounts (deploy/mosquitto/make_passwd.sh makes its passwd file from these);
+# sim-1 is devicesim's first sensor of gw1 (device sensor-000)
+USERS = {
+    "operator": "op-secret",
+    "gw1": "gw1-secret",
+    "sensor-1": "dev-secret",
+    "gw2": "gw2-secret",
+    "sim-1": "sim-secret",
+}
 
 
 def need(tool: str) -> None:
@@ -45,17 +53,24 @@ class Broker:
 
     def restart(self) -> None:
         stop_process(self.proc)
-        self.proc = _start_mosquitto(self.config, self.port)
+        self.proc = start_mosquitto(self.config, self.port)
 
     def stop(self) -> None:
         stop_process(self.proc)
 
 
-def _start_mosquitto(config: Path, port: int) -> subprocess.Popen:
-    """mosquitto with ``config``, its output appended to mosquitto.log beside the config."""
-    with open(config.parent / "mosquitto.log", "ab") as log:
+def start_mosquitto(config: Path, port: int) -> subprocess.Popen:
+    """mosquitto with ``config``, its output appended to mosquitto.log beside the config; one that
+    exits at start raises ProcessExited with the end of that log (why: "Unable to open pwfile")."""
+    log_path = config.parent / "mosquitto.log"
+    with open(log_path, "ab") as log:
         proc = subprocess.Popen(["mosquitto", "-c", str(config)], stdout=log, stderr=subprocess.STDOUT)
-    wait_for_port(port, proc=proc)
+    try:
+        wait_for_port(port, proc=proc)
+    except ProcessExited as exc:
+        raise ProcessExited(
+            f"{exc}; mosquitto.log ends: {log_path.read_text(errors='replace')[-600:]}"
+        ) from None
     return proc
 
 
@@ -70,7 +85,7 @@ def start_broker(directory: Path) -> Broker:
         f"user {getpass.getuser()}\nlistener {port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
         f"persistence_location {directory}/\nmax_queued_messages 100000\nmax_inflight_messages 1000\n"
     )
-    return Broker("127.0.0.1", port, _start_mosquitto(config, port), config)
+    return Broker("127.0.0.1", port, start_mosquitto(config, port), config)
 
 
 @dataclass
@@ -116,19 +131,30 @@ class SecureBroker:
 
 def start_secure_broker(tmp: Path) -> SecureBroker:
     """mosquitto from deploy/mosquitto/mosquitto.conf with the recipe's passwd and the generated ACL."""
-    need("mosquitto")
-    need("mosquitto_passwd")
     etc = tmp / "broker-etc"
     etc.mkdir()
+    port, mtls_port = free_port(), free_port()
+    conf = install_broker_files(etc, etc, port, mtls_port)
+    # mosquitto started as root drops to user "mosquitto", which cannot reach this test's files
+    config = etc / "mosquitto.conf"
+    config.write_text(f"user {getpass.getuser()}\n" + conf)
+    broker = Broker("127.0.0.1", port, start_mosquitto(config, port), config)
+    return SecureBroker(broker, port, mtls_port, etc)
+
+
+def install_broker_files(etc: Path, var: Path, port: int, mtls_port: int) -> str:
+    """deploy/mosquitto/'s recipes, as its README runs them, into ``etc``: the certificates
+    (make_certs.sh: a broker certificate for 127.0.0.1 and localhost, a client certificate for gw1),
+    the password file of USERS (make_passwd.sh), the ACL (make_acl.py). Returns the shipped
+    mosquitto.conf with these paths, persistence in ``var``, and its two listeners on 127.0.0.1:
+    ``port`` (TLS) and ``mtls_port`` (TLS with a client certificate)."""
+    need("mosquitto")
+    need("mosquitto_passwd")
     make_certs(etc)
     (etc / "users.txt").write_text("".join(f"{u}:{p}\n" for u, p in USERS.items()))
-    subprocess.run(
-        ["sh", str(DEPLOY / "make_passwd.sh"), str(etc / "users.txt"), str(etc / "passwd")],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
+    _run_recipe("make_passwd.sh", str(etc / "users.txt"), str(etc / "passwd"))
     acl_args = ["--operator", "operator", "--gateway", "gw1", "--gateway", "gw2", "--device", "gw1:sensor-1"]
+    acl_args += ["--device", "gw1:sensor-000:sim-1"]
     acl = subprocess.run(
         [sys.executable, str(DEPLOY / "make_acl.py"), *acl_args],
         check=True,
@@ -137,44 +163,26 @@ def start_secure_broker(tmp: Path) -> SecureBroker:
         text=True,
     )
     (etc / "acl").write_text(acl.stdout)
-    port, mtls_port = free_port(), free_port()
     conf = (DEPLOY / "mosquitto.conf").read_text()
-    conf = conf.replace("/etc/mosquitto/edgefed/", f"{etc}/").replace("/var/lib/mosquitto/", f"{etc}/")
+    conf = conf.replace("/etc/mosquitto/edgefed/", f"{etc}/").replace("/var/lib/mosquitto/", f"{var}/")
     conf = conf.replace("listener 8883", f"listener {port} 127.0.0.1")
-    conf = conf.replace("listener 8884", f"listener {mtls_port} 127.0.0.1")
-    # mosquitto started as root drops to user "mosquitto", which cannot read this test's 0600 files
-    conf = f"user {getpass.getuser()}\n" + conf
-    config = etc / "mosquitto.conf"
-    config.write_text(conf)
-    broker = Broker("127.0.0.1", port, _start_mosquitto(config, port), config)
-    return SecureBroker(broker, port, mtls_port, etc)
+    return conf.replace("listener 8884", f"listener {mtls_port} 127.0.0.1")
 
 
 def make_certs(directory: Path) -> None:
-    """A throwaway CA, a broker certificate for 127.0.0.1, and a client certificate for gw1 (openssl CLI)."""
+    """deploy/mosquitto/make_certs.sh into ``directory``: a throwaway CA (valid 2 days), a broker
+    certificate for 127.0.0.1 and localhost, a client certificate for gw1."""
     need("openssl")
+    _run_recipe("make_certs.sh", str(directory), "IP:127.0.0.1,DNS:localhost", "gw1", DAYS="2", CA_DAYS="2")
 
-    def run(*cmd: str) -> None:
-        subprocess.run(cmd, cwd=directory, check=True, capture_output=True, timeout=60)
 
-    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    run(
-        "openssl",
-        "req",
-        "-x509",
-        *ec,
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=edgefed-test-ca",
+def _run_recipe(script: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """``sh deploy/mosquitto/<script> args...``; CalledProcessError (with its output) if it fails."""
+    return subprocess.run(
+        ["sh", str(DEPLOY / script), *args],
+        check=True,
+        capture_output=True,
+        timeout=60,
+        text=True,
+        env={**os.environ, **env},
     )
-    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for name, cn in (("server", "127.0.0.1"), ("gw1", "gw1")):
-        run("openssl", "req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={cn}")
-        sign = ["-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", f"{name}.pem", "-days", "2"]
-        extensions = ["-extfile", "san.ext"] if name == "server" else []
-        run("openssl", "x509", "-req", "-in", f"{name}.csr", *sign, *extensions)
