@@ -3,13 +3,14 @@
     gatewayctl --broker URL --gateway ID [--username U --password-file F --ca-file F] COMMAND [--json]
 
 Commands: status, services, config get|set|patch, start, stop, devices [add|remove], camera-source,
-model pin|unpin, placement [pin|unpin], log-level, logs. Human tables by default, ``--json`` for scripts.
+model pin|unpin, placement [pin|unpin], log-level, logs, log verify. Human tables by default,
+``--json`` for scripts.
 
 Invariant: it answers or gives up within ``--timeout`` (connecting to the broker included; then at
 most 1 s to disconnect); exit 0 on success, 1 when the gateway is offline or does not answer in
-time, 2 for usage or connection problems (including the broker's refusal), 3 when the gateway
-refused the request (its error, naming the field, is printed). Every failure is one line on
-stderr, never a traceback.
+time (``log verify``: or its pass has not ended), 2 for usage or connection problems (including the
+broker's refusal), 3 when the gateway refused the request (its error, naming the field, is
+printed), 4 when ``log verify`` found damage. Every failure is one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, get_args
 
+from gateway.control import log_verify
 from gateway.control.client import ControlClient, CtlError
 from protocol.config import MqttVersion
 from protocol.control import SERVICE_NAMES, ControlResponse
@@ -100,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     logs = sub.add_parser("logs", parents=[common], help="recent warnings and errors")
     logs.add_argument("--limit", type=int, default=50)
+    sub.add_parser("log", parents=[common], help="verify every record of the gateway's log").add_argument(
+        "action", choices=("verify",)
+    )
     return parser
 
 
@@ -155,6 +160,7 @@ _PLANS: dict[str, Callable[[argparse.Namespace], Planned | None]] = {
     "placement": _plan_placement,
     "log-level": lambda args: ("log.level", {"level": args.level}),
     "logs": lambda args: ("log.errors", {"limit": args.limit}),
+    "log": lambda args: ("log.verify", {"wait_s": min(60.0, max(0.0, args.timeout - 1.0))}),
 }
 
 
@@ -183,6 +189,8 @@ def human(args: argparse.Namespace, response: ControlResponse) -> str:
     if args.command == "logs":
         rows = [{**line, "ts": f"{line['ts']:.3f}"} for line in data["lines"]]
         return table(rows, ["ts", "level", "logger", "message"]) if rows else "no recent warnings or errors"
+    if args.command == "log":
+        return log_verify.describe(data)
     if args.command == "devices" and args.action is None:
         return "\n".join(data["config"]["allow"])
     if args.command == "placement" and args.action is None:
@@ -253,7 +261,7 @@ async def run(args: argparse.Namespace) -> int:
             f"gatewayctl: refused ({response.error.reason}):{where} {response.error.detail}", file=sys.stderr
         )
         return EXIT_REFUSED
-    return EXIT_OK
+    return log_verify.exit_code(response.data or {}) if args.command == "log" else EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,6 +36,7 @@ from gateway.control.handlers import (
     ServiceHandler,
     TrainingHandler,
 )
+from gateway.control.log_verify import log_verify_op
 from gateway.control.plane import ControlPlane
 from gateway.control.recent_errors import RecentErrors
 from gateway.control.store import ControlStore
@@ -185,6 +186,7 @@ class GatewayRunner:
             self.recent,
             self.status,
         )
+        self.control.add_op("log.verify", log_verify_op(self.log.scrub))
         self.reloads = {"ok": 0, "failed": 0}
         self.last_reload: dict[str, Any] | None = None
         collector = StatsCollector(gw)
@@ -200,6 +202,8 @@ class GatewayRunner:
                 "max_bytes",
                 "buffered_bytes",
                 "segments",
+                "scrub_running",
+                "scrub_last_damage",
             },
         )
         collector.add("ingest", self.ingest.stats, gauges={"awaiting_ack", "windows_open"})
@@ -207,7 +211,9 @@ class GatewayRunner:
             "ingest_rejected", "device messages rejected, by reason", "reason", lambda: self.ingest.rejected
         )
         collector.add(
-            "uplink", lambda: {**self.uplink.figures, "backlog": self.uplink.backlog}, gauges={"backlog"}
+            "uplink",
+            lambda: {**self.uplink.figures, "backlog": self.uplink.backlog},
+            gauges={"backlog", "stopped_at_lsn"},
         )
         collector.add_labeled_counter(
             "uplink_failures", "failed uploads, by kind", "kind", lambda: self.uplink.failures
@@ -450,7 +456,12 @@ class GatewayRunner:
             "gateway_id": self.config.gateway_id,
             "uptime_s": round(time.monotonic() - self.started_at, 3),
             "mqtt": {"broker": self.config.mqtt.broker, **self.mqtt.stats()},
-            "log": {"log_id": self.log.log_id, **self.log.stats()},
+            "log": {
+                "log_id": self.log.log_id,
+                **self.log.stats(),
+                "damage": [d.as_dict() for d in self.log.damage[:20]],
+                "scrub": self.log.scrub.status(),
+            },
             "ingest": {
                 **self.ingest.stats(),
                 "rejected": sum(self.ingest.rejected.values()),
@@ -464,6 +475,7 @@ class GatewayRunner:
                 **self.uplink.figures,
                 "failures": dict(self.uplink.failures),
                 "drain": self.uplink.chooser.status(),
+                "corruption": self.uplink.damage_stop.status(),
             },
             "placement": self.placement.status() if self.placement is not None else None,
             "heartbeat": dict(self.heartbeat.counters),

@@ -239,6 +239,10 @@ class LogErrorsRequest(_Request):
     limit: int = Field(default=50, ge=1, le=500)
 
 
+class LogVerifyRequest(_Request):
+    wait_s: float = Field(default=0.0, ge=0, le=60, description="how long to wait for the pass to end")
+
+
 OPS: dict[str, type[_Request]] = {
     "services.list": ServicesListRequest,
     "status.get": StatusRequest,
@@ -254,8 +258,9 @@ OPS: dict[str, type[_Request]] = {
     "placement.pin": PlacementPinRequest,
     "log.level": LogLevelRequest,
     "log.errors": LogErrorsRequest,
+    "log.verify": LogVerifyRequest,
 }
-READ_ONLY_OPS = frozenset({"services.list", "status.get", "config.get", "log.errors"})
+READ_ONLY_OPS = frozenset({"services.list", "status.get", "config.get", "log.errors", "log.verify"})
 
 
 def peek_reply_fields(payload: bytes) -> tuple[str | None, str | None]:

@@ -60,7 +60,7 @@ async def test_byte_flip_in_committed_record_is_reported_with_offset(tmp_path: P
     assert full.damage.offset == record_3 and full.last_lsn == 0
     reopened = EpochLog(tmp_path, segment_bytes=1 << 20, max_bytes=4 << 20)
     await reopened.open()
-    assert reopened.recovery.damage.offset == record_3 and reopened.stats()["corruptions"] == 1
+    assert [d.offset for d in reopened.recovery.damage] == [record_3] and reopened.stats()["corruptions"] == 1
     assert reopened.durable_lsn == 0 and list(tmp_path.glob("*.corrupt-*"))
     await reopened.close()
 
@@ -77,7 +77,7 @@ async def test_torn_tail_is_cut_silently(tmp_path: Path) -> None:
         f.write(b"\x45\x46\x64\x31" * 9)
     reopened = EpochLog(tmp_path, segment_bytes=1 << 20, max_bytes=4 << 20)
     await reopened.open()
-    assert reopened.recovery.damage is None and reopened.recovery.cut_bytes == 36
+    assert reopened.recovery.damage == [] and reopened.recovery.cut_bytes == 36
     assert reopened.durable_lsn == 20
     await reopened.close()
 

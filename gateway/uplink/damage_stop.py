@@ -1,0 +1,54 @@
+"""Where the uplink stops: the first damage the log reported (docs/storage.md, "Damage").
+
+A read of the log raised ``LogCorrupted`` at ``damage.lsn``: records from there on cannot be read
+past it. The uplink sends what is before it and nothing at or after it, so the cloud never gets a
+record past a hole it was not told about and the log's trim point (a prefix trim, up to the
+acknowledged run) never passes it. The operator sees it in /status (``uplink.state`` "corrupt",
+``uplink.corruption``), /metrics (``edgefed_gateway_uplink_stopped_at_lsn``) and one error line.
+
+Owner: one ``Uplink`` (its task). Invariant: while a damage is held, ``readable_upto`` is below its
+LSN; it is let go only once the log's trim point has passed it (policy "drop_oldest" dropped it, a
+loss the log counts and reports as a gap).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from gateway.storage.interface import Damage
+
+log = logging.getLogger(__name__)
+
+
+class DamageStop:
+    def __init__(self) -> None:
+        self.damage: Damage | None = None
+        self.stops = 0
+
+    def reached(self, damage: Damage) -> None:
+        """A read raised at ``damage``: hold below it (the lowest damage wins)."""
+        if self.damage is not None and self.damage.lsn <= damage.lsn:
+            return
+        self.damage = damage
+        self.stops += 1
+        log.error(
+            "uplink: stopped at lsn %d: the log is damaged there (%s); nothing from there on is "
+            "uploaded or trimmed until the damage is dealt with (docs/storage.md, \"Damage\")",
+            damage.lsn,
+            damage,
+        )
+
+    def readable_upto(self, durable_lsn: int, trimmed_lsn: int) -> int:
+        """The last LSN the uplink may read and send now."""
+        if self.damage is not None and trimmed_lsn >= self.damage.lsn:
+            log.warning("uplink: the log dropped past the damage at lsn %d; uploading again", self.damage.lsn)
+            self.damage = None
+        return durable_lsn if self.damage is None else min(durable_lsn, self.damage.lsn - 1)
+
+    def status(self) -> dict[str, Any] | None:
+        return self.damage.as_dict() if self.damage is not None else None
+
+    def figures(self) -> dict[str, float]:
+        """``corruption_stops`` (counter), ``stopped_at_lsn`` (gauge: 0 when not stopped)."""
+        return {"corruption_stops": self.stops, "stopped_at_lsn": self.damage.lsn if self.damage else 0}
