@@ -192,7 +192,8 @@ class EpochLog(LogBudget, LogReading, LogTrimming):
         return list(self._damage.values())
 
     async def _on_admin(self, call: Callable[..., Any], *args: Any) -> Any:
-        """``call(*args)`` in the admin executor (META, DROPS, unlinks); a failed fsync there fails the log."""
+        """``call(*args)`` in the admin executor (META, DROPS, unlinks); a failed fsync there fails
+        the log."""
         try:
             return await asyncio.get_running_loop().run_in_executor(self._admin, call, *args)
         except FsyncFailed as exc:

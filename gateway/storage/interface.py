@@ -16,7 +16,8 @@ Contract (every implementation, checked by tests/gateway/test_log_contract.py):
 - ``trim(upto_lsn)`` releases records the cloud acknowledged; once it has returned, trimmed LSNs
   are never read again, also after a restart. It either persists or raises ``TrimFailed``.
 - A fatal disk error (a failed fsync, of any file) raises ``LogFailed``; it is never retried.
-- ``verify()`` reads every record the log holds and reports all the damage it finds.
+- ``verify()`` reads every record the log holds and reports all the damage it finds; ``damage``
+  lists every damage found so far (at recovery, by a read, by ``verify``) and not trimmed away.
 - What a full log does is its policy (docs/storage.md, "Full log"); a log that drops records
   reports the LSN runs it lost unacknowledged (``gaps``, counted exactly with the uplink's
   ``set_unacked_view``) until the uplink has written a LogGap record for them (``gaps_recorded``).
@@ -139,6 +140,9 @@ class RecordLog(Protocol):
     async def trim(self, upto_lsn: Lsn) -> None: ...
 
     async def verify(self) -> VerifyReport: ...
+
+    @property
+    def damage(self) -> list[Damage]: ...
 
     def set_unacked_view(self, unacked: Callable[[Lsn, Lsn], list[tuple[Lsn, Lsn]]]) -> None: ...
 

@@ -57,7 +57,7 @@ class LogReading:
             firsts = [s.header.first_lsn for s in self._segments]
             at = bisect.bisect_right(firsts, lsn) - 1
             info = self._segments[at]
-            last = self._must_hold_upto(at, firsts)
+            last = _must_hold_upto(at, firsts, self._durable_lsn)
             start = resume[1] if resume is not None and resume[0] is info else None
             chunk = await loop.run_in_executor(self._reader, read_chunk, self._layer, info, lsn, last, start)
             resume = (info, chunk.resume) if chunk.resume is not None else None
@@ -81,10 +81,6 @@ class LogReading:
                 lsn = firsts[at + 1]  # nothing at or after lsn here (it verified up to last): next one
             else:
                 return
-
-    def _must_hold_upto(self, at: int, firsts: list[Lsn]) -> Lsn:
-        """The last LSN segment ``at`` must hold: up to the next one's first, never past durable."""
-        return min(firsts[at + 1] - 1, self._durable_lsn) if at + 1 < len(firsts) else self._durable_lsn
 
     def _hole_before_segments(self, lsn: Lsn) -> Damage | None:
         """Damage if ``lsn`` (above the trim point, durable) is before the first readable segment:
@@ -115,7 +111,8 @@ class LogReading:
         for at, info in enumerate(segments):
             if info.header.first_lsn > durable:
                 break
-            verified, damage = await self._verify_segment(info, self._must_hold_upto(at, firsts), pace, report)
+            last = _must_hold_upto(at, firsts, durable)
+            verified, damage = await self._verify_segment(info, last, pace, report)
             report.segments += 1
             report.records += verified
             found += [damage] if damage is not None else []
@@ -148,3 +145,8 @@ class LogReading:
             if chunk.damage is not None or chunk.end is not None:
                 verified = resume.next_lsn - info.header.first_lsn if resume is not None else 0
                 return verified, chunk.damage
+
+
+def _must_hold_upto(at: int, firsts: list[Lsn], durable: Lsn) -> Lsn:
+    """The last LSN segment ``at`` must hold: up to the next one's first, never past ``durable``."""
+    return min(firsts[at + 1] - 1, durable) if at + 1 < len(firsts) else durable

@@ -60,7 +60,7 @@ class MetaFile:
                 self._write(dataclasses.replace(self.values, lsn_limit=last_lsn + 1 + LSN_RESERVE))
 
     def raise_floor(self) -> int:
-        """Committed data was found damaged: no LSN below ``lsn_limit`` is assigned again. Returns the floor."""
+        """Committed data was found damaged: no LSN below ``lsn_limit`` is assigned again; the floor."""
         with self._lock:
             if self.values.lsn_floor < self.values.lsn_limit:
                 self._write(dataclasses.replace(self.values, lsn_floor=self.values.lsn_limit))

@@ -122,4 +122,8 @@ class Scrubber:
     def stats(self) -> dict[str, int]:
         """Counters, and two gauges: ``scrub_running``, ``scrub_last_damage`` (places the last pass found)."""
         last_damage = len(self.last.damage) if self.last is not None else 0
-        return {**self.counters, "scrub_running": int(self._running is not None), "scrub_last_damage": last_damage}
+        return {
+            **self.counters,
+            "scrub_running": int(self._running is not None),
+            "scrub_last_damage": last_damage,
+        }

@@ -94,7 +94,7 @@ async def _check_state(directory: Path, marks: dict[str, int], layer: FileLayer 
 
 
 async def _crash_during_recovery(state: Path, marks: dict[str, int], rng: random.Random) -> str | None:
-    """Check ``state`` with its recovery traced, then a crash state of that trace, built on ``state``'s files."""
+    """Check ``state`` with its recovery traced, then a crash state of that trace built on its files."""
     base = state.with_name(state.name + "-base")
     shutil.copytree(state, base)
     layer = RecordingFileLayer(OsFileLayer())
