@@ -136,3 +136,19 @@ async def test_a_failed_fsync_of_meta_is_fatal(tmp_path: Path) -> None:
             await log.append(b"more")
     finally:
         await log.close()
+
+
+async def test_a_failed_fsync_of_the_drop_ledger_is_fatal(tmp_path: Path) -> None:
+    layer = FaultyFileLayer()
+    layer.fail_fsync_matching = "DROPS"
+    layer.fail_fsync_from = 1
+    log = EpochLog(tmp_path, segment_bytes=4096, max_bytes=8192, full_policy="drop_oldest", file_layer=layer)
+    await log.open()
+    try:
+        with pytest.raises(LogFailed):
+            for index in range(400):  # until the budget is full and a drop writes the ledger
+                await log.append(b"r%03d" % index + bytes(60))
+                await log.flush(wait=True)
+        assert log.stats()["failed"] == 1 and log.stats()["dropped_segments"] == 1
+    finally:
+        await log.close()
