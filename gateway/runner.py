@@ -186,7 +186,7 @@ class GatewayRunner:
             self.recent,
             self.status,
         )
-        self.control.add_op("log.verify", log_verify_op(self.log.scrub))
+        self.control.ops["log.verify"] = log_verify_op(self.log.scrub)
         self.reloads = {"ok": 0, "failed": 0}
         self.last_reload: dict[str, Any] | None = None
         collector = StatsCollector(gw)

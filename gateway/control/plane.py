@@ -114,13 +114,8 @@ class ControlPlane:
             "publish_failures": 0,
         }
         self.refused: dict[str, int] = {}
-        self._ops: dict[str, Callable[[Any], Awaitable[dict[str, Any]]]] = {}  # add_op's
+        self.ops: dict[str, Callable[[Any], Awaitable[dict]]] = {}  # op -> answer (log_verify.py)
         handlers.listen(self.report)
-
-    def add_op(self, op: str, answer: Callable[[Any], Awaitable[dict[str, Any]]]) -> None:
-        """A read-only op another subsystem answers (``await answer(request)``, e.g.
-        gateway/control/log_verify.py); it must not hold the plane for long."""
-        self._ops[op] = answer
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -241,8 +236,8 @@ class ControlPlane:
         )
 
     async def _execute(self, op: str, request: Any) -> dict[str, Any]:
-        if op in self._ops:
-            return await self._ops[op](request)
+        if op in self.ops:  # read-only ops another subsystem answers, briefly
+            return await self.ops[op](request)
         if op in READ_ONLY_OPS:
             return self._read(op, request)
         async with self._lock:
@@ -270,9 +265,7 @@ class ControlPlane:
             return {"lines": self._recent.recent(request.limit), "dropped": self._recent.dropped}
         if op == "status.get":
             return self._status()
-        if op == "services.list":
-            return {"services": [self._service_view(s) for s in SERVICE_NAMES]}
-        raise ControlError("unavailable", f"{op} is not answered by this gatewayd", field="op")
+        return {"services": [self._service_view(s) for s in SERVICE_NAMES]}
 
     async def _commit(
         self, new: DesiredConfig, overrides: dict[str, dict[str, Any]], changed: list[str], why: str

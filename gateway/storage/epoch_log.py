@@ -179,12 +179,14 @@ class EpochLog(LogBudget, LogReading, LogTrimming):
         self._load_ledger()
 
     def _note_damage(self, damage: Damage) -> None:
-        """Count and log each damaged place once (reads and scrubs reach it again and again)."""
-        if (damage.segment, damage.offset) in self._damage:
-            return
-        self._damage[damage.segment, damage.offset] = damage
-        self._stats["corruptions"] += 1
-        log.error("epoch log %s: corruption: %s", self.directory, damage)
+        """Count and log each damaged place once (reads and scrubs reach it again and again); a read
+        that learns the first LSN lost at a place recovery found (a damaged header) fills it in."""
+        known = self._damage.get((damage.segment, damage.offset))
+        if known is None or (known.lsn == 0 and damage.lsn):
+            self._damage[damage.segment, damage.offset] = damage
+        if known is None:
+            self._stats["corruptions"] += 1
+            log.error("epoch log %s: corruption: %s", self.directory, damage)
 
     @property
     def damage(self) -> list[Damage]:

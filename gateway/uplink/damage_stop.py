@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gateway.storage.interface import Damage
+from gateway.uplink.chooser import BatchChooser
 
 log = logging.getLogger(__name__)
 
@@ -28,15 +29,16 @@ class DamageStop:
         self.damage: Damage | None = None
         self.stops = 0
 
-    def consider(self, found: Iterable[Damage], trimmed_lsn: int) -> int | None:
-        """Hold below the lowest damage of ``found`` past the trim point; its LSN when that is a new,
-        lower stop (the caller's chooser must forget what it holds from there), else None."""
+    def consider(self, found: Iterable[Damage], trimmed_lsn: int, chooser: BatchChooser) -> None:
+        """Hold below the lowest damage of ``found`` past the trim point; a new, lower stop makes
+        ``chooser`` forget what it holds from there."""
         if self.damage is not None and trimmed_lsn >= self.damage.lsn:
             log.warning("uplink: the log dropped past the damage at lsn %d; uploading again", self.damage.lsn)
             self.damage = None
         lowest = min((d for d in found if d.lsn > trimmed_lsn), key=lambda d: d.lsn, default=None)
         if lowest is None or (self.damage is not None and self.damage.lsn <= lowest.lsn):
-            return None
+            return
+        chooser.stop_at(lowest.lsn)
         self.damage = lowest
         self.stops += 1
         log.error(
@@ -45,7 +47,6 @@ class DamageStop:
             lowest.lsn,
             lowest,
         )
-        return lowest.lsn
 
     def readable_upto(self, durable_lsn: int) -> int:
         """The last LSN the uplink may read and send now."""

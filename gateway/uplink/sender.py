@@ -52,7 +52,7 @@ from typing import Literal
 import aiohttp
 
 from gateway.ratelimit import RateLimitedLog
-from gateway.storage.interface import Damage, LogCorrupted, RecordLog, TrimFailed
+from gateway.storage.interface import LogCorrupted, RecordLog, TrimFailed
 from gateway.uplink.blobs import BlobRef, BlobSpool, BlobUploader, blob_refs
 from gateway.uplink.chooser import Batch, BatchChooser, Limits
 from gateway.uplink.damage_stop import DamageStop
@@ -320,19 +320,12 @@ class Uplink:
         self._sync_with_log()
         self._follow_drops()
         self.counters["gap_records"] += await self._gap_records.write()
-        self._stop_at_damage(self._log.damage)
+        self.damage_stop.consider(self._log.damage, self._log.trimmed_lsn, self.chooser)
         try:
             return await self.chooser.next_batch(self.damage_stop.readable_upto(self._log.durable_lsn))
         except LogCorrupted as exc:
-            self._stop_at_damage([exc.damage])
+            self.damage_stop.consider([exc.damage], self._log.trimmed_lsn, self.chooser)
             return Batch("scan", [])
-
-    def _stop_at_damage(self, found: list[Damage]) -> None:
-        """Nothing at or past the lowest damage in ``found`` is chosen from now on (damage_stop.py)."""
-        stop = self.damage_stop.consider(found, self._log.trimmed_lsn)
-        if stop is not None:
-            self.chooser.stop_at(stop)
-            self.last_error = f"log damaged: {self.damage_stop.damage}"
 
     # -- sending -------------------------------------------------------------------------------
     async def send_one_batch(self) -> Outcome:
