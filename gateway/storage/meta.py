@@ -35,19 +35,18 @@ class MetaFile:
         self._lock = threading.Lock()
         self.values = MetaValues("")
 
-    def load(self, new_log_id: str) -> bool:
-        """Read META, or create it for a new log named ``new_log_id``; False if it was created.
-        LogFailed if it exists but is damaged (the log id cannot be guessed)."""
+    def load(self, new_log_id: str) -> None:
+        """Read META, or create it for a new log named ``new_log_id``. LogFailed if it exists but is
+        damaged (the log id cannot be guessed)."""
         data = self._layer.read_file(os.path.join(self._directory, META_FILE))
         if data is None:
             with self._lock:
                 self._write(MetaValues(new_log_id))
-            return False
+            return
         decoded = decode_meta(data)
         if decoded is None:
             raise LogFailed(f"{self._directory}/{META_FILE} is damaged; refusing to guess the log id")
         self.values = decoded
-        return True
 
     def set_trimmed(self, trimmed_lsn: int) -> None:
         with self._lock:
@@ -59,12 +58,11 @@ class MetaFile:
             if last_lsn >= self.values.lsn_limit:
                 self._write(dataclasses.replace(self.values, lsn_limit=last_lsn + 1 + LSN_RESERVE))
 
-    def raise_floor(self) -> int:
-        """Committed data was found damaged: no LSN below ``lsn_limit`` is assigned again; the floor."""
+    def raise_floor(self) -> None:
+        """Committed data was found damaged: no LSN below ``lsn_limit`` is assigned again."""
         with self._lock:
             if self.values.lsn_floor < self.values.lsn_limit:
                 self._write(dataclasses.replace(self.values, lsn_floor=self.values.lsn_limit))
-            return self.values.lsn_floor
 
     def _write(self, values: MetaValues) -> None:
         """Replace META with ``values`` (the lock is held); they are current once durable."""
