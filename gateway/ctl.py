@@ -4,16 +4,16 @@
     gatewayctl check --config FILE [--json]
 
 Commands: status, services, config get|set|patch, start, stop, restart, devices [add|remove],
-camera-source, model pin|unpin, placement [pin|unpin], log-level, logs [--level L] [--follow]; and
-check, the preflight run on the gateway's box (gateway/preflight). Human tables by default
+camera-source, model pin|unpin, placement [pin|unpin], log-level, logs [--level L] [--follow], log
+verify; and check, the preflight run on the gateway's box (gateway/preflight). Human tables by default
 (gateway/control/render.py), ``--json`` for scripts.
 
 Invariant: it answers or gives up within ``--timeout`` (connecting to the broker included; then at
 most 1 s to disconnect; ``logs --follow``: each poll, until Ctrl-C, which exits 0); exit 0 on
-success, 1 when the gateway is offline or does not answer in time (``check``: when a check fails),
-2 for usage or connection problems (including the broker's refusal), 3 when the gateway refused the
-request (its error, naming the field, is printed). Every failure is one line on stderr, never a
-traceback.
+success, 1 when the gateway is offline or does not answer in time (``check``: when a check fails;
+``log verify``: or its pass has not ended), 2 for usage or connection problems (including the
+broker's refusal), 3 when the gateway refused the request (its error, naming the field, is printed),
+4 when ``log verify`` found damage. Every failure is one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, get_args
 
+from gateway.control import log_verify
 from gateway.control.client import ControlClient, CtlError
 from gateway.control.render import human, log_lines, presence
 from gateway.preflight.run import preflight, render_checks
@@ -122,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--level", choices=("INFO", "WARNING", "ERROR"), default="WARNING", help="this and up")
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until Ctrl-C")
     logs.add_argument("--interval", type=float, default=1.0, help="--follow: seconds between polls")
+    sub.add_parser("log", parents=[common], help="verify every record of the gateway's log").add_argument(
+        "action", choices=("verify",)
+    )
     return parser
 
 
@@ -179,6 +183,7 @@ _PLANS: dict[str, Callable[[argparse.Namespace], Planned | None]] = {
     "placement": _plan_placement,
     "log-level": lambda args: ("log.level", {"level": args.level}),
     "logs": lambda args: ("log.errors", {"limit": args.limit, "level": args.level}),
+    "log": lambda args: ("log.verify", {"wait_s": min(60.0, max(0.0, args.timeout - 1.0))}),
 }
 
 
@@ -263,7 +268,9 @@ async def run(args: argparse.Namespace) -> int:
         print(response.model_dump_json(exclude_none=True))
     elif response.status == "ok":
         print(human(args, response, time.time()))
-    return refused(response) if response.status == "error" else EXIT_OK
+    if response.status == "error":
+        return refused(response)
+    return log_verify.exit_code(response.data or {}) if args.command == "log" else EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 
 from gateway.storage.epoch_log import EpochLog
-from gateway.storage.interface import RecordLog
 from protocol.config import GatewayConfig
 
 
@@ -73,11 +72,13 @@ def record_log_dir(config: GatewayConfig) -> Path:
     return config.data_dir / "log"
 
 
-def open_record_log(config: GatewayConfig) -> RecordLog:
+def open_record_log(config: GatewayConfig) -> EpochLog:
     """The one place the daemon's durable log is built."""
     return EpochLog(
         record_log_dir(config),
         segment_bytes=config.log.segment_bytes,
         max_bytes=config.log.max_bytes,
         full_policy=config.log.full_policy,
+        scrub_interval_s=config.log.scrub_interval_s,
+        scrub_rate_Bps=config.log.scrub_rate_Bps,
     )

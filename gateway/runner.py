@@ -38,6 +38,7 @@ from gateway.control.handlers import (
     ServiceHandler,
     TrainingHandler,
 )
+from gateway.control.log_verify import log_verify_op
 from gateway.control.plane import ControlPlane
 from gateway.control.recent_log import RecentLog
 from gateway.control.reports import GatewayReports
@@ -176,6 +177,7 @@ class GatewayRunner:
             known_models(config),
             GatewayReports(self.recent, self.status, self.ingest.devices),
         )
+        self.control.ops["log.verify"] = log_verify_op(self.log.scrub)
         self.reloads = {"ok": 0, "failed": 0}
         self.last_reload: dict[str, Any] | None = None
         self.registry = make_registry(gateway_collector(self))
@@ -381,7 +383,12 @@ class GatewayRunner:
             "gateway_id": self.config.gateway_id,
             "uptime_s": round(time.monotonic() - self.started_at, 3),
             "mqtt": {"broker": self.config.mqtt.broker, **self.mqtt.stats()},
-            "log": {"log_id": self.log.log_id, **self.log.stats()},
+            "log": {
+                "log_id": self.log.log_id,
+                **self.log.stats(),
+                "damage": [d.as_dict() for d in self.log.damage[:20]],
+                "scrub": self.log.scrub.status(),
+            },
             "ingest": {
                 **self.ingest.stats(),
                 "rejected": sum(self.ingest.rejected.values()),
@@ -395,6 +402,7 @@ class GatewayRunner:
                 **self.uplink.figures,
                 "failures": dict(self.uplink.failures),
                 "drain": self.uplink.chooser.status(),
+                "corruption": self.uplink.damage_stop.status(),
             },
             "placement": self.placement.status() if self.placement is not None else None,
             "heartbeat": dict(self.heartbeat.counters),

@@ -34,7 +34,9 @@ def gateway_collector(runner: GatewayRunner) -> StatsCollector:
         "ingest_rejected", "device messages rejected, by reason", "reason", lambda: runner.ingest.rejected
     )
     uplink = runner.uplink
-    collector.add("uplink", lambda: {**uplink.figures, "backlog": uplink.backlog}, gauges={"backlog"})
+    collector.add(
+        "uplink", lambda: {**uplink.figures, "backlog": uplink.backlog}, gauges={"backlog", "stopped_at_lsn"}
+    )
     collector.add_labeled_counter(
         "uplink_failures", "failed uploads, by kind", "kind", lambda: uplink.failures
     )

@@ -102,6 +102,10 @@ class LogConfig(_Section):
     segment_bytes: int = Field(default=64 * 1024 * 1024, ge=4096)
     max_bytes: int = Field(default=1024 * 1024 * 1024, ge=64 * 1024)
     full_policy: FullPolicy = "reject"
+    # the background scrub (docs/storage.md, "Damage"): every record verified this often (0: only
+    # when asked, gatewayctl log verify), reading at most scrub_rate_Bps
+    scrub_interval_s: float = Field(default=86_400.0, ge=0)
+    scrub_rate_Bps: int = Field(default=4 * 1024 * 1024, ge=64 * 1024)
 
     @model_validator(mode="after")
     def _budget_holds_two_segments(self) -> LogConfig:

@@ -256,6 +256,10 @@ class DevicesListRequest(_Request):
     pass
 
 
+class LogVerifyRequest(_Request):
+    wait_s: float = Field(default=0.0, ge=0, le=60, description="how long to wait for the pass to end")
+
+
 OPS: dict[str, type[_Request]] = {
     "services.list": ServicesListRequest,
     "status.get": StatusRequest,
@@ -273,8 +277,11 @@ OPS: dict[str, type[_Request]] = {
     "log.level": LogLevelRequest,
     "log.errors": LogErrorsRequest,
     "devices.list": DevicesListRequest,
+    "log.verify": LogVerifyRequest,
 }
-READ_ONLY_OPS = frozenset({"services.list", "status.get", "config.get", "log.errors", "devices.list"})
+READ_ONLY_OPS = frozenset(
+    {"services.list", "status.get", "config.get", "log.errors", "devices.list", "log.verify"}
+)
 
 
 def peek_reply_fields(payload: bytes) -> tuple[str | None, str | None]:

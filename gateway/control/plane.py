@@ -25,7 +25,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 from gateway.control.handlers import Applied, HandlerSet
@@ -115,6 +115,7 @@ class ControlPlane:
             "publish_failures": 0,
         }
         self.refused: dict[str, int] = {}
+        self.ops: dict[str, Callable[[Any], Awaitable[dict]]] = {}  # op -> answer (log_verify.py)
         handlers.listen(self.report)
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -236,6 +237,8 @@ class ControlPlane:
         )
 
     async def _execute(self, op: str, request: Any) -> dict[str, Any]:
+        if op in self.ops:  # read-only ops another subsystem answers, briefly
+            return await self.ops[op](request)
         if op in READ_ONLY_OPS:
             return self._read(op, request)
         if isinstance(request, ServiceRestartRequest):

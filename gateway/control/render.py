@@ -14,6 +14,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from gateway.control import log_verify
 from protocol.control import ControlResponse
 
 RECENT_S = 3600.0  # within this, a time reads as "12s ago" / "7m 5s ago"; beyond, as a local time
@@ -139,6 +140,7 @@ _RENDERERS: dict[str, Callable[[argparse.Namespace, ControlResponse, float], str
     "placement": _placement,
     "config": _config,
     "restart": _restart,
+    "log": lambda args, response, now: log_verify.describe(response.data or {}),
 }
 
 

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.storage.interface import LogFull, RecordLog
+from gateway.storage.interface import LogCorrupted, LogFull, RecordLog
 from protocol.federated import SAMPLE_EVENT_TYPE
 from runtime.files import atomic_write
 from runtime.tasks import cancel_and_wait
@@ -110,6 +110,8 @@ class RawForwarder:
         except LogFull:
             self.counters["uplink_full"] += 1
             self.last_error = failing = "uplink log full: raw samples wait in the private log"
+        except LogCorrupted as exc:  # copied so far stays copied; nothing past the damage goes
+            self.last_error = failing = f"private log damaged: {exc}"
         self.failing = failing
         if last == self.cursor:
             return 0

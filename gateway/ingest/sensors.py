@@ -28,7 +28,7 @@ from gateway.ingest.windows import SensorWindows
 from gateway.mqtt.adapter import InboundMessage, MqttAdapter
 from gateway.placement.execution import ServiceSides
 from gateway.ratelimit import RateLimitedLog
-from gateway.storage.interface import LogFailed, LogFull, RecordLog
+from gateway.storage.interface import LogCorrupted, LogFailed, LogFull, RecordLog
 from protocol.derived import SensorParams
 from protocol.errors import ProtocolError
 from protocol.records import telemetry_record
@@ -139,7 +139,11 @@ class SensorIngest:
 
     async def start(self) -> None:
         newest = max(self._log.trimmed_lsn + 1, self._log.durable_lsn - self._recent.capacity + 1)
-        seeded = await self._recent.seed(self._log.read(newest))
+        try:
+            seeded = await self._recent.seed(self._log.read(newest))
+        except LogCorrupted as exc:  # the log counts and reports it; samples past it may come twice
+            log.warning("ingest: recent samples not all known from the log: %s", exc)
+            seeded = len(self._recent)
         log.info("ingest: %d recent samples known from the log (redeliveries of them are skipped)", seeded)
         await self._run_windows(self.windows.follow)  # the start marker, before any telemetry
         self._adapter.subscribe(devices_subscription(self.gateway_id), qos=1)

@@ -21,8 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from gateway.storage.drops import DROPS_FILE, DropLedger, Run
 from gateway.storage.durable_files import replace_durably
@@ -48,7 +47,6 @@ class LogBudget:
     buffer_bytes: int
     append_timeout_s: float
     _layer: FileLayer
-    _admin: ThreadPoolExecutor
     _segments: list[SegmentInfo]
     _open_chunks: list[bytes]
     _active_bytes: int
@@ -73,6 +71,7 @@ class LogBudget:
         def _close_epoch(self) -> None: ...
         def _new_segment(self) -> None: ...
         async def _persist_trim(self, upto_lsn: Lsn) -> None: ...
+        async def _on_admin(self, call: Callable[..., Any], *args: Any) -> Any: ...
 
     async def _wait_for_space(self, size: int) -> None:
         """The buffer is full: close the open epoch early (a finer split keeps the prefix guarantee)
@@ -135,8 +134,8 @@ class LogBudget:
             await self._seal_oldest()
         if len(self._segments) < 2 or self._segments[1].header.first_lsn - 1 > self._durable_lsn:
             return False
-        victim, last = self._segments[0], self._segments[1].header.first_lsn - 1
-        first = max(victim.header.first_lsn, self._trimmed_lsn + 1)
+        # everything up to the next segment goes: the oldest one, and a damaged one before it if any
+        first, last = self._trimmed_lsn + 1, self._segments[1].header.first_lsn - 1
         lost = self._unacked(first, last) if first <= last else []
         self._ledger.add_drop(last, lost)
         # The ledger first: a crash before the trim below undoes this drop at recovery (DropLedger.settle).
@@ -199,10 +198,8 @@ class LogBudget:
         """Write the drop ledger; False if the disk refused (e.g. ENOSPC: the next write retries)."""
         data = self._ledger.encode()
         try:
-            await asyncio.get_running_loop().run_in_executor(
-                self._admin, replace_durably, self._layer, self.directory, DROPS_FILE, data
-            )
-        except OSError as exc:
+            await self._on_admin(replace_durably, self._layer, self.directory, DROPS_FILE, data)
+        except OSError as exc:  # not a failed fsync: that fails the log
             self._stats["ledger_persist_failures"] += 1
             log.warning("epoch log %s: drop ledger not persisted yet: %s", self.directory, exc)
             return False

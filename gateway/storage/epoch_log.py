@@ -2,13 +2,17 @@
 
 Owns: the asyncio side of the log: LSN and epoch assignment, framing and chained checksums, trim,
 and the durability futures. Its room for appends (the bounded buffer, the byte budget, the full
-policies, the drop ledger's use) is budget.py, its ``read`` log_reader.py; the writer thread
-(epoch_writer.py) owns the disk writes; recovery.py owns reading bytes back; drops.py the ledger of
-what policy "drop_oldest" lost.
+policies, the drop ledger's use) is budget.py, its ``read`` and ``verify`` log_reader.py, its
+``trim`` log_trim.py; the writer thread (epoch_writer.py) owns the disk writes; recovery.py what
+``open`` finds on disk; meta.py the META file and its LSN marks; drops.py the ledger of what policy
+"drop_oldest" lost; scrub.py the background verification.
 
 Invariant: after any crash the log holds a prefix of whole flush epochs that contains every epoch
 whose durability future completed; ``append`` never waits for the disk (only, when the buffer is
-full, for space); a failed fsync makes the log fail (LogFailed) and is never retried.
+full, for space) and refuses a record that could never be read back or fit before anything is
+written or dropped; no LSN that was durable is assigned again (the next LSN is at least META's
+floor); damage is counted once per place (``_note_damage``) and reported wherever it is reached; a
+failed fsync of any file makes the log fail (LogFailed) and is never retried.
 The format and the guarantee are written up in docs/storage.md.
 """
 
@@ -23,38 +27,34 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 from gateway.storage.budget import FullPolicy, LogBudget
 from gateway.storage.drops import DropLedger, Run
-from gateway.storage.durable_files import replace_durably, unlink_in_order
+from gateway.storage.durable_files import FsyncFailed
 from gateway.storage.epoch_writer import ClosedEpoch, DurableGroup, EpochWriter
 from gateway.storage.filelayer import FileLayer, OsFileLayer
-from gateway.storage.interface import Epoch, LogFailed, Lsn
+from gateway.storage.interface import Damage, Epoch, LogFailed, Lsn, RecordTooLarge
 from gateway.storage.log_format import (
-    META_FILE,
+    MAX_RECORD_BYTES,
     RECORD_HEADER_BYTES,
     SEGMENT_HEADER_BYTES,
     SegmentHeader,
     commit_bytes,
-    decode_meta,
-    encode_meta,
     frame_data,
     segment_name,
-    segment_seq,
 )
 from gateway.storage.log_reader import LogReading
-from gateway.storage.recovery import (
-    INDEX_EVERY_BYTES,
-    SegmentInfo,
-    TailRecovery,
-    recover_tail,
-)
+from gateway.storage.log_trim import LogTrimming
+from gateway.storage.meta import MetaFile
+from gateway.storage.recovery import SegmentInfo, TailRecovery, UnreadableSegment, recover_tail
+from gateway.storage.scanner import INDEX_EVERY_BYTES
+from gateway.storage.scrub import Scrubber
 
 log = logging.getLogger(__name__)
 
 
-class EpochLog(LogBudget, LogReading):
+class EpochLog(LogBudget, LogReading, LogTrimming):
     def __init__(
         self,
         directory: Path | str,
@@ -68,6 +68,8 @@ class EpochLog(LogBudget, LogReading):
         rng: random.Random | None = None,
         append_timeout_s: float = 30.0,
         close_timeout_s: float = 30.0,
+        scrub_interval_s: float = 0.0,
+        scrub_rate_Bps: float = 4 << 20,
     ) -> None:
         if full_policy not in get_args(FullPolicy):
             raise ValueError(f"full_policy must be one of {get_args(FullPolicy)}, not {full_policy!r}")
@@ -76,6 +78,9 @@ class EpochLog(LogBudget, LogReading):
         self.directory = str(directory)
         self.segment_bytes, self.max_bytes, self.full_policy = segment_bytes, max_bytes, full_policy
         self.buffer_bytes = buffer_bytes
+        # the largest record a read returns and, alone in a segment, the budget holds
+        budget_room = max_bytes - SEGMENT_HEADER_BYTES - commit_bytes(1) - RECORD_HEADER_BYTES
+        self.max_record_bytes = min(MAX_RECORD_BYTES, budget_room)
         self.append_timeout_s, self.close_timeout_s = append_timeout_s, close_timeout_s
         self._layer: FileLayer = file_layer or OsFileLayer()
         self._rng = rng or random.SystemRandom()
@@ -87,11 +92,16 @@ class EpochLog(LogBudget, LogReading):
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="epochlog-reader")
         self._writer: EpochWriter | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._meta = MetaFile(self._layer, self.directory)
         self._segments: list[SegmentInfo] = []  # oldest first; the last may be the active one
+        self._unreadable: list[UnreadableSegment] = []  # damaged headers: kept, never read
+        self._damage: dict[tuple[str, int], Damage] = {}  # (segment, offset) -> damage found there
+        self.scrub = Scrubber(self.verify, scrub_interval_s, scrub_rate_Bps)
         self._active: SegmentHeader | None = None
         self._active_bytes = 0
         self._next_seq = 1
         self._next_lsn: Lsn = 1
+        self._last_lsn: Lsn = 0  # the last LSN appended (below next_lsn - 1 only past damaged data)
         self._epoch_no = 0
         self._durable_lsn: Lsn = 0
         self._trimmed_lsn: Lsn = 0
@@ -135,7 +145,7 @@ class EpochLog(LogBudget, LogReading):
     async def open(self) -> None:
         self._loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        await self._loop.run_in_executor(self._admin, self._recover)
+        await self._on_admin(self._recover)
         self.recovery_s = time.perf_counter() - started
         self._writer = EpochWriter(
             self._layer,
@@ -145,46 +155,52 @@ class EpochLog(LogBudget, LogReading):
             self._from_writer(self._on_failed),
             self._from_writer(self._on_disk_full),
             self._from_writer(self._on_written),
+            self._meta.reserve,
         )
         self._writer.start()
+        self.scrub.start()
 
     def _recover(self) -> None:
         self._layer.makedirs(self.directory)
-        meta = self._layer.read_file(os.path.join(self.directory, META_FILE))
-        decoded = decode_meta(meta) if meta is not None else None
-        if meta is not None and decoded is None:
-            raise LogFailed(f"{self.directory}/{META_FILE} is damaged; refusing to guess the log id")
-        if decoded is None:
-            self.log_id = f"{self._rng.getrandbits(128):032x}"
-            self._write_meta(0)
-        else:
-            self.log_id, self._trimmed_lsn = decoded
-        seqs = [segment_seq(name) for name in self._layer.listdir(self.directory)]
-        self._next_seq = max((seq for seq in seqs if seq is not None), default=0) + 1
-        tail = self.recovery = recover_tail(self._layer, self.directory, self._trimmed_lsn)
-        if tail.damage is not None:
-            self._stats["corruptions"] += 1
-            log.error("epoch log %s: recovery stopped at corruption: %s", self.directory, tail.damage)
+        self._meta.load(new_log_id=f"{self._rng.getrandbits(128):032x}")
+        self.log_id, self._trimmed_lsn = self._meta.values.log_id, self._meta.values.trimmed_lsn
+        tail = self.recovery = recover_tail(self._layer, self.directory, self._meta)
+        for damage in tail.damage:
+            self._note_damage(damage)
         self._stats["recovered_cut_bytes"] = tail.cut_bytes
-        self._segments = tail.segments
-        if self._segments:  # a trim deletes segments before it persists the trim point
-            self._trimmed_lsn = max(self._trimmed_lsn, self._segments[0].header.first_lsn - 1)
-        held = [s.header.seq for s in self._segments]
-        gap = (held != list(range(held[0], held[0] + len(held)))) if held else bool(tail.headers_unreadable)
-        if gap:
-            self._stats["corruptions"] += 1
-            log.error(
-                "epoch log %s: segments missing or unreadable: have %s, unreadable %s",
-                self.directory,
-                held,
-                tail.headers_unreadable,
-            )
-        self._next_lsn = max(tail.last_lsn, self._trimmed_lsn) + 1
-        self._durable_lsn = self._next_lsn - 1
+        self._segments, self._unreadable = tail.segments, tail.unreadable
+        self._next_seq = tail.last_seq + 1
+        self._trimmed_lsn = self._durable_trim_point()  # a trim deletes segments before writing META
+        self._durable_lsn = self._last_lsn = max(tail.last_lsn, self._trimmed_lsn)
+        self._next_lsn = max(self._durable_lsn + 1, self._meta.values.lsn_floor)  # past damaged data
         self._epoch_no = tail.last_epoch
-        self._drop_trimmed_segments()
-        self._bytes_used = sum(s.size for s in self._segments)
+        self._bytes_used = sum(s.size for s in self._segments) + sum(u.size for u in self._unreadable)
+        self._unlink(self._drop_trimmed_segments())
         self._load_ledger()
+
+    def _note_damage(self, damage: Damage) -> None:
+        """Count and log each damaged place once (reads and scrubs reach it again and again); a read
+        that learns the first LSN lost at a place recovery found (a damaged header) fills it in."""
+        known = self._damage.get((damage.segment, damage.offset))
+        if known is None or (known.lsn == 0 and damage.lsn):
+            self._damage[damage.segment, damage.offset] = damage
+        if known is None:
+            self._stats["corruptions"] += 1
+            log.error("epoch log %s: corruption: %s", self.directory, damage)
+
+    @property
+    def damage(self) -> list[Damage]:
+        """Every damaged place found since open and not trimmed away, in the order found."""
+        return list(self._damage.values())
+
+    async def _on_admin(self, call: Callable[..., Any], *args: Any) -> Any:
+        """``call(*args)`` in the admin executor (META, DROPS, unlinks); a failed fsync there fails
+        the log."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._admin, call, *args)
+        except FsyncFailed as exc:
+            self._on_failed(exc.cause)
+            raise LogFailed(f"epoch log {self.directory}: {exc}") from exc
 
     async def close(self) -> None:
         if self._closed:
@@ -196,6 +212,7 @@ class EpochLog(LogBudget, LogReading):
             except (LogFailed, TimeoutError) as exc:
                 log.error("epoch log %s: last epoch not durable at close: %s", self.directory, exc)
         self._closed = True
+        await self.scrub.stop()
         if self._writer is not None:
             stopped = await asyncio.get_running_loop().run_in_executor(
                 None, self._writer.stop, self.close_timeout_s
@@ -223,13 +240,19 @@ class EpochLog(LogBudget, LogReading):
         if self._failed is not None or self._closed:
             raise LogFailed(f"epoch log {self.directory} is {'failed' if self._failed else 'closed'}")
         size = len(record) + RECORD_HEADER_BYTES
+        if len(record) > self.max_record_bytes:
+            self._stats["rejected_records"] += 1
+            raise RecordTooLarge(
+                f"a record of {len(record)} bytes is over epoch log {self.directory}'s limit of "
+                f"{self.max_record_bytes} (what a read returns, and what the byte budget holds alone)"
+            )
         if self._bytes_used + size > self.max_bytes or self._disk_full:
             await self._make_room(size)
         if self._buffered + size > self.buffer_bytes:
             await self._wait_for_space(size)
         if not self._open_chunks:
             self._start_epoch()
-        lsn = self._next_lsn
+        lsn = self._last_lsn = self._next_lsn
         self._next_lsn = lsn + 1
         if type(record) is not bytes:
             record = bytes(record)  # the writer keeps a reference: it must not change under it
@@ -261,7 +284,7 @@ class EpochLog(LogBudget, LogReading):
     async def flush(self, wait: bool = False) -> Epoch:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        epoch = Epoch(self._epoch_no, self._next_lsn - 1, future)
+        epoch = Epoch(self._epoch_no, self._last_lsn, future)
         if self._failed is not None:
             self._set_failed(future, self._failed)
         else:
@@ -350,46 +373,6 @@ class EpochLog(LogBudget, LogReading):
             future.set_exception(exc if isinstance(exc, LogFailed) else LogFailed(str(exc)))
             future.exception()  # retrieved: whoever awaits still gets it
 
-    # -- trimming -----------------------------------------------------------------------
-
-    async def trim(self, upto_lsn: Lsn) -> None:
-        upto_lsn = min(upto_lsn, self._durable_lsn)
-        if upto_lsn <= self._trimmed_lsn:
-            return
-        self._stats["trims"] += 1
-        await self._persist_trim(upto_lsn)
-
-    async def _persist_trim(self, upto_lsn: Lsn) -> None:
-        """Delete the segments the trim frees, then make the trim point durable. Deleting first is
-        safe (those records are all trimmed) and is what lets a trim free space on a full disk."""
-        loop = asyncio.get_running_loop()
-        self._trimmed_lsn = max(self._trimmed_lsn, upto_lsn)
-        freed = self._drop_trimmed_segments(unlink=False)
-        for info in freed:
-            self._bytes_used -= info.size
-        if freed:
-            await loop.run_in_executor(self._admin, self._unlink, freed)
-            self._room_freed.set()
-        try:
-            await loop.run_in_executor(self._admin, self._write_meta, self._trimmed_lsn)
-        except OSError as exc:  # e.g. ENOSPC: the records stay trimmed here; the next trim retries
-            self._stats["trim_persist_failures"] += 1
-            log.warning("epoch log %s: trim to %d not persisted yet: %s", self.directory, upto_lsn, exc)
-
-    def _unlink(self, segments: list[SegmentInfo]) -> None:
-        unlink_in_order(self._layer, self.directory, [info.path for info in segments])
-
-    def _write_meta(self, trimmed_lsn: Lsn) -> None:
-        replace_durably(self._layer, self.directory, META_FILE, encode_meta(self.log_id, trimmed_lsn))
-
-    def _drop_trimmed_segments(self, unlink: bool = True) -> list[SegmentInfo]:
-        freed = []
-        while len(self._segments) > 1 and self._segments[1].header.first_lsn - 1 <= self._trimmed_lsn:
-            freed.append(self._segments.pop(0))
-        if unlink and freed:
-            self._unlink(freed)
-        return freed
-
     def stats(self) -> dict[str, int]:
         writer = self._writer
         return {
@@ -409,4 +392,5 @@ class EpochLog(LogBudget, LogReading):
             "gaps_pending": len(self._ledger.gaps),
             "holding": self._holding,
             "failed": int(self._failed is not None),
+            **self.scrub.stats(),
         }

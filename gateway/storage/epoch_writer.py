@@ -13,9 +13,10 @@ is told as soon as a group's bytes are written, so the appender's buffer space n
 Invariant: a commit record is written only after the data it covers and every earlier commit record
 are durable (the fsync that covered them had returned), so commits become durable in epoch order and a
 durable commit vouches for every byte before it; a new segment is created only after every commit
-before it is durable. An fsync error is final: the thread reports it and stops; it never retries the
-fsync (the kernel may already have dropped the dirty pages). ENOSPC on a write is not final: the write
-is retried (same bytes, same offsets) until space is freed.
+before it is durable; no LSN is written before META's LSN limit is above it (``reserve``, meta.py).
+An fsync error, of any file and whatever its errno, is final: the thread reports it and stops; it
+never retries the fsync (the kernel may already have dropped the dirty pages). ENOSPC on a write is
+not final: the write is retried (same bytes, same offsets) until space is freed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 
 from gateway.storage.filelayer import FileLayer
 from gateway.storage.log_format import SegmentHeader, encode_commit
-from gateway.storage.recovery import Position
+from gateway.storage.scanner import Position
 from runtime.backoff import Backoff
 
 PARALLEL_MIN_BYTES = 1 << 20
@@ -91,11 +92,13 @@ class EpochWriter:
         on_failed: Callable[[BaseException], None],
         on_disk_full: Callable[[], None],
         on_written: Callable[[int], None],
+        reserve: Callable[[int], None],
     ) -> None:
         self._layer = layer
         self._directory = directory
         self._on_durable, self._on_failed, self._on_disk_full = on_durable, on_failed, on_disk_full
         self._on_written = on_written
+        self._reserve = reserve  # makes META's LSN limit durable above an LSN (meta.py)
         self._queue: deque[ClosedEpoch] = deque()  # bounded by the log's buffer_bytes
         self._cond = threading.Condition()
         self._stopping = False
@@ -174,6 +177,7 @@ class EpochWriter:
         """Lay out and write the group's data, then free its buffers."""
         if self._syncing is not None and group.epochs[0].segment.seq not in self._files:
             self._drain()  # a segment appears only once every commit before it is durable
+        self._with_enospc_retry(lambda: self._reserve(group.epochs[-1].last_lsn))
         self._with_enospc_retry(lambda: self._write_data(group))
         self._written(group)
 
@@ -289,15 +293,17 @@ class EpochWriter:
         entry = self._files.get(header.seq)
         if entry is None:
             fd = self._layer.open(path, create=True)
+            block = header.encode()
             try:
-                block = header.encode()
-                self._pwrite_all(fd, block, 0)
+                self._pwrite_all(fd, block, 0)  # ENOSPC here is retried by the caller (same bytes)
+            except OSError:
+                self._layer.close(fd)
+                raise
+            try:
                 self._layer.fsync(fd)
                 self._layer.fsync_dir(self._directory)  # the new file's name must survive too
-            except OSError as exc:
+            except OSError as exc:  # whatever the errno (ENOSPC too): an fsync is never retried
                 self._layer.close(fd)
-                if exc.errno == errno.ENOSPC:
-                    raise
                 raise _Fatal(exc) from exc
             entry = self._files[header.seq] = [fd, len(block)]
         return entry[0], entry[1]

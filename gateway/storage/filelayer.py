@@ -183,17 +183,28 @@ class RecordingFileLayer:
 
 
 class FaultyFileLayer(OsFileLayer):
-    """Real files, plus injected faults: fsync fails (EIO) from the Nth call; writes beyond a byte
+    """Real files, plus injected faults: fsync fails (``fsync_errno``, EIO by default) from the Nth
+    call, of files whose path contains ``fail_fsync_matching`` (default: any); writes beyond a byte
     quota fail with ENOSPC until ``free()`` raises the quota. Only for faults that cannot be real here."""
 
-    def __init__(self, fail_fsync_from: int | None = None, write_quota: int | None = None) -> None:
+    def __init__(
+        self, fail_fsync_from: int | None = None, write_quota: int | None = None, fsync_errno: int = errno.EIO
+    ) -> None:
         super().__init__()
         self.fail_fsync_from = fail_fsync_from
+        self.fail_fsync_matching = ""
+        self.fsync_errno = fsync_errno
         self.write_quota = write_quota
         self.fsyncs = 0
         self.written = 0
         self.enospc = 0
         self._lock = threading.Lock()
+        self._paths: dict[int, str] = {}
+
+    def open(self, path: str, create: bool = False) -> int:
+        fd = super().open(path, create)
+        self._paths[fd] = path
+        return fd
 
     def free(self, extra_bytes: int) -> None:
         with self._lock:
@@ -221,6 +232,7 @@ class FaultyFileLayer(OsFileLayer):
         with self._lock:
             self.fsyncs += 1
             failing = self.fail_fsync_from is not None and self.fsyncs >= self.fail_fsync_from
+            failing = failing and self.fail_fsync_matching in self._paths.get(fd, "")
         if failing:
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
+            raise OSError(self.fsync_errno, os.strerror(self.fsync_errno))
         super().fsync(fd)

@@ -127,17 +127,35 @@ def commit_bytes(epoch_count: int) -> int:
     return RECORD_HEADER_BYTES + _COMMIT_HEAD.size + epoch_count * _COMMIT_EPOCH.size
 
 
-def encode_meta(log_id: str, trimmed_lsn: int) -> bytes:
-    body = f"{log_id} {trimmed_lsn}".encode()
+@dataclass(frozen=True)
+class MetaValues:
+    """What META holds (gateway/storage/meta.py owns the file): the log id, the trim point, and the
+    LSN marks: ``lsn_floor`` (the next LSN assigned is at least this) and ``lsn_limit`` (no LSN at or
+    above it was ever written to a segment)."""
+
+    log_id: str
+    trimmed_lsn: int = 0
+    lsn_floor: int = 1
+    lsn_limit: int = 1
+
+
+def encode_meta(meta: MetaValues) -> bytes:
+    body = f"{meta.log_id} {meta.trimmed_lsn} {meta.lsn_floor} {meta.lsn_limit}".encode()
     return body + b" " + f"{crc32c.crc32c(body):08x}".encode()
 
 
-def decode_meta(data: bytes) -> tuple[str, int] | None:
+def decode_meta(data: bytes) -> MetaValues | None:
+    """The values, or None when the bytes fail their CRC or are not a META (a META written before the
+    LSN marks existed holds only the id and the trim point: its marks are the trim point's)."""
     try:
         body, crc = data.rsplit(b" ", 1)
         if int(crc, 16) != crc32c.crc32c(body):
             return None
-        log_id, trimmed = body.decode().split(" ")
-        return log_id, int(trimmed)
+        log_id, *numbers = body.decode().split(" ")
+        values = [int(n) for n in numbers]
+        if len(values) == 1:
+            return MetaValues(log_id, values[0], values[0] + 1, values[0] + 1)
+        trimmed, floor, limit = values
+        return MetaValues(log_id, trimmed, floor, limit)
     except ValueError:
         return None

@@ -1,201 +1,28 @@
-"""Reading the epoch log back: the segment scanner, and recovery of a log directory after a crash.
+"""Recovery of a log directory after a crash: what ``EpochLog.open`` finds on disk, and a strict scan.
 
-Owns: ``scan_buffer`` (verify records and commits in a byte range, yield committed records),
-``recover_tail`` (what ``EpochLog.open`` does: validate only the newest segment, so intake starts
-at once) and ``recover_all`` (a full, strict scan: tests and the benchmark).
+Owns: ``recover_tail`` (validate only the newest segment, so intake starts at once; list the
+others by their headers) and ``recover_all`` (every segment, strictly: tests and the benchmark).
 
-Invariant: a record is returned only if it belongs to a group whose commit record is valid and
-matches it (chain value, epoch counts, last LSN); so what is returned is always a prefix of whole
-epochs. Damage is named: bad bytes with no valid commit after them are a torn tail (normal after a
-crash, cut silently); bad bytes followed by a valid commit are corruption (a commit is written only
-after everything before it is durable), reported with the file and byte offset.
+Invariant: recovery never deletes committed data. It removes only a newest segment that holds
+nothing committed and no data (its header never became durable, or nothing after it did), and cuts
+only a torn tail. Damage a crash cannot cause is reported with its segment and byte offset: a bad
+record followed by a valid commit (the cut bytes are kept beside the segment first, as
+``*.corrupt-<offset>``), a segment header that fails its CRC in a file that holds data (the file is
+kept as it is), a segment missing between two others. Before cutting damaged committed data of
+the newest segment, or passing over a damaged newer one, the LSN floor is raised (meta.py), so no
+LSN that was durable is assigned again.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from itertools import groupby
-from operator import itemgetter
-
-import crc32c
 
 from gateway.storage.filelayer import FileLayer
-from gateway.storage.log_format import (
-    COMMIT_MARK,
-    KIND_COMMIT,
-    KIND_DATA,
-    MAX_RECORD_BYTES,
-    RECORD_HEADER,
-    RECORD_HEADER_BYTES,
-    SEGMENT_HEADER_BYTES,
-    Commit,
-    SegmentHeader,
-    check_commit,
-    decode_segment_header,
-    segment_seq,
-)
-
-# A sparse index point every this many bytes: a read starting anywhere scans at most this much
-# before its first record (64 KiB: ~500 small records, a few ms; 1k points per 64 MiB segment).
-INDEX_EVERY_BYTES = 64 << 10
-
-
-@dataclass(frozen=True)
-class Position:
-    """A place to resume scanning: just after a commit record (or the segment header)."""
-
-    offset: int
-    chain: int
-    next_lsn: int
-    last_epoch: int
-
-
-@dataclass(frozen=True)
-class Damage:
-    kind: str  # "torn" (crash damage, silent) or "corrupt" (reported)
-    segment: str
-    offset: int
-    detail: str
-
-    def __str__(self) -> str:
-        return f"{self.kind} at {self.segment} byte {self.offset}: {self.detail}"
-
-
-@dataclass
-class ScanResult:
-    end: Position  # after the last valid commit seen
-    records: list[tuple[int, bytes]] = field(default_factory=list)
-    damage: Damage | None = None
-    complete: bool = True  # False: stopped early (record limit, or the buffer ended mid-group)
-    index: list[Position] = field(default_factory=list)
-
-
-def start_position(header: SegmentHeader) -> Position:
-    return Position(SEGMENT_HEADER_BYTES, header.salt, header.first_lsn, header.first_epoch - 1)
-
-
-def scan_buffer(
-    buf: bytes,
-    base: int,
-    salt: int,
-    start: Position,
-    *,
-    final: bool,
-    segment: str = "",
-    from_lsn: int = 0,
-    max_records: int | None = None,
-    collect: bool = True,
-) -> ScanResult:
-    """Scan ``buf`` (the file's bytes from offset ``base``) from ``start``.
-
-    ``final``: buf reaches the end of the file, so a short record there is damage, not "read more".
-    Records with lsn >= from_lsn of committed groups are collected, up to about max_records
-    (the scan stops at a commit boundary once that many are held).
-    """
-    view = memoryview(buf)
-    result = ScanResult(end=start)
-    stop, problem = _scan_groups(view, base, salt, result, from_lsn if collect else None, max_records)
-    if not (final and result.complete):
-        result.complete = False  # stopped at max_records, or the caller reads on from result.end
-        return result
-    tail = result.end.offset - base
-    if problem or any(view[tail:]):  # bad bytes after the last whole group (uncommitted records count)
-        corrupt = _valid_commit_after(view, max(stop, tail), salt)  # a commit vouches for all before it
-        where = base + stop if problem else result.end.offset
-        result.damage = Damage(
-            "corrupt" if corrupt else "torn", segment, where, problem or "uncommitted records"
-        )
-    return result
-
-
-# The open group: its data records, verified but not yet vouched for by a commit record.
-_Pending = list[tuple[int, int, int, int]]  # (lsn, epoch, payload offset, length)
-
-
-def _scan_groups(
-    view: memoryview, base: int, salt: int, result: ScanResult, keep_from: int | None, max_records: int | None
-) -> tuple[int, str]:
-    """Verify records from ``result.end`` on; each group whose commit holds moves ``result.end`` past it.
-    Returns where the scan stopped (an offset into ``view``) and the problem found there ("" when it
-    stopped at zeros, at the end of ``view`` or at ``max_records``).
-
-    The data record case runs once per record, so it stays inline and on local variables."""
-    n = len(view)
-    start = result.end
-    off, chain, next_lsn = start.offset - base, start.chain, start.next_lsn
-    min_epoch = start.last_epoch + 1  # the lowest epoch the next data record may carry
-    pending: _Pending = []
-    while True:
-        if off + RECORD_HEADER_BYTES > n:
-            return off, "short header" if off < n else ""
-        crc, kind, length, epoch, lsn = RECORD_HEADER.unpack_from(view, off)
-        if kind == KIND_DATA:
-            body = off + RECORD_HEADER_BYTES
-            if length > MAX_RECORD_BYTES or body + length > n:
-                return off, "record runs past the end"
-            if crc32c.crc32c(view[body : body + length], crc32c.crc32c(view[off + 4 : body], chain)) != crc:
-                return off, "checksum mismatch"
-            if lsn != next_lsn or epoch < min_epoch:
-                return off, f"out of order (lsn {lsn}, expected {next_lsn}; epoch {epoch})"
-            pending.append((lsn, epoch, body, length))
-            chain, next_lsn, min_epoch, off = crc, next_lsn + 1, epoch, body + length
-        elif kind == KIND_COMMIT:
-            commit = check_commit(view, off, salt)
-            problem = _commit_problem(commit, pending, chain, next_lsn - 1)
-            if commit is None or problem:
-                return off, problem
-            last_epoch = pending[-1][1]
-            off, min_epoch = commit.end, last_epoch + 1
-            end = Position(base + off, chain, next_lsn, last_epoch)
-            _close_group(result, view, pending, end, keep_from, start.offset)
-            if max_records is not None and len(result.records) >= max_records:
-                result.complete = False
-                return off, ""
-        else:
-            return off, "no record here" if any(view[off : off + RECORD_HEADER_BYTES]) else ""
-
-
-def _commit_problem(commit: Commit | None, pending: _Pending, chain: int, last_lsn: int) -> str:
-    """Why ``commit`` (the commit record found after ``pending``) does not close that group; "" if it does."""
-    if commit is None:
-        return "commit record damaged"
-    counts = [(epoch, len(list(run))) for epoch, run in groupby(map(itemgetter(1), pending))]
-    if not pending or commit.chain != chain or commit.last_lsn != last_lsn or list(commit.epochs) != counts:
-        return "commit does not match the records before it"
-    return ""
-
-
-def _close_group(
-    result: ScanResult,
-    view: memoryview,
-    pending: _Pending,
-    end: Position,
-    keep_from: int | None,
-    scan_start: int,
-) -> None:
-    """A valid commit vouches for ``pending``: collect its records with lsn >= ``keep_from`` (none if
-    None), move ``result.end`` to ``end``, and add an index point once INDEX_EVERY_BYTES have passed
-    since the last one (or since ``scan_start``, the file offset the scan began at)."""
-    if keep_from is not None:
-        result.records.extend(
-            (lsn, bytes(view[at : at + size])) for lsn, _, at, size in pending if lsn >= keep_from
-        )
-    pending.clear()
-    result.end = end
-    last_index = result.index[-1].offset if result.index else scan_start
-    if end.offset - last_index >= INDEX_EVERY_BYTES:
-        result.index.append(end)
-
-
-def _valid_commit_after(view: memoryview, offset: int, salt: int) -> bool:
-    raw = view.obj if isinstance(view.obj, bytes) else bytes(view)
-    pos = raw.find(COMMIT_MARK, offset + 1)
-    while pos != -1:
-        if pos >= 4 and check_commit(view, pos - 4, salt) is not None:
-            return True
-        pos = raw.find(COMMIT_MARK, pos + 1)
-    return False
+from gateway.storage.interface import Damage
+from gateway.storage.log_format import SEGMENT_HEADER_BYTES, SegmentHeader, decode_segment_header, segment_seq
+from gateway.storage.meta import MetaFile
+from gateway.storage.scanner import Position, ScanResult, scan_buffer, start_position
 
 
 @dataclass
@@ -205,8 +32,17 @@ class SegmentInfo:
     path: str
     header: SegmentHeader
     size: int
-    end: Position | None = None  # known committed end (tail: validated; older: after a lazy scan)
+    end: Position | None = None  # known committed end (tail: validated; older: after a clean read)
     index: list[Position] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class UnreadableSegment:
+    """A segment file whose header fails its check but which holds data: kept, reported, never read."""
+
+    path: str
+    seq: int
+    size: int
 
 
 @dataclass
@@ -216,8 +52,9 @@ class TailRecovery:
     last_epoch: int
     cut_bytes: int = 0
     removed: list[str] = field(default_factory=list)
-    damage: Damage | None = None
-    headers_unreadable: list[str] = field(default_factory=list)
+    damage: list[Damage] = field(default_factory=list)  # corruption only: a torn tail is no damage
+    unreadable: list[UnreadableSegment] = field(default_factory=list)
+    last_seq: int = 0  # the highest segment number still on disk
 
 
 def list_segments(layer: FileLayer, directory: str) -> list[tuple[int, str]]:
@@ -233,65 +70,112 @@ def read_header(layer: FileLayer, path: str) -> tuple[SegmentHeader | None, int]
         layer.close(fd)
 
 
-def recover_tail(layer: FileLayer, directory: str, floor_lsn: int) -> TailRecovery:
+def _read_all(layer: FileLayer, path: str) -> bytes:
+    fd = layer.open(path)
+    try:
+        return layer.pread(fd, layer.size(fd), 0)
+    finally:
+        layer.close(fd)
+
+
+def recover_tail(layer: FileLayer, directory: str, meta: MetaFile) -> TailRecovery:
     """Validate the newest segment that holds a committed group; cut its torn tail; remove newer
     segments with nothing committed. Older segments are only listed (header read), not scanned."""
     entries = list_segments(layer, directory)
-    out = TailRecovery([], floor_lsn, 0)
+    out = TailRecovery([], meta.values.trimmed_lsn, 0)
     while entries:
-        _, path = entries[-1]
+        seq, path = entries.pop()
         header, size = read_header(layer, path)
-        if header is None:  # a segment whose header never became durable: created, never used
-            out.removed.append(path)
-            layer.unlink(path)
-            entries.pop()
+        if header is None:
+            if any(_read_all(layer, path)[SEGMENT_HEADER_BYTES:]):  # data is written after the header's fsync
+                meta.raise_floor()  # the LSNs it holds are unknown
+                out.unreadable.append(UnreadableSegment(path, seq, size))
+                out.damage.append(Damage("corrupt", path, 0, "segment header damaged; the file holds data"))
+            else:  # its header never became durable: created, never used
+                _remove(layer, path, out)
             continue
-        fd = layer.open(path)
-        try:
-            buf = layer.pread(fd, size, 0)
-            scan = scan_buffer(
-                buf, 0, header.salt, start_position(header), final=True, segment=path, collect=False
-            )
-            if scan.damage is not None and scan.damage.kind == "corrupt":
-                out.damage = out.damage or scan.damage
-                _keep_evidence(layer, path, buf, scan.end.offset)
-            if scan.end.offset < size:
-                out.cut_bytes += size - scan.end.offset
-                layer.truncate(fd, scan.end.offset)
-                layer.fsync(fd)
-        finally:
-            layer.close(fd)
-        if scan.end.offset == SEGMENT_HEADER_BYTES:  # nothing committed here: a fresh segment
-            out.removed.append(path)
-            layer.unlink(path)
-            entries.pop()
+        scan = _validate(layer, directory, path, header, size, meta, out)
+        corrupt = scan.damage is not None and scan.damage.kind == "corrupt"
+        if scan.end.offset == SEGMENT_HEADER_BYTES and not corrupt:  # nothing committed: a fresh segment
+            _remove(layer, path, out)
             continue
-        if out.removed:
-            layer.fsync_dir(directory)
-        older = [(p, _info(layer, p)) for _, p in entries[:-1]]
-        out.headers_unreadable = [p for p, info in older if info is None]
         tail = SegmentInfo(path, header, scan.end.offset, scan.end, scan.index)
-        out.segments = [info for _, info in older if info is not None] + [tail]
+        out.segments = _list_older(layer, entries, out) + [tail]
         out.last_lsn, out.last_epoch = scan.end.next_lsn - 1, scan.end.last_epoch
-        return out
+        break
     if out.removed:
         layer.fsync_dir(directory)
+    out.last_seq = max([u.seq for u in out.unreadable] + [s.header.seq for s in out.segments], default=0)
+    _report_missing(out)
     return out
 
 
-def _keep_evidence(layer: FileLayer, path: str, buf: bytes, offset: int) -> None:
-    """Corruption is cut like a torn tail, but its bytes are kept beside the log for inspection."""
+def _remove(layer: FileLayer, path: str, out: TailRecovery) -> None:
+    out.removed.append(path)
+    layer.unlink(path)
+
+
+def _validate(
+    layer: FileLayer,
+    directory: str,
+    path: str,
+    header: SegmentHeader,
+    size: int,
+    meta: MetaFile,
+    out: TailRecovery,
+) -> ScanResult:
+    """Scan the newest segment whole; cut what is past its last valid commit (corruption: only after
+    raising the LSN floor and keeping the cut bytes)."""
+    buf = _read_all(layer, path)
+    scan = scan_buffer(buf, 0, header.salt, start_position(header), final=True, segment=path, collect=False)
+    if scan.damage is not None and scan.damage.kind == "corrupt":
+        out.damage.append(scan.damage)
+        meta.raise_floor()
+        _keep_evidence(layer, directory, path, buf, scan.end.offset)
+    if scan.end.offset < size:
+        out.cut_bytes += size - scan.end.offset
+        fd = layer.open(path)
+        try:
+            layer.truncate(fd, scan.end.offset)
+            layer.fsync(fd)
+        finally:
+            layer.close(fd)
+    return scan
+
+
+def _keep_evidence(layer: FileLayer, directory: str, path: str, buf: bytes, offset: int) -> None:
+    """Corruption is cut like a torn tail, but its bytes are kept beside the log (durably, before
+    the cut) for inspection."""
     keep = layer.open(f"{path}.corrupt-{offset}", create=True)
     try:
         layer.pwrite(keep, buf[offset:], 0)
         layer.fsync(keep)
     finally:
         layer.close(keep)
+    layer.fsync_dir(directory)
 
 
-def _info(layer: FileLayer, path: str) -> SegmentInfo | None:
-    header, size = read_header(layer, path)
-    return SegmentInfo(path, header, size) if header is not None else None
+def _list_older(layer: FileLayer, entries: list[tuple[int, str]], out: TailRecovery) -> list[SegmentInfo]:
+    """The segments before the tail, by their headers; a header that fails its check is damage."""
+    older = []
+    for seq, path in entries:
+        header, size = read_header(layer, path)
+        if header is None:
+            out.unreadable.append(UnreadableSegment(path, seq, size))
+            out.damage.append(Damage("corrupt", path, 0, "segment header damaged"))
+        else:
+            older.append(SegmentInfo(path, header, size))
+    return older
+
+
+def _report_missing(out: TailRecovery) -> None:
+    """Segments are removed oldest first only (trim), so a missing number between two is damage."""
+    held = sorted([s.header.seq for s in out.segments] + [u.seq for u in out.unreadable])
+    missing = sorted(set(range(held[0], held[-1] + 1)) - set(held)) if held else []
+    if missing:
+        name = out.segments[0].path if out.segments else out.unreadable[0].path
+        detail = f"segments {missing} are missing between {held[0]} and {held[-1]}"
+        out.damage.append(Damage("corrupt", os.path.dirname(name), 0, detail))
 
 
 @dataclass
@@ -320,11 +204,7 @@ def recover_all(layer: FileLayer, directory: str, collect: bool = True) -> FullR
                 "corrupt", path, 0, f"segment starts at lsn {header.first_lsn}, expected {last_lsn + 1}"
             )
             break
-        fd = layer.open(path)
-        try:
-            buf = layer.pread(fd, size, 0)
-        finally:
-            layer.close(fd)
+        buf = _read_all(layer, path)
         scan = scan_buffer(
             buf, 0, header.salt, start_position(header), final=True, segment=path, collect=collect
         )

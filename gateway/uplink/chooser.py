@@ -107,9 +107,19 @@ class BatchChooser:
     def follow_drops(self, trimmed: int) -> None:
         """The log dropped everything up to ``trimmed``: it is neither backlog nor live any more."""
         self.acked.trimmed_to(trimmed)
-        self._index.forget_upto(trimmed)
+        self._index.forget(0, trimmed)
         self._live_next = max(self._live_next, trimmed + 1)
         self._scan_next = max(self._scan_next, trimmed + 1)
+
+    def stop_at(self, lsn: int) -> None:
+        """The log cannot be read at ``lsn`` (damage): nothing from it on may be chosen (the uplink
+        also caps ``durable`` below it). What the backlog held from there goes back to the live tail,
+        unread; in the rare case it had been acknowledged (damage that came after its upload) it is
+        sent again later, a duplicate the cloud acknowledges."""
+        self._index.forget(lsn, max(lsn, self._index.scanned))
+        self._index.upto = min(self._index.upto, lsn - 1)
+        self._scan_next = min(self._scan_next, lsn)
+        self._live_next = min(self._live_next, lsn)
 
     def failed(self) -> None:
         """A batch failed: the live tail joins the backlog at the next choice."""
@@ -130,20 +140,22 @@ class BatchChooser:
         self._turn = "backlog" if live_first else "live"
         if scanning:
             if live_first:
-                return await self._live(self._limits)
+                return await self._live(self._limits, durable)
             await self._scan_slice()
             return Batch("scan", [])
         if not backlog:
-            return await self._live(self._limits) if live else None
+            return await self._live(self._limits, durable) if live else None
         if live_first:
-            live_part = await self._live(self._limits)
+            live_part = await self._live(self._limits, durable)
             cls = self._index.next_class()
             older = await self._filler(self._backlog, self._limits.left_after(live_part.entries))
             return Batch(cls if cls and older else "live", older + live_part.entries, live_part.live)
         backlog_part = await self._backlog(self._limits)
         if not live:
             return backlog_part
-        live_entries = await self._filler(self._live, self._limits.left_after(backlog_part.entries))
+        live_entries = await self._filler(
+            lambda room: self._live(room, durable), self._limits.left_after(backlog_part.entries)
+        )
         return Batch(backlog_part.source, backlog_part.entries + live_entries, len(live_entries))
 
     def _absorb_live_tail(self, durable: int) -> None:
@@ -160,17 +172,17 @@ class BatchChooser:
         upto = min(self._index.upto, self._scan_next + SCAN_SLICE_RECORDS - 1)
         scanned = 0
         async for lsn, data in self._log.read(self._scan_next):
-            if lsn > upto:
-                break
             if lsn > self._index.scanned and not self.acked.contains(lsn):
                 self._index.add(lsn, classify(data))
             scanned += 1
+            if lsn >= upto:  # before the read goes on: it may not be readable past upto
+                break
         self.counters["backlog_scanned"] += scanned
         self._scan_next = upto + 1
 
-    async def _live(self, room: Limits) -> Batch:
+    async def _live(self, room: Limits, durable: int) -> Batch:
         entries = await read_entries(
-            self._log, self._live_next, max_records=room.records, max_bytes=room.size
+            self._log, self._live_next, max_records=room.records, max_bytes=room.size, last=durable
         )
         return Batch("live", entries, len(entries))
 

@@ -274,11 +274,10 @@ class BacklogIndex:
         if lsns:
             self._runs[cls].remove_span(lsns[0], lsns[-1])
 
-    def forget_upto(self, lsn: int) -> None:
-        """The log no longer holds LSNs <= ``lsn`` (a drop): they are not backlog any more."""
+    def forget(self, first: int, last: int) -> None:
+        """LSNs in [first, last] are not backlog any more (the log dropped them, or cannot read them)."""
         for runs in self._runs.values():
-            if len(runs):
-                runs.remove_span(runs.first()[0], lsn)
+            runs.remove_span(first, last)
 
 
 class TokenBucket:

@@ -33,6 +33,8 @@ it had not appended).
 
 Full log (policy "drop_oldest"): the uplink follows the log's trim point past a drop (the backlog
 forgets what is gone); what the drop lost, and the LogGap records that tell the cloud, are gaps.py's.
+Damage in the log (``LogCorrupted``): the uplink sends what is before it and stops there, never
+uploading or trimming past it (damage_stop.py; state "corrupt").
 Each POST's result is a value (outcome.py's ``Outcome``).
 """
 
@@ -50,9 +52,10 @@ from typing import Literal
 import aiohttp
 
 from gateway.ratelimit import RateLimitedLog
-from gateway.storage.interface import RecordLog
+from gateway.storage.interface import LogCorrupted, RecordLog, TrimFailed
 from gateway.uplink.blobs import BlobRef, BlobSpool, BlobUploader, blob_refs
 from gateway.uplink.chooser import Batch, BatchChooser, Limits
+from gateway.uplink.damage_stop import DamageStop
 from gateway.uplink.drain import TokenBucket, runs_of
 from gateway.uplink.gaps import GapRecords, lost_in_flight, unacked_runs
 from gateway.uplink.outcome import FAILURE_KINDS, LINK_FAILURES, Outcome, UploadObserver, post
@@ -68,7 +71,7 @@ IDLE_WAKE_S = 5.0  # look at the log at least this often even without a wake-up
 _OWN_REQUEST: contextvars.ContextVar[bool] = contextvars.ContextVar("uplink_own_request", default=False)
 PRODUCER_WAIT_S = 1.0  # longest a before-batch hook may hold the uplink (module docstring)
 OUTAGE_RETRY_MAX_S = 1.0  # longest wait after a link failure: a short up window is never slept through
-UplinkState = Literal["idle", "sending", "backoff", "stopped"]  # /status "uplink.state"
+UplinkState = Literal["idle", "sending", "backoff", "corrupt", "stopped"]  # /status "uplink.state"
 
 
 def read_token(token: str | None, token_file: Path | None) -> str | None:
@@ -136,6 +139,7 @@ class Uplink:
         self._in_flight: list[tuple[int, int]] = []  # the LSN runs of the batch being sent
         self._request_sent_at: float | None = None  # when the transfer in flight began (our clock)
         self._gap_records = GapRecords(record_log, gateway_id)
+        self.damage_stop = DamageStop()
         self._synced = False
         self.state: UplinkState = "idle"
         self.last_error = ""
@@ -154,6 +158,7 @@ class Uplink:
             "blob_refs_without_spool": 0,
             "drops_followed": 0,
             "gap_records": 0,
+            "trim_failures": 0,
         }
         self.failures: dict[str, int] = dict.fromkeys(FAILURE_KINDS, 0)  # by FailureKind
 
@@ -227,8 +232,8 @@ class Uplink:
 
     @property
     def figures(self) -> dict[str, float]:
-        """The sender's counters and the chooser's, for /status and /metrics."""
-        return {**self.counters, **self.chooser.counters}
+        """The sender's counters, the chooser's and the damage stop's, for /status and /metrics."""
+        return {**self.counters, **self.chooser.counters, **self.damage_stop.figures()}
 
     def _sync_with_log(self) -> None:
         """Start from the log's trim point; everything untrimmed is sent again (idempotent)."""
@@ -261,7 +266,7 @@ class Uplink:
             await self._producers_append()
             batch = await self._next_batch()
             if batch is None:
-                self.state = "idle"
+                self.state = "corrupt" if self.damage_stop.damage is not None else "idle"
                 self._wake.clear()
                 await wait_event(self._wake, IDLE_WAKE_S)
                 continue
@@ -310,11 +315,17 @@ class Uplink:
 
     # -- choosing what to send -----------------------------------------------------------------
     async def _next_batch(self) -> Batch | None:
-        """The chooser's next batch, once the log's drops are followed and their gaps recorded."""
+        """The chooser's next batch, once the log's drops are followed and their gaps recorded; an
+        empty "scan" batch (go round again) when a read has just reached damage."""
         self._sync_with_log()
         self._follow_drops()
         self.counters["gap_records"] += await self._gap_records.write()
-        return await self.chooser.next_batch(self._log.durable_lsn)
+        self.damage_stop.consider(self._log.damage, self._log.trimmed_lsn, self.chooser)
+        try:
+            return await self.chooser.next_batch(self.damage_stop.readable_upto(self._log.durable_lsn))
+        except LogCorrupted as exc:
+            self.damage_stop.consider([exc.damage], self._log.trimmed_lsn, self.chooser)
+            return Batch("scan", [])
 
     # -- sending -------------------------------------------------------------------------------
     async def send_one_batch(self) -> Outcome:
@@ -442,7 +453,11 @@ class Uplink:
         point = acked.trim_point()
         if point > self._log.trimmed_lsn:
             acked.trimmed_to(point)  # before the await: ``backlog`` never counts a run twice
-            await self._log.trim(point)
+            try:
+                await self._log.trim(point)
+            except TrimFailed as exc:  # the batch is stored all the same; the next trim tries again
+                self.counters["trim_failures"] += 1
+                self._warn.warning("trim", "uplink: %s", exc)
 
     async def _post(self, body: bytes, key: str) -> Outcome:
         assert self._session is not None, "start() first"

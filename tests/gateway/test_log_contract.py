@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gateway.storage.epoch_log import EpochLog
-from gateway.storage.interface import LogFull, RecordLog
+from gateway.storage.interface import LogFull, RecordLog, RecordTooLarge
 
 LogFactory = Callable[[Path, int], RecordLog]
 
@@ -187,4 +187,32 @@ async def test_full_log_rejects_and_counts(make_log):
     await log.trim(accepted)
     await log.append(big)
     await log.flush(wait=True)
+    await log.close()
+
+
+async def test_a_record_no_budget_could_hold_is_refused_and_nothing_changes(make_log):
+    log = make_log(max_bytes=64 * 1024)
+    await log.open()
+    await log.append(record(0))
+    await log.flush(wait=True)
+    with pytest.raises(RecordTooLarge):
+        await log.append(b"z" * (64 * 1024))
+    assert await log.append(record(1)) == 2
+    await log.flush(wait=True)
+    assert await read_all(log) == [(1, record(0)), (2, record(1))]
+    await log.close()
+
+
+async def test_verify_reads_every_record_and_finds_no_damage_in_a_sound_log(make_log):
+    log = make_log()
+    await log.open()
+    for i in range(300):
+        await log.append(record(i))
+        if i % 37 == 0:
+            await log.flush()
+    await log.flush(wait=True)
+    await log.trim(100)
+    report = await log.verify()
+    assert report.records >= 200  # every record not trimmed (and what shares a segment with them)
+    assert report.damage == [] and log.damage == []
     await log.close()

@@ -1,8 +1,13 @@
 """Power-loss crash states from a RecordingFileLayer trace (ALICE / SQLite-VFS style).
 
+A state can start from a directory (``base``: a crash state whose recovery was traced), so a crash
+during or after recovery is a crash state of the recovery's own trace.
+
 Invariant: a built state keeps every write that an fsync of its file (or, for names, of its
-directory) covered before the cut; of the rest it keeps any subset, applied in any order, each
-possibly torn (only a prefix of it reached the disk).
+directory) covered before the cut, and every file of ``base`` as it was; of the rest it keeps any
+subset, applied in any order, each possibly torn: a prefix of it (at byte or 512-byte sector
+granularity) or any subset of the 512-byte sectors it touches (a disk writes a sector whole or not
+at all, and the sectors of one write in any order).
 """
 
 from __future__ import annotations
@@ -24,24 +29,35 @@ class _File:
     unlinked: bool = False  # unlinked, but the directory was not synced since
 
 
-def _apply(content: bytearray, op: Op, keep: int | None = None) -> None:
+SECTOR = 512
+
+
+def _apply(content: bytearray, op: Op, pieces: list[tuple[int, int]] | None = None) -> None:
+    """Apply ``op``; for a torn write only ``pieces`` of its data (start, end), the rest never written."""
     if op.kind == "truncate":
         del content[op.offset :]
         content.extend(bytes(max(0, op.offset - len(content))))
         return
-    data = op.data if keep is None else op.data[:keep]
-    end = op.offset + len(data)
-    if len(content) < end:
-        content.extend(bytes(end - len(content)))
-    content[op.offset : end] = data
+    for start, end in [(0, len(op.data))] if pieces is None else pieces:
+        at = op.offset + start
+        if len(content) < op.offset + end:
+            content.extend(bytes(op.offset + end - len(content)))
+        content[at : op.offset + end] = op.data[start:end]
 
 
-def _torn_length(rng: random.Random, size: int) -> int:
-    if size <= 1:
-        return 0
-    if rng.random() < 0.5 and size > 512:
-        return rng.randrange(0, size, 512)  # sector-granular tear
-    return rng.randrange(0, size)
+def _torn_pieces(rng: random.Random, op: Op) -> list[tuple[int, int]]:
+    """What of a torn write reached the disk: a prefix (byte or sector granular), or a random subset
+    of the file's 512-byte sectors it touches."""
+    size = len(op.data)
+    first_boundary = -op.offset % SECTOR
+    cuts = [0, *range(first_boundary or SECTOR, size, SECTOR), size]
+    sectors = list(zip(cuts, cuts[1:], strict=False))
+    mode = rng.random()
+    if mode < 1 / 3 or len(sectors) < 2:
+        return [(0, rng.randrange(size))] if size > 1 else []
+    if mode < 2 / 3:
+        return sectors[: rng.randrange(len(sectors))]
+    return [sector for sector in sectors if rng.random() < 0.5]
 
 
 @dataclass
@@ -99,11 +115,20 @@ _REPLAY: dict[str, Callable[[_Disk, Op], None]] = {
 
 
 def build_crash_state(
-    trace: list[Op], cut: int, rng: random.Random, source: Path, target: Path, reorder: bool = True
+    trace: list[Op],
+    cut: int,
+    rng: random.Random,
+    source: Path,
+    target: Path,
+    reorder: bool = True,
+    base: Path | None = None,
 ) -> dict[str, int]:
-    """Write the files a power cut after ``trace[:cut]`` could leave into ``target``.
+    """Write the files a power cut after ``trace[:cut]`` could leave into ``target``; ``trace`` ran on
+    ``source``, which held the files of ``base`` (durable) when it began, if given.
     Returns the largest value of each mark tag seen before the cut."""
     disk = _Disk()
+    for path in base.iterdir() if base is not None else ():
+        disk.files[str(source / path.name)] = _File(bytearray(path.read_bytes()), name_durable=True)
     for op in trace[:cut]:
         replay = _REPLAY.get(op.kind)
         if replay is not None:
@@ -130,7 +155,7 @@ def _content_after_cut(model: _File, rng: random.Random, reorder: bool) -> bytes
         rng.shuffle(survivors)
     for op in survivors:
         torn = op.kind == "write" and rng.random() < 0.3
-        _apply(content, op, _torn_length(rng, len(op.data)) if torn else None)
+        _apply(content, op, _torn_pieces(rng, op) if torn else None)
     return bytes(content)
 
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import crc32c
 import pytest
 
 from gateway.storage.epoch_log import EpochLog
@@ -60,7 +61,7 @@ async def test_byte_flip_in_committed_record_is_reported_with_offset(tmp_path: P
     assert full.damage.offset == record_3 and full.last_lsn == 0
     reopened = EpochLog(tmp_path, segment_bytes=1 << 20, max_bytes=4 << 20)
     await reopened.open()
-    assert reopened.recovery.damage.offset == record_3 and reopened.stats()["corruptions"] == 1
+    assert [d.offset for d in reopened.recovery.damage] == [record_3] and reopened.stats()["corruptions"] == 1
     assert reopened.durable_lsn == 0 and list(tmp_path.glob("*.corrupt-*"))
     await reopened.close()
 
@@ -77,7 +78,7 @@ async def test_torn_tail_is_cut_silently(tmp_path: Path) -> None:
         f.write(b"\x45\x46\x64\x31" * 9)
     reopened = EpochLog(tmp_path, segment_bytes=1 << 20, max_bytes=4 << 20)
     await reopened.open()
-    assert reopened.recovery.damage is None and reopened.recovery.cut_bytes == 36
+    assert reopened.recovery.damage == [] and reopened.recovery.cut_bytes == 36
     assert reopened.durable_lsn == 20
     await reopened.close()
 
@@ -282,3 +283,21 @@ async def test_long_reads_from_any_start_resume_between_chunks(tmp_path: Path) -
     await log.open()
     assert await lsns(1234, 4000) == list(range(1234, 5234))
     await log.close()
+
+
+async def test_a_meta_from_before_the_lsn_marks_is_read(tmp_path: Path) -> None:
+    """META used to hold the log id and the trim point only: such a log opens with both, and goes on."""
+    log = EpochLog(tmp_path, segment_bytes=8192, max_bytes=1 << 20)
+    await log.open()
+    await _fill(log, 4)
+    await log.trim(10)
+    await log.close()
+    body = f"{log.log_id} 10".encode()
+    (tmp_path / "META").write_bytes(body + b" " + f"{crc32c.crc32c(body):08x}".encode())
+    again = EpochLog(tmp_path, segment_bytes=8192, max_bytes=1 << 20)
+    await again.open()
+    try:
+        assert (again.log_id, again.trimmed_lsn, again.durable_lsn) == (log.log_id, 10, 20)
+        assert await again.append(b"next") == 21
+    finally:
+        await again.close()

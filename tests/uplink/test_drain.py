@@ -149,6 +149,6 @@ def test_a_backlog_forgets_what_the_log_dropped():
     index = BacklogIndex()
     for lsn in range(1, 21):
         index.add(lsn, "alert" if lsn % 5 == 0 else "raw")
-    index.forget_upto(12)
+    index.forget(0, 12)
     assert index.pending("alert") == 2 and index.pending("raw") == 6
     assert index.pick("raw", "oldest", 100, 100)[0] == 13
