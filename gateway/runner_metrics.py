@@ -22,6 +22,8 @@ LOG_GAUGES = {
     "max_bytes",
     "buffered_bytes",
     "segments",
+    "scrub_running",
+    "scrub_last_damage",
 }
 
 
