@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.federated import FederatedJob, ModelArch, RoundConfig
-from tests.federated.test_gatewayd_training import operator, write_samples
+from tests.federated.test_gatewayd_training import put_tiny_digits_job, write_samples
 from tests.harness.camera import DevicesimCamera
 from tests.harness.cloudd import cloudd_token, start_cloudd
 from tests.harness.gatewayd import Gatewayd, write_config
@@ -76,15 +75,7 @@ def test_gatewayd_with_camera_and_training_runs_under_the_units_filter(mosquitto
     camera = DevicesimCamera(free_port(), tmp_path / "truth.jsonl", fps=4.0)
     gateway = None
     try:
-        job = FederatedJob(
-            model="digits",
-            arch=ModelArch(kind="digits_mlp", width=16),
-            buffer_k=1,
-            onnx_every=0,
-            poll_interval_s=0.2,
-            round=RoundConfig(local_epochs=1, batch_size=16),
-        )
-        operator(cloudd, "PUT", "/v1/federated/job", job.model_dump_json().encode())
+        put_tiny_digits_job(cloudd)
         extra = (
             f'blob_dir = "blobs"\n[camera]\nenabled = true\nsource = "{camera.url}"\n'
             "[training]\nenabled = true\nprivate = true\npoll_interval_s = 0.3\nretrain_after_s = 2.0\n"

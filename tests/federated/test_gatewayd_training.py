@@ -71,6 +71,19 @@ async def write_samples(data_dir: Path) -> None:
     await log.close()
 
 
+def put_tiny_digits_job(cloudd) -> None:
+    """The federated job the gateways join: a 16-wide digits MLP, one local epoch a round."""
+    job = FederatedJob(
+        model="digits",
+        arch=ModelArch(kind="digits_mlp", width=16),
+        buffer_k=1,
+        onnx_every=0,
+        poll_interval_s=0.2,
+        round=RoundConfig(local_epochs=1, batch_size=16),
+    )
+    operator(cloudd, "PUT", "/v1/federated/job", job.model_dump_json().encode())
+
+
 def samples_stored(cloudd) -> int:
     """Training samples cloudd stored for gw1 (not the other events: sensor results, markers)."""
     return sum(r.record["body"].get("type") == "training_sample" for r in cloudd.records("gw1"))
@@ -80,15 +93,7 @@ def test_privacy_flag_over_the_control_plane_decides_raw_or_local(mosquitto, tmp
     cloudd = start_cloudd(tmp_path / "cloud", gateways=("gw1",))
     gw = None
     try:
-        job = FederatedJob(
-            model="digits",
-            arch=ModelArch(kind="digits_mlp", width=16),
-            buffer_k=1,
-            onnx_every=0,
-            poll_interval_s=0.2,
-            round=RoundConfig(local_epochs=1, batch_size=16),
-        )
-        operator(cloudd, "PUT", "/v1/federated/job", job.model_dump_json().encode())
+        put_tiny_digits_job(cloudd)
         config, http_port = write_config(
             tmp_path, mosquitto.url, cloud_url=cloudd.url, token=cloudd_token("gw1"), extra=EXTRA
         )
