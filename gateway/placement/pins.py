@@ -36,7 +36,26 @@ def check_pins(services: Sequence[TaskGraph], pins: Pins) -> tuple[str, ...]:
                     f"{key}: must stay at the {required} ({'private' if service.private else 'source'}"
                     f" or declared pin)"
                 )
+    if not errors:
+        errors.extend(error for service in services for error in _pinned_back_to_edge(service, pins))
     return tuple(errors)
+
+
+def _pinned_back_to_edge(service: TaskGraph, pins: Pins) -> list[str]:
+    """A task pinned to the edge downstream of one pinned to the cloud cannot run where it is pinned
+    (its input is in the cloud: TaskGraph.returns_to_edge)."""
+    pinned = pins_for(service, pins)
+    downstream_of_cloud: set[str] = set()
+    errors = []
+    for task in service.tasks:  # topological order
+        if any(p in downstream_of_cloud for p in task.after) and pinned.get(task.name) == "edge":
+            errors.append(
+                f"{service.name}/{task.name}: pinned to the edge after a task pinned to the cloud "
+                "(its input would have to come back down)"
+            )
+        if pinned.get(task.name) == "cloud" or any(p in downstream_of_cloud for p in task.after):
+            downstream_of_cloud.add(task.name)
+    return errors
 
 
 def pins_for(service: TaskGraph, pins: Pins) -> dict[str, Side]:

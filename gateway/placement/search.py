@@ -1,8 +1,10 @@
 """Searching placements: exact enumeration for small graphs, a documented heuristic beyond.
 
 Invariant: every option returned honours the pins it was given (a pinned task is on its side in
-every candidate), and ``choose`` returns the candidate combination with the lowest
-``model.evaluate`` score among those it examined; the exact path examines all of them.
+every candidate) and runs as placed (no task at the edge after one in the cloud: gatewayd would run
+it in the cloud, over a pin if need be; ``TaskGraph.returns_to_edge``), and ``choose`` returns the
+candidate combination with the lowest ``model.evaluate`` score among those it examined; the exact
+path examines all of them.
 
 Two levels:
 1. Per service, the candidate placements. Up to ``EXACT_MAX_FREE`` unpinned tasks: all 2^n
@@ -19,7 +21,7 @@ Two levels:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from gateway.placement.cost import Budgets, EffectiveLink, Evaluation, Option, evaluate, make_option
 from gateway.taskgraphs.graph import SIDES, Side, TaskGraph
@@ -42,12 +44,19 @@ def _sides(
     return sides
 
 
+def _runs_as_placed(service: TaskGraph, sides: Sequence[Side]) -> bool:
+    """No task at the edge after one in the cloud: the placement gatewayd can run as it is."""
+    return service.returns_to_edge(dict(zip((t.name for t in service.tasks), sides, strict=True))) is None
+
+
+def _options(service: TaskGraph, candidates: Iterator[list[Side]]) -> list[Option]:
+    return [make_option(service, sides) for sides in candidates if _runs_as_placed(service, sides)]
+
+
 def enumerate_options(service: TaskGraph, pins: Mapping[str, Side]) -> list[Option]:
     free = free_positions(service, pins)
-    return [
-        make_option(service, _sides(service, pins, free, choice))
-        for choice in itertools.product(SIDES, repeat=len(free))
-    ]
+    choices = itertools.product(SIDES, repeat=len(free))
+    return _options(service, (_sides(service, pins, free, choice) for choice in choices))
 
 
 def _cut(k: int, n: int) -> list[Side]:
@@ -57,9 +66,7 @@ def _cut(k: int, n: int) -> list[Side]:
 
 def cut_options(service: TaskGraph, pins: Mapping[str, Side]) -> list[Option]:
     free = free_positions(service, pins)
-    return [
-        make_option(service, _sides(service, pins, free, _cut(k, len(free)))) for k in range(len(free) + 1)
-    ]
+    return _options(service, (_sides(service, pins, free, _cut(k, len(free))) for k in range(len(free) + 1)))
 
 
 def heuristic_options(
@@ -76,6 +83,8 @@ def heuristic_options(
         for pos in free:
             sides = list(best.sides)
             sides[pos] = "cloud" if sides[pos] == "edge" else "edge"
+            if not _runs_as_placed(service, sides):
+                continue
             candidate = make_option(service, sides)
             score = evaluate([candidate], link, budgets).score
             if score < best_score:

@@ -27,7 +27,7 @@ result, at the edge or in the cloud. That is what keeps a gateway useful through
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import NoReturn, get_args
 
@@ -79,6 +79,19 @@ class TaskGraph:
 
     def successors(self, name: str) -> tuple[str, ...]:
         return tuple(t.name for t in self.tasks if name in t.after)
+
+    def returns_to_edge(self, sides: Mapping[str, Side]) -> str | None:
+        """The first task placed at the edge after a task in the cloud (its input would have to come
+        back down), or None. gatewayd runs such a task in the cloud (gateway/placement/execution.py),
+        so a plan that places one is not the plan that runs: the search never offers it."""
+        in_cloud: set[str] = set()
+        for task in self.tasks:  # topological order
+            upstream_cloud = any(p in in_cloud for p in task.after)
+            if upstream_cloud and sides.get(task.name, "edge") == "edge":
+                return task.name
+            if upstream_cloud or sides.get(task.name, "edge") == "cloud":
+                in_cloud.add(task.name)
+        return None
 
     def input_rate(self, name: str) -> float:
         """Inputs per second reaching ``name``: the source rate times selectivities on the way.

@@ -65,6 +65,14 @@ def _dag(rng: random.Random, n: int, name: str = "d") -> TaskGraph:
     return TaskGraph(name, tuple(tasks), latency_target_s=2.0, rate_hz=rng.uniform(0.2, 2))
 
 
+def runnable_chain_placements(chain: TaskGraph) -> list[tuple[str, ...]]:
+    """Every placement of a 3-task chain (source at the edge, upload in the cloud) that gatewayd runs
+    as placed: none comes back to the edge after the cloud."""
+    names = [t.name for t in chain.tasks]
+    every = [("edge", *c, "cloud") for c in itertools.product(("edge", "cloud"), repeat=2)]
+    return [sides for sides in every if chain.returns_to_edge(dict(zip(names, sides, strict=True))) is None]
+
+
 def test_exact_equals_brute_force_over_joint_assignments():
     rng = random.Random(1)
     budgets = Budgets(uplink_Bps=100_000, edge_cores=1.0)
@@ -77,12 +85,7 @@ def test_exact_equals_brute_force_over_joint_assignments():
             evaluate(
                 [make_option(s, sides) for s, sides in zip(services, combo, strict=True)], eff, budgets
             ).score
-            for combo in itertools.product(
-                *[
-                    [("edge", *c, "cloud") for c in itertools.product(("edge", "cloud"), repeat=2)]
-                    for _ in services
-                ]
-            )
+            for combo in itertools.product(*[runnable_chain_placements(s) for s in services])
         )
         chosen = [make_option(s, [side for _, side in plan.service(s.name).placement]) for s in services]
         assert evaluate(chosen, eff, budgets).score == brute
@@ -169,6 +172,20 @@ def test_operator_pins_are_honoured_and_validated():
         plan_placement(default_graphs(), UP, Budgets(), {"training/train": "cloud"})
     with pytest.raises(PinError, match="no such"):
         plan_placement(default_graphs(), UP, Budgets(), {"camera/nope": "edge"})
+
+
+def test_no_plan_comes_back_to_the_edge_even_when_the_edge_is_over_budget():
+    """``infer`` pinned to the edge of a box its inference overloads: in the model, moving ``change``
+    to the cloud relieves the edge, but gatewayd runs a task after a cloud task in the cloud, so
+    ``infer`` would run there, over the pin (seen in the live bench's always-edge run, flapping)."""
+    budgets = Budgets(edge_cores=0.2)
+    graph = camera_graph(fps=4, changed_fraction=0.5)  # infer: 0.45 s x 2 frames/s = 0.9 cores
+    for link in (UP, SLOW, LinkView("flapping", 0.1, 200_000, up_fraction=0.4)):
+        plan = plan_placement([graph], link, budgets, {"camera/infer": "edge"})
+        sides = dict(plan.service("camera").placement)
+        assert graph.returns_to_edge(sides) is None and sides["infer"] == "edge", (link.state, sides)
+    with pytest.raises(PinError, match="come back down"):
+        plan_placement([graph], UP, budgets, {"camera/change": "cloud", "camera/infer": "edge"})
 
 
 def test_uplink_budget_binds():
