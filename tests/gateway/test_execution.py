@@ -5,6 +5,7 @@ writing into a real EpochLog, read back."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 from gateway.ingest.windows import SensorWindows
 from gateway.placement.cost import Budgets, LinkView
 from gateway.placement.execution import PlannedSides, ServiceSides, service_sides
-from gateway.placement.planner import plan_placement
+from gateway.placement.planner import PinError, plan_placement
 from gateway.storage.epoch_log import EpochLog
 from gateway.taskgraphs import TaskGraph, camera_graph, default_graphs, parse_graphs, sensor_graph
 from protocol.derived import Bounds, SensorParams, parse_derived
@@ -38,7 +39,8 @@ def test_sides_follow_the_plan_and_pins() -> None:
 
 
 def test_a_task_after_a_cloud_task_runs_in_the_cloud() -> None:
-    # a graph where the planner is pinned to bring summarise back to the edge after a cloud infer
+    """The planner never places a task at the edge after one in the cloud (and refuses pins that
+    would); the executor still runs such a task in the cloud, should a plan say otherwise."""
     [graph] = parse_graphs(
         "service camera target=2 priority=2 private=no rate=1\n"
         "  task capture edge=0.003 cloud=0.003 out=150000 raw=yes\n"
@@ -47,9 +49,16 @@ def test_a_task_after_a_cloud_task_runs_in_the_cloud() -> None:
         "  task upload edge=0 cloud=0 out=0 after=summarise pin=cloud delivery=yes\n"
         "end\n"
     )
-    made = plan({"camera/infer": "cloud", "camera/summarise": "edge"}, graphs=(graph,))
-    assert made.side("camera", "summarise") == "edge"  # what the planner said...
-    assert service_sides(made, graph) == {"infer": "cloud", "summarise": "cloud"}  # ...and what runs
+    with pytest.raises(PinError, match="camera/summarise: pinned to the edge after"):
+        plan({"camera/infer": "cloud", "camera/summarise": "edge"}, graphs=(graph,))
+    made = plan({"camera/infer": "cloud"}, graphs=(graph,))
+    [camera] = made.services
+    back = dataclasses.replace(
+        camera, placement=tuple((t, "edge" if t == "summarise" else side) for t, side in camera.placement)
+    )
+    forged = dataclasses.replace(made, services=(back,))
+    assert forged.side("camera", "summarise") == "edge"  # what such a plan says...
+    assert service_sides(forged, graph) == {"infer": "cloud", "summarise": "cloud"}  # ...and what runs
 
 
 def test_planned_sides_counts_only_moves() -> None:
