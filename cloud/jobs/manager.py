@@ -315,8 +315,8 @@ class JobManager:
             raise JobFailure(f"dataset: the uploaded dataset {spec.upload!r} is gone")
         await asyncio.to_thread(_prepare_workdir, workdir, spec, upload)
         # a resumed job keeps the rows it started with
-        uploaded = spec.dataset_name in UPLOADED_DATASETS
-        if uploaded and not await asyncio.to_thread((workdir / "dataset.pt").exists):
+        from_gateways = spec.dataset_name in UPLOADED_DATASETS
+        if from_gateways and not await asyncio.to_thread((workdir / "dataset.pt").exists):
             gateways = [arg for gw in spec.gateways for arg in ("--gateway", gw)]
             await self._step(
                 "dataset",
