@@ -215,5 +215,5 @@ def format_job_detail(job: dict[str, Any]) -> str:
     for name, setting in features.items():
         figures = live.get(name)
         shown = "  ".join(f"{k}={v}" for k, v in figures.items()) if isinstance(figures, dict) else ""
-        lines.append(f"  {name:<12} {setting:<14} {shown}".rstrip())
+        lines.append(f"  {name:<12} {setting!s:<14} {shown}".rstrip())
     return "\n".join(lines)
