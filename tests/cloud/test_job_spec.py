@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tomllib
 
 import pytest
@@ -15,6 +17,7 @@ from cloud.jobs.spec_toml import section_lines
 from cloud.training.compression.wire_codec import WIRE_CODEC_NAMES
 from cloud.training.jobfile import load_job
 from cloud.training.options import CompressionOptions
+from tests.harness.processes import repo_env
 
 
 def parse(spec: dict, **options) -> JobSpec:
@@ -214,3 +217,12 @@ def test_cloudctl_flags_and_file_make_the_spec(tmp_path):
     }
     (tmp_path / "spec.json").write_text(json.dumps({"nproc": 1}))
     assert ctl_spec("--file", str(tmp_path / "spec.json")) == {"nproc": 1}
+
+
+def test_cloudd_and_cloudctl_import_no_torch():
+    code = (
+        "import sys, cloud.server, cloud.ctl, cloud.jobs.spec, cloud.api.uploads; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    result = subprocess.run([sys.executable, "-c", code], env=repo_env(), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
