@@ -33,6 +33,7 @@ class CloudConfig:
     max_running_jobs: int = 1
     max_queued_jobs: int = 16
     max_job_nproc: int = 4
+    max_dataset_bytes: int = 512 * 1024 * 1024  # one uploaded dataset file (cloud.api.uploads)
     # the cloud's half of the placement plan (cloud/tasks): on/off, how often it reads the store
     tasks_enabled: bool = True
     tasks_poll_interval_s: float = 0.5

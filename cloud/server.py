@@ -23,7 +23,7 @@ from pathlib import Path
 from aiohttp import web
 
 import models
-from cloud.api import blobs, federated, fleet, health, ingest, jobs, openapi, probe, registry, status
+from cloud.api import blobs, federated, fleet, health, ingest, jobs, openapi, probe, registry, status, uploads
 from cloud.api.blobs import BLOBS
 from cloud.api.context import CONFIG, METRICS, REGISTRY, STORE, TASKS
 from cloud.api.errors import json_errors
@@ -43,8 +43,9 @@ ROUTE_GROUPS: tuple[Callable[[web.Application], None], ...] = (
     status.setup,
     probe.setup,
     blobs.setup,
-    # registry before jobs: jobs register versions
+    # registry before jobs: jobs register versions; uploads before jobs: jobs train on them
     registry.setup,
+    uploads.setup,
     jobs.setup,
     fleet.setup,
     openapi.setup,
@@ -198,6 +199,12 @@ def parse_args(argv: Sequence[str] | None = None) -> CloudConfig:
     parser.add_argument("--max-running-jobs", type=int, default=1, help="torchrun jobs at once")
     parser.add_argument("--max-queued-jobs", type=int, default=16, help="waiting jobs before 429")
     parser.add_argument("--max-job-nproc", type=int, default=4, help="largest nproc a job may ask for")
+    parser.add_argument(
+        "--max-dataset-bytes",
+        type=int,
+        default=512 * 1024 * 1024,
+        help="largest dataset file an upload may be",
+    )
     parser.add_argument("--no-tasks", action="store_true", help="run none of the tasks plans give the cloud")
     parser.add_argument(
         "--tasks-poll-interval", type=float, default=0.5, help="seconds between the task runner's reads"
@@ -220,6 +227,7 @@ def parse_args(argv: Sequence[str] | None = None) -> CloudConfig:
         max_running_jobs=args.max_running_jobs,
         max_queued_jobs=args.max_queued_jobs,
         max_job_nproc=args.max_job_nproc,
+        max_dataset_bytes=args.max_dataset_bytes,
         tasks_enabled=not args.no_tasks,
         tasks_poll_interval_s=args.tasks_poll_interval,
     )

@@ -7,6 +7,7 @@ from aiohttp import web
 from cloud.config import CloudConfig
 from cloud.fleet import FleetView
 from cloud.jobs.manager import JobManager
+from cloud.jobs.uploads import UploadedDatasets
 from cloud.metrics import CloudMetrics
 from cloud.registry import ModelRegistry
 from cloud.store.writer import AsyncStoreWriter
@@ -18,5 +19,6 @@ STORE = web.AppKey("store", AsyncStoreWriter)
 # Set by the route groups that own them (cloud.api.registry, cloud.api.jobs, cloud.api.fleet).
 REGISTRY = web.AppKey("registry", ModelRegistry)
 JOBS = web.AppKey("jobs", JobManager)
+UPLOADS = web.AppKey("uploads", UploadedDatasets)  # datasets users upload (cloud.api.uploads)
 FLEET = web.AppKey("fleet", FleetView)
 TASKS = web.AppKey("tasks", TaskRunner)  # set by build_app when config.tasks_enabled

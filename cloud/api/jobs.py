@@ -2,13 +2,18 @@
 
     POST /v1/jobs                   body: a JobSpec as JSON (or TOML with Content-Type application/toml)
                                     201 the job | 400 invalid_spec | 429 queue_full
-    GET  /v1/jobs                   {"jobs": [job, ...], "counts": {...}}, oldest first
+    GET  /v1/jobs                   {"jobs": [job, ...], "counts": {...}, "limits": {...}}, oldest
+                                    first; limits: max_nproc, max_running, max_queued (what cloudd
+                                    enforces: --max-job-nproc, --max-running-jobs, --max-queued-jobs)
     GET  /v1/jobs/{job_id}          the job | 404 not_found
     POST /v1/jobs/{job_id}/cancel   the job, now cancelled | 409 already_finished
     GET  /v1/jobs/{job_id}/events   text/event-stream; ``?since=N`` or Last-Event-ID resumes
 
 A job document is the ``JobTable`` row plus ``progress`` (step, total_steps, loss, accuracy,
-samples_per_s) and ``events`` (how many). Each server-sent event has ``id: <seq>``,
+samples_per_s, epoch), ``events`` (how many), ``phase`` (queued, starting, training, evaluating,
+exporting, or the final state), ``features`` (the start event's: compression, wire_codec, sync,
+balance, toggle, precision, device), ``live`` ({feature: the latest step's figures of it}),
+``elapsed_s`` and ``eta_s`` (``cloud.jobs.events``). Each server-sent event has ``id: <seq>``,
 ``event: <kind>`` (start, step, eval, checkpoint, done, error, state, registered, ...) and
 ``data: <the progress line as JSON>``; the stream ends with ``event: end`` once the job ended.
 
@@ -20,16 +25,17 @@ cloudd shuts down (``on_shutdown`` closes them before aiohttp waits for in-fligh
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
 from cloud.api.auth import operator_refusal
-from cloud.api.context import CONFIG, JOBS, REGISTRY
+from cloud.api.context import CONFIG, JOBS, REGISTRY, UPLOADS
 from cloud.api.errors import reject
 from cloud.jobs.manager import JobManager, JobNotFound, QueueFull
-from cloud.jobs.spec import SpecError, parse_spec
+from cloud.jobs.spec import JobSpec, SpecError, parse_spec
 from cloud.jobs.table import FINAL, JobRow
+from cloud.jobs.uploads import fits_loss
 
 MAX_SPEC_BYTES = 64 * 1024
 KEEPALIVE_S = 15.0
@@ -38,7 +44,11 @@ KEEPALIVE_S = 15.0
 def setup(app: web.Application) -> None:
     config = app[CONFIG]
     app[JOBS] = JobManager(
-        config.data_dir, app[REGISTRY], max_running=config.max_running_jobs, max_queued=config.max_queued_jobs
+        config.data_dir,
+        app[REGISTRY],
+        uploads=app[UPLOADS],
+        max_running=config.max_running_jobs,
+        max_queued=config.max_queued_jobs,
     )
     app.cleanup_ctx.append(_manager_lifetime)
     app.on_shutdown.append(_close_streams)
@@ -77,7 +87,8 @@ async def post_job(request: web.Request) -> web.Response:
     body = await request.read()
     manager = request.app[JOBS]
     try:
-        spec = parse_spec(body, max_nproc=request.app[CONFIG].max_job_nproc)
+        spec = parse_spec(body, max_nproc=request.app[CONFIG].max_job_nproc, upload_exists=_uploads(request))
+        _check_upload_fits(request, spec)
     except SpecError as exc:
         return reject(request, 400, "invalid_spec", str(exc))
     try:
@@ -87,12 +98,38 @@ async def post_job(request: web.Request) -> web.Response:
     return web.json_response(manager.summary(row), status=201)
 
 
+def _uploads(request: web.Request) -> Callable[[str], bool]:
+    return request.app[UPLOADS].exists
+
+
+def _check_upload_fits(request: web.Request, spec: JobSpec) -> None:
+    """An uploaded .npz whose rows or y do not fit the job is refused now, not after a queue wait."""
+    meta = request.app[UPLOADS].meta(spec.upload) if spec.upload else None
+    why = fits_loss(meta, spec.data_loss, spec.min_rows) if meta else None
+    if why:
+        raise SpecError(f"dataset: upload {spec.upload!r}: {why}")
+
+
+def job_limits(app: web.Application) -> dict[str, int]:
+    """What cloudd enforces on jobs; the dashboard's form and /v1/status show these very numbers."""
+    config = app[CONFIG]
+    return {
+        "max_nproc": config.max_job_nproc,
+        "max_running": config.max_running_jobs,
+        "max_queued": config.max_queued_jobs,
+    }
+
+
 async def list_jobs(request: web.Request) -> web.Response:
     if (refusal := operator_refusal(request)) is not None:
         return refusal
     manager = request.app[JOBS]
     return web.json_response(
-        {"jobs": [manager.summary(row) for row in manager.list()], "counts": manager.counts()}
+        {
+            "jobs": [manager.summary(row) for row in manager.list()],
+            "counts": manager.counts(),
+            "limits": job_limits(request.app),
+        }
     )
 
 

@@ -87,6 +87,17 @@ def document() -> dict[str, Any]:
         "/v1/probe": {"post": _op("goodput probe: the body is read and discarded", None)},
         "/v1/fleet": {"get": _op("gateways: online/offline, backlog, link, placement", "operator")},
         "/v1/datasets": {"get": _op("record counts per gateway and device", "operator")},
+        "/v1/datasets/files": {"get": _op("datasets uploaded for jobs", "operator")},
+        "/v1/datasets/files/{name}": {
+            "put": _op(
+                "upload a dataset file (.npz or torch tensor file; body = the bytes)",
+                "operator",
+                ok=201,
+                errors=(400, 409, 411, 413, 422),
+                params=("name",),
+            ),
+            "get": _op("an uploaded dataset's meta", "operator", errors=(404,), params=("name",)),
+        },
         "/v1/jobs": {
             "get": _op("all jobs, oldest first", "operator"),
             "post": _op("submit a training job", "operator", ok=201, body="JobSpec", errors=(400, 413, 429)),

@@ -1,7 +1,8 @@
 """GET /v1/status: what each gateway and device has uploaded (JSON, for cloudctl and dashboards).
 
 Shape: ``{"v":1, "gateways":[{id,last_seen,records,batches,duplicates}],
-"devices":[{gateway,device,records,last_ts}], "totals":{records,batches}, "tasks":{...}}``
+"devices":[{gateway,device,records,last_ts}], "totals":{records,batches}, "tasks":{...},
+"jobs":{max_nproc,max_running,max_queued}}`` (``jobs``: the limits cloudd enforces on jobs)
 (``tasks``, when cloudd runs its task runner: ``cloud.tasks.runner.TaskRunner.status``). Gateways that have a
 token but never uploaded are listed with zero counts and ``last_seen: null``. When an operator
 token is configured it is required (401 ``unauthorized`` otherwise).
@@ -16,6 +17,7 @@ from aiohttp import web
 
 from cloud.api.context import CONFIG, STORE, TASKS
 from cloud.api.errors import bearer_token, token_ok, unauthorized
+from cloud.api.jobs import job_limits
 from cloud.store.dataset import StoreCounts
 
 STATUS_PATH = "/v1/status"
@@ -48,4 +50,5 @@ async def get_status(request: web.Request) -> web.Response:
     document = status_document(counts, sorted(config.gateway_tokens))
     if TASKS in request.app:
         document["tasks"] = request.app[TASKS].status()
+    document["jobs"] = job_limits(request.app)
     return web.json_response(document)

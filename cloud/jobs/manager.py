@@ -2,10 +2,13 @@
 time, one owner task per running job, state persisted in ``JobTable``.
 
 A job runs in ``<data_dir>/jobs/<id>/`` as a chain of processes, each with a deadline: build the
-dataset from uploads (sensor windows, camera frames: ``cloud.jobs.datasets`` writes the tensor file
-the job TOML names), train (``torchrun ... -m cloud.training.run``, as for digits), export
-(``cloud.jobs.export``); then the artifact is stored in the model registry as version ``<id>``
-with the job's lineage. The owner task tails ``progress.jsonl`` into the job's ``JobEvents``.
+dataset from gateways' uploads (sensor windows, camera frames: ``cloud.jobs.datasets`` writes the
+tensor file the job TOML names), prepare (``cloud.jobs.prepare``: an uploaded dataset file becomes
+that tensor file, the model is checked, the job TOML written), train (``torchrun ... -m
+cloud.training.run``), export (``cloud.jobs.export``); then the artifact is stored in the model
+registry as version ``<id>`` with the job's lineage. Each process gets the spec's ``pythonpath``
+on PYTHONPATH (a model factory's folder). The owner task tails ``progress.jsonl`` into the job's
+``JobEvents``, between the manager's own phase events (``queued``, ``starting``, ``exporting``).
 
 Invariants: a job is ``succeeded`` only after its model version is in the registry; submissions
 beyond ``max_queued`` waiting jobs are refused (``QueueFull``, counted in ``refused``), never
@@ -27,16 +30,16 @@ from pathlib import Path
 from typing import Any
 
 from cloud.jobs.events import JobEvents, tail_lines
-from cloud.jobs.spec import UPLOADED_DATASETS, JobSpec, job_toml
+from cloud.jobs.spec import UPLOADED_DATASETS, JobSpec
 from cloud.jobs.table import FINAL, JobRow, JobState, JobTable
-from cloud.jobs.torchrun import cancel_job, launch_job
+from cloud.jobs.torchrun import cancel_job, launch_job, python_path
+from cloud.jobs.uploads import UploadedDatasets
 from cloud.registry import ModelRegistry
 from models.artifact import ArtifactError, load_artifact
 from runtime.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
 STEP_DEADLINE_S = 600.0  # dataset build and export, each
 POLL_S = 0.25
 
@@ -53,20 +56,20 @@ class JobFailure(Exception):
     """A job step failed; the message says which and why."""
 
 
-def _env() -> dict[str, str]:
-    return dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(_REPO_ROOT), os.environ.get("PYTHONPATH")])),
-    )
+def _env(spec: JobSpec) -> dict[str, str]:
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=python_path(spec.pythonpath))
 
 
-def _prepare_workdir(workdir: Path, spec: JobSpec) -> None:
+def _prepare_workdir(workdir: Path, spec: JobSpec, upload: dict[str, Any] | None) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "spec.json").write_text(spec.model_dump_json())
-    (workdir / "job.toml").write_text(job_toml(spec))
+    lineage: dict[str, Any] | None = None
     if spec.dataset_name == "digits":
         lineage = {"dataset": "digits", "source": "sklearn.datasets.load_digits", "split_seed": spec.seed}
+    elif upload is not None:
+        lineage = {"dataset": spec.dataset_name, "split_seed": spec.seed}
+        lineage.update({k: upload[k] for k in ("sha256", "format", "rows", "uploaded_ts")})
+    if lineage is not None:
         (workdir / "lineage.json").write_text(json.dumps(lineage))
 
 
@@ -93,12 +96,14 @@ class JobManager:
         data_dir: Path,
         registry: ModelRegistry,
         *,
+        uploads: UploadedDatasets | None = None,
         max_running: int = 1,
         max_queued: int = 16,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.data_dir, self.root = data_dir, data_dir / "jobs"
         self.registry, self.clock = registry, clock
+        self.uploads = uploads or UploadedDatasets(data_dir / "uploads", max_bytes=0)
         self.max_running, self.max_queued = max_running, max_queued
         self.refused = 0
         self._table: JobTable | None = None
@@ -150,6 +155,8 @@ class JobManager:
             self.refused += 1
             raise QueueFull(f"{self.max_queued} jobs are already waiting (--max-queued-jobs)")
         row = self.table.insert(json.loads(spec.model_dump_json()), self.clock())
+        events = self._events[row.id] = JobEvents()
+        events.extend([{"event": "phase", "phase": "queued", "time": row.created_ts}])
         self._wake.set()
         return row
 
@@ -175,7 +182,12 @@ class JobManager:
     async def cancel(self, job_id: str) -> JobRow:
         row = self.get(job_id)
         if row.state == "queued":
-            return self.table.set_state(job_id, "cancelled", finished_ts=self.clock(), error="cancelled")
+            row = self.table.set_state(job_id, "cancelled", finished_ts=self.clock(), error="cancelled")
+            events = self._events.get(job_id)
+            if events is not None:  # its queued phase is in memory: end the stream as a run's ends
+                events.extend([{"event": "state", "state": "cancelled", "time": row.finished_ts}])
+                events.close()
+            return row
         if row.state == "running":
             self._cancelling.add(job_id)
             proc = self._procs.get(job_id)
@@ -201,13 +213,27 @@ class JobManager:
         return events
 
     def summary(self, row: JobRow) -> dict[str, Any]:
+        """The row, its progress, and what the job page shows: phase, features, live, times."""
         events = self._events.get(row.id)
         if events is None and (self.root / row.id / "progress.jsonl").exists():
             events = self.events(row.id)
+        figures = events.summary if events else {}
+        if row.state == "queued":
+            phase = "queued"
+        elif row.state == "running":
+            phase = figures.get("phase") or "starting"
+        else:
+            phase = row.state
+        end = row.finished_ts if row.finished_ts is not None else self.clock()
         return {
             **row.to_json(),
-            "progress": events.summary if events else None,
+            "progress": figures or None,
             "events": len(events.events) if events else 0,
+            "phase": phase,
+            "features": figures.get("features"),
+            "live": figures.get("live", {}),
+            "elapsed_s": None if row.started_ts is None else round(end - row.started_ts, 1),
+            "eta_s": (events.eta_s() if events else None) if row.state == "running" else None,
         }
 
     # -- scheduling and the owner task of each job -------------------------------------------------
@@ -228,7 +254,12 @@ class JobManager:
         events = self._events.get(job_id)
         if events is None or events.closed:
             events = self._events[job_id] = JobEvents()
-        events.extend([{"event": "state", "state": "running", "time": self.clock()}])
+        events.extend(
+            [
+                {"event": "state", "state": "running", "time": self.clock()},
+                {"event": "phase", "phase": "starting", "time": self.clock()},
+            ]
+        )
         try:
             final, fields = await self._run(job_id, spec, workdir, events)
         except asyncio.CancelledError:
@@ -253,11 +284,11 @@ class JobManager:
         events.close()
         self._wake.set()
 
-    async def _step(self, name: str, command: Sequence[str], workdir: Path) -> None:
+    async def _step(self, name: str, command: Sequence[str], workdir: Path, spec: JobSpec) -> None:
         out = await asyncio.to_thread(open, workdir / f"{name}.log", "ab")
         try:
             proc = await asyncio.create_subprocess_exec(
-                *command, cwd=workdir, env=_env(), stdout=out, stderr=subprocess.STDOUT
+                *command, cwd=workdir, env=_env(spec), stdout=out, stderr=subprocess.STDOUT
             )
         finally:
             out.close()  # the child has its own descriptor
@@ -279,10 +310,13 @@ class JobManager:
     async def _run(
         self, job_id: str, spec: JobSpec, workdir: Path, events: JobEvents
     ) -> tuple[JobState, dict[str, Any]]:
-        await asyncio.to_thread(_prepare_workdir, workdir, spec)
+        upload = await asyncio.to_thread(self.uploads.meta, spec.upload) if spec.upload else None
+        if spec.upload and upload is None:
+            raise JobFailure(f"dataset: the uploaded dataset {spec.upload!r} is gone")
+        await asyncio.to_thread(_prepare_workdir, workdir, spec, upload)
         # a resumed job keeps the rows it started with
-        uploaded = spec.dataset_name in UPLOADED_DATASETS
-        if uploaded and not await asyncio.to_thread((workdir / "dataset.pt").exists):
+        from_gateways = spec.dataset_name in UPLOADED_DATASETS
+        if from_gateways and not await asyncio.to_thread((workdir / "dataset.pt").exists):
             gateways = [arg for gw in spec.gateways for arg in ("--gateway", gw)]
             await self._step(
                 "dataset",
@@ -301,8 +335,18 @@ class JobManager:
                     *gateways,
                 ],
                 workdir,
+                spec,
             )
-        proc = await asyncio.to_thread(launch_job, workdir / "job.toml", spec.nproc, workdir)
+        upload_args = ["--upload", str(self.uploads.data_file(spec.upload))] if spec.upload else []
+        await self._step(
+            "prepare",
+            [sys.executable, "-m", "cloud.jobs.prepare", "--workdir", str(workdir), *upload_args],
+            workdir,
+            spec,
+        )
+        proc = await asyncio.to_thread(
+            launch_job, workdir / "job.toml", spec.nproc, workdir, pythonpath=spec.pythonpath
+        )
         self._procs[job_id] = proc
         code = await self._follow(proc, workdir / "progress.jsonl", events)
         if code != 0:
@@ -310,6 +354,7 @@ class JobManager:
             why = errors[-1].get("message") if errors else "see torchrun.log"
             raise JobFailure(f"torchrun exited {code}: {why}")
         await asyncio.to_thread(_complete_lineage, workdir, job_id, spec)
+        events.extend([{"event": "phase", "phase": "exporting", "time": self.clock()}])
         out = workdir / "artifact"
         await self._step(
             "export",
@@ -325,6 +370,7 @@ class JobManager:
                 str(out),
             ],
             workdir,
+            spec,
         )
         try:
             artifact = await asyncio.to_thread(load_artifact, out)

@@ -36,18 +36,26 @@ def torchrun_command(job_toml_path: str | Path, nproc: int) -> list[str]:
     ]
 
 
+def python_path(extra: str | None = None) -> str:
+    """PYTHONPATH for a job's processes: this repository, a job's own folder (a model factory's),
+    then whatever cloudd was started with."""
+    return os.pathsep.join(filter(None, [str(_REPO_ROOT), extra, os.environ.get("PYTHONPATH")]))
+
+
 def launch_job(
-    job_toml_path: str | Path, nproc: int, workdir: str | Path, *, threads_per_proc: int = 1
+    job_toml_path: str | Path,
+    nproc: int,
+    workdir: str | Path,
+    *,
+    threads_per_proc: int = 1,
+    pythonpath: str | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start the job; its output goes to ``<workdir>/torchrun.log``. Returns the torchrun process
-    (leader of its own process group; see ``cancel_job``)."""
+    (leader of its own process group; see ``cancel_job``). ``pythonpath``: a folder the workers
+    import the model factory from."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS=str(threads_per_proc),
-        PYTHONPATH=os.pathsep.join(filter(None, [str(_REPO_ROOT), os.environ.get("PYTHONPATH")])),
-    )
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_proc), PYTHONPATH=python_path(pythonpath))
     log = open(workdir / "torchrun.log", "ab")  # noqa: SIM115 - handed to the child, closed below
     try:
         return subprocess.Popen(

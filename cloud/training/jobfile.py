@@ -180,6 +180,15 @@ def load_job(path: str | Path) -> JobConfig:
     )
 
 
+# What the pipeline needs of a model, said whenever a model is not that (docs/training.md, "Your own model").
+MODEL_SHAPE = (
+    "a model factory takes no arguments and returns a torch.nn.Sequential: the pipeline cuts it "
+    "between its top-level layers, so each layer must take the previous layer's output (one tensor) "
+    "and return one tensor; keep branches and skip connections inside one layer (a small nn.Module), "
+    "reshape with nn.Flatten, and have at least as many layers as the job has stages"
+)
+
+
 def build_model(name: str) -> nn.Sequential:
     """``digits_cnn`` or a dotted path (``pkg.mod.factory`` or ``pkg.mod:factory``) to a factory."""
     if name == "digits_cnn":
@@ -190,8 +199,15 @@ def build_model(name: str) -> nn.Sequential:
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError, ValueError) as exc:
-        raise JobError(f"model.name: cannot import {name!r}: {exc}") from exc
-    model = factory()
+        raise JobError(
+            f"model.name: cannot import {name!r}: {exc} (a factory's folder goes on the job's pythonpath)"
+        ) from exc
+    try:
+        model = factory()
+    except Exception as exc:  # the user's code: any failure is a bad job, said as such
+        raise JobError(f"model.name: {name!r}() raised {type(exc).__name__}: {exc}; {MODEL_SHAPE}") from exc
     if not isinstance(model, nn.Sequential):
-        raise JobError(f"model.name: {name!r} returned {type(model).__name__}, not nn.Sequential")
+        raise JobError(
+            f"model.name: {name!r} returned {type(model).__name__}, not nn.Sequential; {MODEL_SHAPE}"
+        )
     return model

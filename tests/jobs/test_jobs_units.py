@@ -60,3 +60,37 @@ def test_windows_and_lineage_name_exactly_the_records_used():
     assert windows.shape == (4, 8, 3)  # starts 0, 4, 8, 12
     assert lineage["sources"] == {"gw1": {"log1": [[1, 20]]}} and lineage["records"] == 20
     assert lsn_runs([5, 1, 2, 3, 9]) == [[1, 3], [5, 5], [9, 9]]
+
+
+def test_summary_keeps_features_live_figures_phase_and_an_eta():
+    events = JobEvents()
+    assert events.eta_s() is None
+    features = {"compression": "adaptive+gist", "sync": "on", "balance": "off", "toggle": "on"}
+    events.extend(
+        [
+            {"event": "phase", "phase": "starting"},
+            {"event": "start", "total_steps": 10, "features": features},
+            {"event": "phase", "phase": "training"},
+            {
+                "event": "step",
+                "step": 1,
+                "time": 100.0,
+                "compression": {"ratio": 2.0},
+                "sync": {"blocked_s": 0.1},
+            },
+        ]
+    )
+    assert events.eta_s() is None  # one step: no rate yet
+    events.extend(
+        [{"event": "step", "step": 3, "time": 104.0, "toggle": {"selected": 5}, "sync": {"blocked_s": 0.2}}]
+    )
+    summary = events.summary
+    assert summary["features"] == features and summary["phase"] == "training"
+    assert summary["live"] == {
+        "compression": {"ratio": 2.0},
+        "sync": {"blocked_s": 0.2},
+        "toggle": {"selected": 5},
+    }
+    assert events.eta_s() == 14.0  # 7 steps left at 2 s a step
+    events.extend([{"event": "step", "step": 10, "time": 118.0}, {"event": "phase", "phase": "evaluating"}])
+    assert events.eta_s() == 0.0 and events.summary["phase"] == "evaluating"
