@@ -67,7 +67,8 @@ def overflow(page: playwright.Page) -> dict[str, int]:
           }
           const name = widest ? widest.tagName + (widest.id ? '#' + widest.id : '') +
             (widest.className && widest.className.baseVal === undefined ? '.' + widest.className : '') : '';
-          return {scroll: document.documentElement.scrollWidth, inner, right: Math.round(right), widest: name};
+          const scroll = document.documentElement.scrollWidth;
+          return {scroll, inner, right: Math.round(right), widest: name};
         }"""
     )
 

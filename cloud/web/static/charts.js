@@ -78,6 +78,7 @@ function lineChart(container, series, opts) {
   const sy = y => pad.t + (1 - ya.map(y)) * plotH;
   container.innerHTML = "";
   const svg = el("svg", {width, height, viewBox: `0 0 ${width} ${height}`, class: "chart"}, container);
+  svg.dataset.yscale = opts.log ? "log" : "linear";
   for (const t of ya.ticks) {
     const y = sy(t).toFixed(1);
     el("line", {x1: pad.l, y1: y, x2: width - pad.r, y2: y, stroke: "#eef0f4"}, svg);

@@ -47,13 +47,15 @@ const features = (() => {
    * decisions: [{...}]}; xTime: plot against seconds since start instead of steps. */
   function draw(name, state, xTime) {
     const view = VIEWS[name], box = document.getElementById(`feature-${name}`);
-    const mode = state.mode;
-    document.getElementById(`mode-${name}`).textContent = mode === undefined ? "" : mode === "off" ? "off" : mode;
+    const mode = state.mode, figures = state.records.length + state.decisions.length > 0;
+    document.getElementById(`mode-${name}`).textContent = mode === undefined ? "" : mode;
+    // A panel with figures takes the whole row (its charts side by side); a message, one cell.
+    document.getElementById(`panel-${name}`).classList.toggle("wide", mode !== "off" && figures);
     if (mode === "off") {
       box.innerHTML = `<div class="nodata feature-off">off: ${pages.esc(name)} is not enabled in this job</div>`;
       return;
     }
-    if (!state.records.length && !state.decisions.length) {
+    if (!figures) {
       charts.noData(box, mode === undefined ? "waiting for the job to say which features it runs" : `on (${mode}): no figures yet`);
       return;
     }

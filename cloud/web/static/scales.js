@@ -47,12 +47,13 @@ function ema(points, weight) {
   });
 }
 
-/* 1, 2 or 5 times a power of ten: the step between about `count` ticks covering [lo, hi]. */
+/* 1, 2 or 5 times a power of ten: the step between about `count` ticks covering a span (the
+ * nearest of them on a log scale, as d3 picks: the thresholds are their geometric means). */
 function niceStep(span, count) {
   const raw = span / Math.max(1, count);
   const power = Math.pow(10, Math.floor(Math.log10(raw)));
   const unit = raw / power;
-  return (unit <= 1 ? 1 : unit <= 2 ? 2 : unit <= 5 ? 5 : 10) * power;
+  return (unit >= Math.sqrt(50) ? 10 : unit >= Math.sqrt(10) ? 5 : unit >= Math.sqrt(2) ? 2 : 1) * power;
 }
 
 /* Tick values inside [lo, hi], multiples of a nice step, about `count` of them (at least 2). */
