@@ -12,6 +12,8 @@ from tests.dashboard.browser import browser, page_errors
 from tests.harness.cloudd import OPERATOR_TOKEN as OP
 from tests.harness.cloudd import start_cloudd
 
+pytestmark = pytest.mark.slow  # a browser
+
 FORM_DEFAULTS = {
     "model": "digits_cnn",
     "dataset": "",
