@@ -2,9 +2,7 @@
 
 Shape: ``{"v":1, "gateways":[{id,last_seen,records,batches,duplicates}],
 "devices":[{gateway,device,records,last_ts}], "totals":{records,batches}, "tasks":{...}}``
-(``tasks``, when cloudd runs its task runner: ``cloud.tasks.runner.TaskRunner.status``) and
-``limits`` (``max_job_nproc``, ``max_running_jobs``, ``max_queued_jobs``: this cloudd's flags, so a
-form can show the limit cloudd enforces instead of a copy of its default). Gateways that have a
+(``tasks``, when cloudd runs its task runner: ``cloud.tasks.runner.TaskRunner.status``). Gateways that have a
 token but never uploaded are listed with zero counts and ``last_seen: null``. When an operator
 token is configured it is required (401 ``unauthorized`` otherwise).
 """
@@ -48,11 +46,6 @@ async def get_status(request: web.Request) -> web.Response:
         return unauthorized(request, "Authorization: Bearer operator token required for /v1/status")
     counts = await request.app[STORE].counts()
     document = status_document(counts, sorted(config.gateway_tokens))
-    document["limits"] = {
-        "max_job_nproc": config.max_job_nproc,
-        "max_running_jobs": config.max_running_jobs,
-        "max_queued_jobs": config.max_queued_jobs,
-    }
     if TASKS in request.app:
         document["tasks"] = request.app[TASKS].status()
     return web.json_response(document)

@@ -16,8 +16,9 @@ const features = (() => {
   const isStringMap = v => v && typeof v === "object" && !Array.isArray(v) && Object.values(v).every(x => typeof x === "string");
   const sum = values => values.reduce((a, v) => a + v, 0);
 
-  /* Per feature: the title of its panel, the x axis, derived charts and the keys they replace, and
-   * how its long category names read (label). */
+  /* Per feature: the title of its panel, the x axis, derived charts and the keys they replace,
+   * the numbers charted first (prefer; the others follow in the order they came) and how its long
+   * category names read (label). Keys a view does not name are drawn all the same. */
   const VIEWS = {
     compression: {
       title: "Compression", x: "step",
@@ -28,13 +29,19 @@ const features = (() => {
         {name: "saved activations", value: v => num(v.saved_bytes_fp32) && num(v.saved_bytes_stored) ? v.saved_bytes_fp32 - v.saved_bytes_stored : v.bytes_saved},
         {name: "wire", value: v => num(v.wire_bytes_fp32) && num(v.wire_bytes_sent) ? v.wire_bytes_fp32 - v.wire_bytes_sent : undefined}]}],
     },
-    sync: {title: "Sync scheduler", x: "step", derived: []},
+    sync: {title: "Sync scheduler", x: "step", derived: [], prefer: ["blocked_s", "decisions", "windows"]},
     balance: {
-      title: "Rank balancing", x: "step",
+      title: "Rank balancing", x: "step", prefer: ["predicted_imbalance", "rebalances"],
       derived: [{title: "share of the batch per rank", zero: true, perIndex: v => isNumberList(v.shares) ? v.shares :
-        isNumberList(v.sizes) && sum(v.sizes) > 0 ? v.sizes.map(s => s / sum(v.sizes)) : undefined, consumes: ["shares"]}],
+        isNumberList(v.sizes) && sum(v.sizes) > 0 ? v.sizes.map(s => s / sum(v.sizes)) : undefined,
+        consumes: ["shares", "sizes", "stage"]}],
     },
-    toggle: {title: "Toggle-rate selection", x: "epoch", derived: []},
+    toggle: {
+      title: "Toggle-rate selection", x: "epoch", prefer: ["mean_toggle_rate"],
+      derived: [{title: "items selected and settled", zero: true, consumes: ["selected", "settled", "epoch", "rows"], series: [
+        {name: "selected", value: v => v.selected}, {name: "settled", value: v => v.settled},
+        {name: "all rows", value: v => v.rows}]}],
+    },
   };
   const NAMES = Object.keys(VIEWS);
 
@@ -82,7 +89,9 @@ const features = (() => {
       charts.lineChart(add(d.title), series, {...chartOpts, zero: d.zero});
     }
     const keys = keysOf(records);
-    keys.numbers.filter(k => !consumed.has(k)).slice(0, MAX_SMALL_CHARTS).forEach((k, i) => {
+    const rank = k => { const i = (view.prefer || []).indexOf(k); return i < 0 ? Number.MAX_SAFE_INTEGER : i; };
+    const numbers = keys.numbers.filter(k => !consumed.has(k)).sort((a, b) => rank(a) - rank(b));
+    numbers.slice(0, MAX_SMALL_CHARTS).forEach((k, i) => {
       charts.lineChart(add(k), [{name: k, color: charts.PALETTE[(i + 2) % charts.PALETTE.length],
         points: records.map(r => [xOf(r), r.values[k]])}], chartOpts);
     });

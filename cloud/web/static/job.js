@@ -63,7 +63,7 @@ function addEvent(s, kind, e) {
  * the settings without panels, precision / device / wire codec, whenever the job does not say). */
 function featureMode(s, summary, name) {
   const declared = (summary && summary.features) || (s.start && s.start.features);
-  if (declared && declared[name] !== undefined) return String(declared[name]);
+  if (declared && declared[name] !== undefined && declared[name] !== null) return String(declared[name]);
   const own = s.feature[name];
   if (!own) return undefined;  // precision, device, wire codec: only the job's `features` say
   if (own.records.length || own.decisions.length) return "on";

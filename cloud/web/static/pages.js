@@ -115,7 +115,7 @@ function jobsPage(page) {
      html: r => r.model ? esc(`${r.model.name}@${r.model.version}`) : "-"},
     {key: "error", label: "error", wrap: true},
   ];
-  let rows = [], limitKnown = false;
+  let rows = [];
   function draw() {
     const box = document.getElementById("jobs-table");
     box.innerHTML = sortableTable(columns, state, rows);
@@ -123,9 +123,10 @@ function jobsPage(page) {
   }
   submitForm.attach(page);
   return {refresh: async () => {
-    rows = (await api.apiGet("/v1/jobs")).jobs;
+    const doc = await api.apiGet("/v1/jobs");
+    rows = doc.jobs;
     draw();
-    if (!limitKnown) limitKnown = await submitForm.loadLimit(page);
+    submitForm.showLimits(page, doc);
   }, stop() {}};
 }
 

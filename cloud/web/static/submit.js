@@ -1,6 +1,6 @@
 /* The jobs page's submit form: every JobSpec field a user may set (docs/training.md, "Job spec"),
  * sent as the JSON spec to POST /v1/jobs. The nproc limit shown is the one cloudd enforces
- * (GET /v1/status "limits", or the number in cloudd's refusal when an older cloudd lacks it).
+ * (GET /v1/jobs "limits", or the number in cloudd's refusal from a cloudd that does not list it).
  * Invariant: a field left at its default is not sent, so the spec holds exactly what the user
  * chose and cloudd's defaults apply to the rest. */
 "use strict";
@@ -82,11 +82,12 @@ const submitForm = (() => {
     root.querySelector("#job-nproc-limit").textContent = `(max ${limit})`;
   }
 
-  /* cloudd's own limit from /v1/status "limits"; true once shown. */
-  async function loadLimit(root) {
-    const doc = await api.apiGet("/v1/status");
-    if (!doc.limits || !Number.isFinite(doc.limits.max_job_nproc)) return false;
-    showLimit(root, doc.limits.max_job_nproc);
+  /* cloudd's own limit, from GET /v1/jobs ("limits": max_nproc), which the jobs page reads anyway;
+   * true once shown. */
+  function showLimits(root, jobsDoc) {
+    const limit = jobsDoc.limits && jobsDoc.limits.max_nproc;
+    if (!Number.isFinite(limit)) return false;
+    showLimit(root, limit);
     return true;
   }
 
@@ -106,7 +107,7 @@ const submitForm = (() => {
     });
   }
 
-  return {HTML, specFrom, attach, loadLimit};
+  return {HTML, specFrom, attach, showLimits};
 })();
 
 window.submitForm = submitForm;
