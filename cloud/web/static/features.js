@@ -125,13 +125,12 @@ const features = (() => {
     const seen = new Set();
     for (const r of records) {
       for (const [k, v] of Object.entries(r.values)) {
-        if (seen.has(k) || v === null || v === undefined) continue;
+        if (seen.has(k)) continue;  // a key is classed by its first value that says what it is
+        const kind = num(v) ? "numbers" : isNumberList(v) ? "lists" : typeof v === "string" || typeof v === "boolean" ?
+          "strings" : isObjectList(v) ? "objectLists" : isStringMap(v) && Object.keys(v).length ? "maps" : null;
+        if (kind === null) continue;  // null, [] or {} so far: the next record may tell
         seen.add(k);
-        if (num(v)) out.numbers.push(k);
-        else if (isNumberList(v)) out.lists.push(k);
-        else if (typeof v === "string" || typeof v === "boolean") out.strings.push(k);
-        else if (isObjectList(v)) out.objectLists.push(k);
-        else if (isStringMap(v)) out.maps.push(k);
+        out[kind].push(k);
       }
     }
     return out;
