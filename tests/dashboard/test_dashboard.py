@@ -1,41 +1,23 @@
-"""The dashboard in headless Chromium (Debian's ``chromium``, driven by Playwright's Python package;
-nothing downloads a browser): the fleet page with 100 heartbeating gateways, and a job page whose
-charts grow while a real torchrun job runs. Saves the screenshots under the test's tmp dir, or into
-docs/ (dashboard-fleet.png, dashboard-job.png, linked from the README) with EDGEFED_UPDATE_SCREENSHOTS=1."""
+"""The dashboard in headless Chromium (tests/dashboard/browser.py: Debian's ``chromium`` driven by
+Playwright's Python package; nothing downloads a browser): the fleet page with 100 heartbeating
+gateways, and a job page whose charts grow while a real torchrun job runs. Saves the fleet picture
+under the test's tmp dir, or into docs/ (dashboard-fleet.png, linked from the README) with
+EDGEFED_UPDATE_SCREENSHOTS=1; the job and models pictures come from test_job_page.py."""
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
 import pytest
 
+from tests.dashboard.browser import assert_fits, browser, playwright, screenshot_dir
 from tests.harness.cloud_http import call, heartbeat
 from tests.harness.cloudd import OPERATOR_TOKEN as OP
 from tests.harness.cloudd import cloudd_token, start_cloudd
 
 pytestmark = pytest.mark.slow  # a browser, and a torchrun job it watches
 
-CHROMIUM = Path("/usr/bin/chromium")
-DOCS = Path(__file__).resolve().parents[2] / "docs"
-ARGS = [
-    "--no-sandbox",
-    "--headless",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 GATEWAYS = tuple(f"gw{i:03d}" for i in range(1, 101))
-
-if not CHROMIUM.exists():  # .ci/run installs it; a developer box may not have it
-    if os.environ.get("CI"):
-        pytest.fail("Debian's chromium is missing at /usr/bin/chromium", pytrace=False)
-    pytest.skip("needs Debian's chromium at /usr/bin/chromium", allow_module_level=True)
-from playwright import sync_api as playwright  # noqa: E402  (the `test` extra installs it)
-
 SILENT = {i for i in range(len(GATEWAYS)) if i % 13 == 5}  # these never heartbeat: offline
 
 
@@ -66,73 +48,58 @@ def _points(page, selector: str) -> int:
 
 @pytest.mark.timeout(600)
 def test_dashboard_fleet_and_live_job(tmp_path):
-    shots = DOCS if os.environ.get("EDGEFED_UPDATE_SCREENSHOTS") == "1" else tmp_path
+    shots = screenshot_dir(tmp_path)
     server = start_cloudd(tmp_path / "c", gateways=GATEWAYS)
     try:
         _heartbeat_fleet(server.url)
-        with playwright.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
-            try:
-                page = browser.new_page(viewport={"width": 1360, "height": 900})
-                # The page is up before the job starts: on a loaded machine a job submitted first could
-                # end before the page drew its chart, which then had nothing left to grow by.
-                page.goto(f"{server.url}/?token={OP}#/fleet")
-                assert "token=" not in page.url  # moved into localStorage, out of the address bar
-                page.wait_for_selector("#fleet-table tbody tr", timeout=60_000)
-                status, job = call(
-                    f"{server.url}/v1/jobs", OP, "POST", {"epochs": 4, "nproc": 2, "log_every": 1}
-                )
-                assert status == 201
-                page.goto(f"{server.url}/#/job/{job['id']}")
-                page.wait_for_selector("#chart-loss svg", timeout=240_000)
-                first = _points(page, "#chart-loss svg")
-                grew = (
-                    f"() => Number(document.querySelector('#chart-loss svg')?.dataset.points || 0) > {first}"
-                )
-                try:  # the browser checks it on every animation frame
-                    page.wait_for_function(grew, timeout=240_000)
-                except playwright.TimeoutError:
-                    raise AssertionError(
-                        f"the loss chart stayed at {first} points while the job ran"
-                    ) from None
-                assert _points(page, "#chart-throughput svg") > 0 and _points(page, "#chart-timeline svg") > 0
-                assert "no compression in this job" in page.inner_text("#chart-compression")
-                assert "no federated rounds" in page.inner_text("#panel-rounds")
-                page.wait_for_selector("#job-state .state-succeeded", timeout=300_000)
-                page.wait_for_selector("#chart-accuracy svg", timeout=10_000)
-                page.wait_for_timeout(
-                    800
-                )  # not a wait before an assert: lets the charts settle for the picture
-                page.screenshot(path=str(shots / "dashboard-job.png"))
+        with browser() as chromium:
+            page = chromium.new_page(viewport={"width": 1360, "height": 900})
+            # The page is up before the job starts: on a loaded machine a job submitted first could
+            # end before the page drew its chart, which then had nothing left to grow by.
+            page.goto(f"{server.url}/?token={OP}#/fleet")
+            assert "token=" not in page.url  # moved into localStorage, out of the address bar
+            page.wait_for_selector("#fleet-table tbody tr", timeout=60_000)
+            status, job = call(f"{server.url}/v1/jobs", OP, "POST", {"epochs": 4, "nproc": 2, "log_every": 1})
+            assert status == 201
+            page.goto(f"{server.url}/#/job/{job['id']}")
+            page.wait_for_selector("#chart-loss svg", timeout=240_000)
+            first = _points(page, "#chart-loss svg")
+            grew = f"() => Number(document.querySelector('#chart-loss svg')?.dataset.points || 0) > {first}"
+            try:  # the browser checks it on every animation frame
+                page.wait_for_function(grew, timeout=240_000)
+            except playwright.TimeoutError:
+                raise AssertionError(f"the loss chart stayed at {first} points while the job ran") from None
+            assert _points(page, "#chart-throughput svg") > 0 and _points(page, "#chart-timeline svg") > 0
+            page.wait_for_selector("#job-state .state-succeeded", timeout=300_000)
+            assert "not enabled in this job" in page.inner_text("#panel-compression")
+            assert "no federated rounds" in page.inner_text("#panel-rounds")
 
-                page.goto(f"{server.url}/#/fleet")
-                page.wait_for_function(
-                    "document.querySelectorAll('#fleet-table tbody tr').length === 100", timeout=20_000
-                )
-                figures = page.inner_text("#fleet-figures").split("\n")
-                assert figures[:6] == [
-                    "100",
-                    "gateways",
-                    str(100 - len(SILENT)),
-                    "online",
-                    str(len(SILENT)),
-                    "offline",
-                ]
-                page.fill("#fleet-filter", "gw01")
-                page.wait_for_function("document.querySelectorAll('#fleet-table tbody tr').length === 10")
-                page.fill("#fleet-filter", "")
-                page.click("#fleet-table th[data-key='backlog_records']")
-                page.click("#fleet-table th[data-key='backlog_records']")  # descending: biggest backlog first
-                page.wait_for_timeout(300)  # not a wait before an assert: the sorted table, for the picture
-                page.screenshot(path=str(shots / "dashboard-fleet.png"))
+            page.goto(f"{server.url}/#/fleet")
+            page.wait_for_function(
+                "document.querySelectorAll('#fleet-table tbody tr').length === 100", timeout=20_000
+            )
+            figures = page.inner_text("#fleet-figures").split("\n")
+            assert figures[:6] == [
+                "100",
+                "gateways",
+                str(100 - len(SILENT)),
+                "online",
+                str(len(SILENT)),
+                "offline",
+            ]
+            page.fill("#fleet-filter", "gw01")
+            page.wait_for_function("document.querySelectorAll('#fleet-table tbody tr').length === 10")
+            page.fill("#fleet-filter", "")
+            page.click("#fleet-table th[data-key='backlog_records']")
+            page.click("#fleet-table th[data-key='backlog_records']")  # descending: biggest backlog first
+            page.wait_for_timeout(300)  # not a wait before an assert: the sorted table, for the picture
+            page.screenshot(path=str(shots / "dashboard-fleet.png"))
+            assert_fits(page, "the fleet page of 100 gateways")
 
-                page.goto(f"{server.url}/#/federated")
-                page.wait_for_function(
-                    "document.getElementById('fed-figures').innerText.includes("
-                    "'no federated job is running')",
-                    timeout=20_000,
-                )
-            finally:
-                browser.close()
+            page.goto(f"{server.url}/#/federated")
+            page.wait_for_function(
+                "document.getElementById('fed-figures').innerText.includes('no federated job is running')",
+                timeout=20_000,
+            )
     finally:
         server.stop()

@@ -20,12 +20,18 @@ function authHeaders() {
   return token ? {Authorization: "Bearer " + token} : {};
 }
 
-class ApiError extends Error {}
+/* An HTTP error from cloudd: `status` and cloudd's `error` code and `detail` kept for the caller. */
+class ApiError extends Error {
+  constructor(path, status, body) {
+    super(`${path}: HTTP ${status} ${body.error || ""}: ${body.detail || ""}`);
+    Object.assign(this, {status, code: body.error, detail: body.detail});
+  }
+}
 
 async function apiGet(path) {
   const response = await fetch(path, {headers: authHeaders()});
   const body = await response.json().catch(() => ({}));
-  if (!response.ok) throw new ApiError(`${path}: HTTP ${response.status} ${body.error || ""}: ${body.detail || ""}`);
+  if (!response.ok) throw new ApiError(path, response.status, body);
   return body;
 }
 
@@ -33,7 +39,7 @@ async function apiPost(path, payload) {
   const response = await fetch(path, {method: "POST", body: payload === undefined ? "" : JSON.stringify(payload),
     headers: {...authHeaders(), "Content-Type": "application/json"}});
   const body = await response.json().catch(() => ({}));
-  if (!response.ok) throw new ApiError(`${path}: HTTP ${response.status} ${body.error || ""}: ${body.detail || ""}`);
+  if (!response.ok) throw new ApiError(path, response.status, body);
   return body;
 }
 
@@ -47,7 +53,7 @@ function followEvents(jobId, onEvent, onEnd) {
       try {
         const response = await fetch(`/v1/jobs/${jobId}/events?since=${next}`,
           {headers: authHeaders(), signal: controller.signal});
-        if (!response.ok) throw new ApiError(`events: HTTP ${response.status}`);
+        if (!response.ok) throw new ApiError("events", response.status, {});
         const reader = response.body.getReader(), decoder = new TextDecoder();
         let buffer = "";
         for (;;) {

@@ -1,14 +1,22 @@
 /* The router: #/fleet, #/jobs, #/job/<id>, #/models, #/datasets, #/federated; one page at a time, refreshed
- * every 2 s (the job page streams instead). Errors show in one banner, never as alerts. */
+ * every 2 s (the job page streams its events as well). Errors show in one banner, never as alerts.
+ * Invariant: the banner keeps one message per source; a successful refresh clears only the
+ * "refresh" source (the error it had was its own and has cleared), so an error from an action
+ * (submitting a job, cancelling one) stays until the user dismisses it or the next action succeeds. */
 "use strict";
 
 const app = (() => {
   let current = null, timer = null;
-  function showError(err) {
+  const errors = new Map();  // source -> message
+  function showError(err, source) {
+    source = source || "refresh";
+    if (err) errors.set(source, String(err.message || err));
+    else errors.delete(source);
     const box = document.getElementById("error");
-    box.hidden = !err;
-    box.textContent = err ? String(err.message || err) : "";
+    box.hidden = errors.size === 0;
+    document.getElementById("error-text").textContent = [...errors.values()].join("\n");
   }
+  function dismiss() { errors.clear(); showError(null); }
   async function refresh() {
     if (!current) return;
     try { await current.refresh(); showError(null); } catch (err) { showError(err); }
@@ -16,6 +24,8 @@ const app = (() => {
   function route() {
     if (current) current.stop();
     clearInterval(timer);
+    errors.clear();
+    showError(null);
     const page = document.getElementById("page");
     const [, name, arg] = (location.hash || "#/fleet").split("/");
     document.querySelectorAll("nav a").forEach(a => a.classList.toggle("active", a.id === `nav-${name === "job" ? "jobs" : name}`));
@@ -42,6 +52,7 @@ const app = (() => {
       input.value = "";
       route();
     });
+    document.getElementById("error-dismiss").addEventListener("click", dismiss);
     window.addEventListener("hashchange", route);
     route();
   }

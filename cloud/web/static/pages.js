@@ -28,7 +28,10 @@ function placementText(placement) {
     (cloud.length ? ` (${cloud.map(p => p.service + "." + p.task).join(", ")})` : "");
 }
 
-/* A sortable, filterable table: columns [{key, label, num, value(row), html(row)}]. */
+const rowKey = r => r.id || (r.name && r.version ? `${r.name}@${r.version}` : r.gateway ? `${r.gateway}/${r.device}` : "");
+
+/* A sortable table: columns [{key, label, num, wrap, value(row), html(row)}]; each row's
+ * data-key names it (id, name@version, gateway/device). Narrow screens scroll it sideways. */
 function sortableTable(columns, state, rows) {
   const col = columns.find(c => c.key === state.sort) || columns[0];
   const value = r => (col.value ? col.value(r) : r[col.key]);
@@ -41,9 +44,9 @@ function sortableTable(columns, state, rows) {
   });
   const head = columns.map(c => `<th data-key="${c.key}" class="${c.num ? "num" : ""}">${c.label}` +
     `${c.key === state.sort ? (state.desc ? " ▼" : " ▲") : ""}</th>`).join("");
-  const body = rows.map(r => "<tr>" + columns.map(c =>
-    `<td class="${c.num ? "num" : ""}">${c.html ? c.html(r) : esc(r[c.key])}</td>`).join("") + "</tr>").join("");
-  return `<table><thead><tr>${head}</tr></thead><tbody>${body}</tbody></table>`;
+  const body = rows.map(r => `<tr data-key="${esc(rowKey(r))}">` + columns.map(c =>
+    `<td class="${c.num ? "num" : ""}${c.wrap ? " wrap" : ""}">${c.html ? c.html(r) : esc(r[c.key])}</td>`).join("") + "</tr>").join("");
+  return `<div class="scroll"><table><thead><tr>${head}</tr></thead><tbody>${body}</tbody></table></div>`;
 }
 
 function bindSort(container, state, redraw) {
@@ -95,15 +98,10 @@ function fleetPage(page) {
 }
 
 function jobsPage(page) {
-  page.innerHTML = `<h1>Jobs</h1>
-    <form class="submit" id="job-form">model <select id="job-model"><option>digits_cnn</option>
-    <option>anomaly_autoencoder</option><option>scene_cnn</option></select> nproc <input id="job-nproc" type="number" value="2" min="1" size="3">
-    epochs <input id="job-epochs" type="number" value="1" min="1" size="3">
-    schedule <select id="job-schedule"><option>1f1b-flush</option><option>gpipe</option><option>1f1b-stash</option></select>
-    <button type="submit">Train</button><span id="job-submitted"></span></form><div id="jobs-table"></div>`;
+  page.innerHTML = `<h1>Jobs</h1>${submitForm.HTML}<div id="jobs-table"></div>`;
   const state = {sort: "seq", desc: true};
   const columns = [
-    {key: "id", label: "job", html: r => `<a href="#/job/${r.id}">${r.id}</a>`},
+    {key: "id", label: "job", html: r => `<a href="#/job/${encodeURIComponent(r.id)}">${esc(r.id)}</a>`},
     {key: "state", label: "state", html: r => `<span class="state-${r.state}">${r.state}</span>`},
     {key: "model", label: "model", value: r => r.spec.model, html: r => esc(r.spec.model)},
     {key: "nproc", label: "nproc", num: true, value: r => r.spec.nproc, html: r => r.spec.nproc},
@@ -115,7 +113,7 @@ function jobsPage(page) {
      html: r => charts.fmt(r.progress && r.progress.accuracy)},
     {key: "registered", label: "model version", value: r => r.model && r.model.version,
      html: r => r.model ? esc(`${r.model.name}@${r.model.version}`) : "-"},
-    {key: "error", label: "error"},
+    {key: "error", label: "error", wrap: true},
   ];
   let rows = [];
   function draw() {
@@ -123,33 +121,49 @@ function jobsPage(page) {
     box.innerHTML = sortableTable(columns, state, rows);
     bindSort(box, state, draw);
   }
-  page.querySelector("#job-form").addEventListener("submit", async ev => {
-    ev.preventDefault();
-    const spec = {model: document.getElementById("job-model").value, schedule: document.getElementById("job-schedule").value,
-      nproc: Number(document.getElementById("job-nproc").value), epochs: Number(document.getElementById("job-epochs").value)};
-    try {
-      const job = await api.apiPost("/v1/jobs", spec);
-      document.getElementById("job-submitted").innerHTML = ` submitted <a href="#/job/${job.id}">${job.id}</a>`;
-    } catch (err) { app.showError(err); }
-  });
-  return {refresh: async () => { rows = (await api.apiGet("/v1/jobs")).jobs; draw(); }, stop() {}};
+  submitForm.attach(page);
+  return {refresh: async () => {
+    const doc = await api.apiGet("/v1/jobs");
+    rows = doc.jobs;
+    draw();
+    submitForm.showLimits(page, doc);
+  }, stop() {}};
+}
+
+/* Lineage in one short line (job, dataset, how many gateways) and, for uploaded data, the full
+ * list of gateways and LSN ranges behind a disclosure that wraps: it can be thousands of runs. */
+function lineageHtml(l) {
+  if (!l) return "uploaded by hand";
+  if (!l.job) return esc(l.dataset || JSON.stringify(l));
+  const sources = l.sources ? Object.entries(l.sources) : [];
+  const short = `${esc(l.job)}: ${esc(l.dataset)}` + (sources.length ? ` from ${sources.length} gateway${sources.length > 1 ? "s" : ""}` : "");
+  if (!sources.length) return short;
+  const full = sources.map(([gw, logs]) => `${gw} (` + Object.entries(logs).map(([log, runs]) =>
+    `${log} ${runs.map(r => r.join("-")).join(", ")}`).join("; ") + ")").join(", ");
+  return `<details class="lineage"><summary>${short}</summary><div class="wrap">${esc(full)}</div></details>`;
 }
 
 function modelsPage(page) {
   page.innerHTML = `<h1>Models</h1><div id="models-table"></div>`;
   const state = {sort: "seq", desc: true};
-  const lineageText = l => !l ? "uploaded by hand" : l.job ? `${l.job}: ${l.dataset}` +
-    (l.sources ? " from " + Object.entries(l.sources).map(([gw, logs]) => `${gw} (` +
-      Object.entries(logs).map(([log, runs]) => `${log} ${runs.map(r => r.join("-")).join(",")}`).join("; ") + ")").join(", ") : "")
-    : l.dataset || JSON.stringify(l);
   const columns = [
     {key: "name", label: "model"}, {key: "version", label: "version"}, {key: "seq", label: "seq", num: true},
-    {key: "size", label: "bytes", num: true},
-    {key: "uploaded_ts", label: "stored", html: r => new Date(r.uploaded_ts * 1000).toISOString().slice(0, 19) + "Z"},
-    {key: "lineage", label: "lineage", value: r => lineageText(r.lineage), html: r => `<span class="wrap">${esc(lineageText(r.lineage))}</span>`},
+    {key: "size", label: "bytes", num: true, html: r => charts.fmt(r.size) + "B"},
+    {key: "uploaded_ts", label: "stored", html: r => new Date(r.uploaded_ts * 1000).toISOString().slice(0, 19).replace("T", " ") + "Z"},
+    {key: "lineage", label: "lineage", wrap: true, value: r => (r.lineage ? r.lineage.job || "" : ""), html: r => lineageHtml(r.lineage)},
   ];
   let rows = [];
-  function draw() { const box = document.getElementById("models-table"); box.innerHTML = sortableTable(columns, state, rows); bindSort(box, state, draw); }
+  const open = new Set();  // versions whose lineage the user expanded survive the 2 s redraw
+  function draw() {
+    const box = document.getElementById("models-table");
+    box.innerHTML = sortableTable(columns, state, rows);
+    box.querySelectorAll("details.lineage").forEach(d => {
+      const key = d.closest("tr").dataset.key;
+      d.open = open.has(key);
+      d.addEventListener("toggle", () => (d.open ? open.add(key) : open.delete(key)));
+    });
+    bindSort(box, state, draw);
+  }
   return {refresh: async () => { rows = (await api.apiGet("/v1/models")).models; draw(); }, stop() {}};
 }
 
