@@ -72,7 +72,6 @@ class StageFeatures:
                 self.compression.module,  # its layers' forward hooks step them: the module that runs
                 topology,
                 rank,
-                replica_groups,
                 lr=t.lr,
                 momentum=t.momentum,
                 timeout_s=t.comm_timeout_s,

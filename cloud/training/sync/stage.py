@@ -50,21 +50,24 @@ class StageSync:
         module: nn.Module,
         topology: Topology,
         rank: int,
-        replica_groups: Sequence[dist.ProcessGroup],
         *,
         lr: float,
         momentum: float,
         timeout_s: float,
     ) -> None:
         stage, _ = topology.stage_replica_of(rank)
-        # dist.new_group is a collective of the default group: every rank creates every one, in order
-        priority = {
-            s: dist.new_group(topology.stage_ranks(s), backend="gloo") for s in replicated_stages(topology)
+        # The scheduler's comm threads get groups of their own (two lanes): a collective of the
+        # stage's replica group (the balancer's) in the main thread must not interleave with theirs.
+        # dist.new_group is a collective of the default group: every rank creates every one, in order.
+        lanes = {
+            s: (dist.new_group(ranks, backend="gloo"), dist.new_group(ranks, backend="gloo"))
+            for s in replicated_stages(topology)
+            for ranks in [topology.stage_ranks(s)]
         }
         self.scheduler: SyncScheduler | None = None
         self._reported_blocked_s = self._stepped_blocked_s = 0.0
         params = list(module.parameters())
-        if stage not in priority or not params:
+        if stage not in lanes or not params:
             return
         if params[0].device.type != "cpu":
             raise JobError(
@@ -74,10 +77,10 @@ class StageSync:
         self.scheduler = SyncScheduler(
             module,
             lambda layer_params: torch.optim.SGD(layer_params, lr=lr, momentum=momentum),
-            group=replica_groups[stage],
+            group=lanes[stage][0],
             window=options.window,
             adaptive=options.adaptive,
-            priority_group=priority[stage],
+            priority_group=lanes[stage][1],
             timeout_s=timeout_s,
             backward_hooks=False,
         )
