@@ -39,7 +39,7 @@ def autocast_for(precision: Precision, device_type: str) -> Callable[[], Abstrac
         return None
     if not torch.amp.is_autocast_available(device_type):
         raise JobError(f"train.precision: bf16 autocast is not available on device {device_type}")
-    if device_type == "cuda" and not torch.cuda.is_bf16_supported():
+    if device_type == "cuda" and not (torch.cuda.is_available() and torch.cuda.is_bf16_supported()):
         raise JobError("train.precision: this CUDA device does not support bf16")
     return functools.partial(torch.autocast, device_type, dtype=torch.bfloat16)
 
