@@ -23,6 +23,10 @@ Weight updates follow ``schedule.update``:
   vertical sync the version stage 0 used), and its backward differentiates that same snapshot:
   weight stashing. A snapshot is freed when no in-flight or future microbatch needs it.
 
+Options: ``autocast`` is entered around the stage's own forward only (bf16): its output is cast
+back to fp32, so the loss, the tensors sent and the gradients stay fp32. ``record_answers`` (last
+stage, classification) keeps each microbatch's per-sample right/wrong in ``StepStats.answers``.
+
 Invariant: after ``run_step`` returns, no send or receive of the step is outstanding and no
 microbatch state (activations, stashed weights) is left over.
 """

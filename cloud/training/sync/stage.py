@@ -160,6 +160,11 @@ class StageBalance:
             [b for b in range(microbatches) if topology.replica_for(self.stage, b) == j]
             for j in range(replicas)
         ]
+        if not all(self.mine):
+            raise JobError(
+                f"balance.enabled: stage {self.stage}'s {replicas} replicas need train.microbatches >= "
+                f"{replicas} (one microbatch each at least), got {microbatches}"
+            )
         least = max(len(m) for m in self.mine)  # one sample per microbatch at least
         speeds = options.declared_speeds or [1.0] * replicas
         self.sizes: tuple[int, ...] = split_batch(speeds, batch_size, least)
