@@ -156,6 +156,9 @@ def train(job: JobConfig) -> int:
         _run_steps(job, executor, schedule, stream, features, stage_checkpoint, progress, step, total)
     finally:
         features.close()
+    # Leave together: a rank that tore gloo down while its peer still wrote its last progress lines
+    # sometimes aborted in the teardown (docs/measurements/2026-11-training-sync.md, bench/_torchrun.py).
+    dist.barrier()
     return EXIT_OK
 
 
