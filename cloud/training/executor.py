@@ -13,12 +13,19 @@ sooner. (With compression a split would decompress each saved activation twice.)
 
 Weight updates follow ``schedule.update``:
 - ``flush`` (GPipe, 1F1B-flush): gradients of all microbatches accumulate (each loss scaled by
-  1/microbatches), replicas of a stage all-reduce them in their own process group, then one
-  optimizer step: the same update as single-process training with gradient accumulation.
+  1/microbatches, or by its share of the minibatch's samples when ``run_step`` is told their
+  count: microbatches of unequal sizes), replicas of a stage all-reduce them in their own process
+  group, then one optimizer step: the same update as single-process training with gradient
+  accumulation. A ``flush_gradients`` callback replaces that all-reduce and step (the
+  ``SyncScheduler`` takes the summed gradients and steps each layer before its next forward).
 - ``per_microbatch`` (1F1B-stash, PipeDream): every backward is followed by an optimizer step.
   The forward of microbatch b runs on a snapshot of the weights (the newest version, or with
   vertical sync the version stage 0 used), and its backward differentiates that same snapshot:
   weight stashing. A snapshot is freed when no in-flight or future microbatch needs it.
+
+Options: ``autocast`` is entered around the stage's own forward only (bf16): its output is cast
+back to fp32, so the loss, the tensors sent and the gradients stay fp32. ``record_answers`` (last
+stage, classification) keeps each microbatch's per-sample right/wrong in ``StepStats.answers``.
 
 Invariant: after ``run_step`` returns, no send or receive of the step is outstanding and no
 microbatch state (activations, stashed weights) is left over.
@@ -51,6 +58,8 @@ class StepStats:
     bytes_sent: int = 0
     wire_bytes_fp32: int = 0  # boundary tensors sent, at their uncompressed size
     wire_bytes_sent: int = 0  # the codec payloads actually sent for them
+    # last stage with ``record_answers``: per microbatch, whether each sample's argmax hit its target
+    answers: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -73,6 +82,7 @@ class _Step:
     targets: dict[int, torch.Tensor] | None  # last stage: by microbatch
     stashing: bool  # per_microbatch updates: weight versions are stashed
     scale: float  # of each microbatch's loss
+    batch_samples: int | None  # flush with unequal microbatches: a loss is scaled by its samples / this
     tags: dict[int, int]  # vertical sync: microbatch -> weight version; else empty
     needed: Counter[int]  # vertical sync: weight version -> forwards still to run on it
     recvs: dict[tuple[ActionKind, int], comm.PendingRecv]  # posted, not yet waited
@@ -107,6 +117,9 @@ class StageExecutor:
         replica_group: dist.ProcessGroup | None = None,
         timeout_s: float = 120.0,
         activation_context: Callable[[], AbstractContextManager] | None = None,
+        autocast: Callable[[], AbstractContextManager] | None = None,
+        flush_gradients: Callable[[], None] | None = None,
+        record_answers: bool = False,
     ):
         self.module, self.topology, self.rank = module, topology, rank
         self.stage, self.replica = topology.stage_replica_of(rank)
@@ -126,6 +139,10 @@ class StageExecutor:
         # Entered around every training forward: e.g. ActivationCompressor.active, whose
         # saved-tensor hooks store what backward needs compressed.
         self.activation_context = activation_context or contextlib.nullcontext
+        # Entered around the stage's forward only (e.g. bf16 autocast): the loss, the tensors sent
+        # and the parameters stay fp32.
+        self.autocast = autocast or contextlib.nullcontext
+        self.flush_gradients, self.record_answers = flush_gradients, record_answers
         # One handler per action kind, as the schedule is data.
         self._handlers: dict[ActionKind, Callable[[_Step, Action], None]] = {
             "RECV_F": self._receive,
@@ -156,9 +173,11 @@ class StageExecutor:
         schedule: Schedule,
         inputs: dict[int, torch.Tensor] | None,
         targets: dict[int, torch.Tensor] | None,
+        batch_samples: int | None = None,
     ) -> StepStats:
-        """Run this rank's actions; ``inputs`` (stage 0) and ``targets`` (last stage) by microbatch."""
-        step = self._begin_step(schedule, inputs, targets)
+        """Run this rank's actions; ``inputs`` (stage 0) and ``targets`` (last stage) by microbatch;
+        ``batch_samples``: the minibatch's samples, given when its microbatches differ in size."""
+        step = self._begin_step(schedule, inputs, targets, batch_samples)
         for action in schedule.orders[self.rank]:
             for pending in step.recvs.values():
                 pending.poll()
@@ -174,6 +193,7 @@ class StageExecutor:
         schedule: Schedule,
         inputs: dict[int, torch.Tensor] | None,
         targets: dict[int, torch.Tensor] | None,
+        batch_samples: int | None,
     ) -> _Step:
         if schedule.topology != self.topology:
             raise ValueError("schedule built for another topology")
@@ -185,7 +205,9 @@ class StageExecutor:
         tags = schedule.stash_versions() if schedule.vertical_sync else {}
         needed = Counter(tags[a.microbatch] for a in order if a.kind == "F") if tags else Counter()
         scale = 1.0 if stashing else 1.0 / schedule.n_microbatches
-        step = _Step(inputs, targets, stashing, scale, tags, needed, recvs)
+        step = _Step(
+            inputs, targets, stashing, scale, None if stashing else batch_samples, tags, needed, recvs
+        )
         if stashing and (not tags or needed[0]):
             step.snapshots[0] = self._snapshot()
         return step
@@ -227,12 +249,17 @@ class StageExecutor:
             x = step.received.pop(("RECV_F", b)).requires_grad_(True)
         version, params = self._forward_weights(step, b)
         with self.activation_context():
-            tape, out = self._stage_forward(x, params)
-            loss = self.loss_fn(out, _given(step.targets, b, "targets")) if self.is_last else None
-        if loss is not None:  # the last stage: backward starts from the scaled loss
+            with self.autocast():
+                tape, out = self._stage_forward(x, params)
+            out = out.float()  # a no-op unless autocast ran the forward in lower precision
+            target = _given(step.targets, b, "targets") if self.is_last else None
+            loss = self.loss_fn(out, target) if target is not None else None
+        if target is not None and loss is not None:  # the last stage: backward starts from the scaled loss
             step.stats.loss_sum += float(loss.detach())
             step.stats.n_losses += 1
-            out = loss * step.scale
+            if self.record_answers:
+                step.stats.answers[b] = out.detach().argmax(dim=1) == target
+            out = loss * (len(target) / step.batch_samples if step.batch_samples else step.scale)
         step.in_flight[b] = _InFlight(x, out, params, version, tape)
         if step.tags:
             step.needed[version] -= 1
@@ -305,10 +332,12 @@ class StageExecutor:
         step.sends.wait_all(self.timeout_s)
         if step.in_flight or step.recvs:
             raise RuntimeError(f"rank {self.rank}: unfinished microbatches {sorted(step.in_flight)}")
-        if not step.stashing:
+        if not step.stashing and self.flush_gradients is not None:
+            self.flush_gradients()  # it sums across replicas and steps the weights itself
+        elif not step.stashing:
             self._allreduce_grads()
         step.stats.idle_s += time.perf_counter() - start
-        if not step.stashing:
+        if not step.stashing and self.flush_gradients is None:
             start = time.perf_counter()
             self._optimizer_step()
             step.stats.busy_s += time.perf_counter() - start
@@ -385,7 +414,8 @@ class StageExecutor:
                     x = _given(chunks, c, "chunks")
                 else:
                     x = comm.PendingRecv(self.topology.rank_for(self.stage - 1, c), tag).wait(self.timeout_s)
-                out = self.module(x)
+                with self.autocast():
+                    out = self.module(x).float()
                 if self.is_last:
                     target = _given(targets, c, "targets")
                     loss_sum += float(self.loss_fn(out, target)) * len(target)

@@ -1,4 +1,6 @@
-"""The job TOML: what to train, how to pipeline it, where checkpoints and progress go.
+"""The job TOML: what to train, how to pipeline it, where checkpoints and progress go, and the
+optional features (``[compression]``, ``[sync]``, ``[balance]``, ``[toggle]``: the sections of
+``cloud.training.options``, shared with the job spec).
 
 Invariant: ``load_job`` returns a fully validated ``JobConfig`` (relative paths resolved against the
 TOML file's folder) or raises ``JobError`` whose message names the offending field; a job that
@@ -15,6 +17,14 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from torch import nn
 
+from cloud.training.options import (
+    BalanceOptions,
+    CompressionOptions,
+    DeviceChoice,
+    Precision,
+    SyncOptions,
+    ToggleOptions,
+)
 from cloud.training.schedules import SCHEDULE_NAMES
 
 
@@ -66,6 +76,8 @@ class TrainSection(_Section):
     seed: int = 0
     threads: int = Field(default=1, ge=1)  # intra-op threads per rank (profiling uses the same)
     wire_codec: str = "fp32"
+    precision: Precision = "fp32"  # bf16: autocast on each stage's forward; loss and optimizer fp32
+    device: DeviceChoice = "auto"
     comm_timeout_s: float = Field(default=120.0, gt=0)
 
     @model_validator(mode="after")
@@ -109,26 +121,6 @@ class ProgressSection(_Section):
     eval_every: int = Field(default=0, ge=0)  # steps; 0: at the end of each epoch
 
 
-ActivationMode = Literal["none", "bfp", "adaptive"]  # see CompressionSection
-
-
-class CompressionSection(_Section):
-    """Activations saved for backward, stored compressed on every stage (docs/compression.md)."""
-
-    activations: ActivationMode = "none"
-    format: str = "bfp(b=32,m=4,e=8,r=nearest,l=uniform,o=0.0)"  # "bfp": every layer's format
-    gist: bool = True  # Gist fx pass on each stage module (binarize ReLU->MaxPool, sparse ReLU->conv)
-    window: int = Field(default=20, ge=1)  # "adaptive": steps per decision; a multiple of progress.log_every
-    min_numel: int = Field(default=32768, ge=0)  # smaller saved tensors stay as they are (as the compressor)
-
-    @model_validator(mode="after")
-    def _check(self) -> CompressionSection:
-        from models.numerics import BfpFormat
-
-        BfpFormat.parse(self.format)  # ValueError names the expected form
-        return self
-
-
 class JobConfig(_Section):
     model: ModelSection = ModelSection()
     data: DataSection = DataSection()
@@ -136,20 +128,81 @@ class JobConfig(_Section):
     partition: PartitionSection = PartitionSection()
     checkpoint: CheckpointSection = CheckpointSection()
     progress: ProgressSection = ProgressSection()
-    compression: CompressionSection = CompressionSection()
+    compression: CompressionOptions = CompressionOptions()
+    sync: SyncOptions = SyncOptions()
+    balance: BalanceOptions = BalanceOptions()
+    toggle: ToggleOptions = ToggleOptions()
 
     @model_validator(mode="after")
     def _check(self) -> JobConfig:
-        if self.compression.activations == "adaptive" and self.compression.window % self.progress.log_every:
-            raise ValueError(
-                "compression.window must be a multiple of progress.log_every: the adaptive "
-                "controller decides when every rank knows the loss"
-            )
         from cloud.training.compression.wire_codec import WIRE_CODEC_NAMES
 
         if self.train.wire_codec not in WIRE_CODEC_NAMES:
             raise ValueError(f"train.wire_codec must be one of {', '.join(WIRE_CODEC_NAMES)}")
+        _check_compression(self.compression, self.progress)
+        for name, on in (("sync", self.sync.enabled), ("balance", self.balance.enabled)):
+            if on:
+                _check_replicated(name, self.train, self.partition)
+        if self.balance.enabled and self.partition.mode == "explicit":
+            replicated = [r for r in self.partition.replicas if r > 1]
+            if len(replicated) > 1:
+                raise ValueError(
+                    "balance.enabled: balancing splits each minibatch between the replicas of one "
+                    f"stage; partition.replicas replicates {len(replicated)} stages"
+                )
+            if self.balance.declared_speeds and len(self.balance.declared_speeds) != replicated[0]:
+                raise ValueError(
+                    f"balance.declared_speeds: one speed per replica ({replicated[0]}), "
+                    f"got {len(self.balance.declared_speeds)}"
+                )
+        if self.toggle.enabled and self.data.loss != "cross_entropy":
+            raise ValueError(
+                "toggle.enabled: toggle-rate selection needs per-item right/wrong answers, i.e. a "
+                f"classification loss (cross_entropy); data.loss is {self.data.loss}"
+            )
         return self
+
+
+def _check_compression(c: CompressionOptions, progress: ProgressSection) -> None:
+    from cloud.training.compression.controller import DEFAULT_LADDER
+    from models.numerics import BfpFormat
+
+    try:
+        BfpFormat.parse(c.format)
+    except ValueError as exc:
+        raise ValueError(f"compression.format: {exc}") from None
+    if c.activations != "adaptive":
+        return
+    if c.window % progress.log_every:
+        raise ValueError(
+            "compression.window must be a multiple of progress.log_every: the adaptive "
+            "controller decides when every rank knows the loss"
+        )
+    k = c.controller
+    if not k.start_rung <= k.tightest_rung < len(DEFAULT_LADDER):
+        raise ValueError(
+            f"compression.controller: need start_rung ({k.start_rung}) <= tightest_rung "
+            f"({k.tightest_rung}) < {len(DEFAULT_LADDER)} (the ladder's rungs)"
+        )
+
+
+def _check_replicated(name: str, train: TrainSection, partition: PartitionSection) -> None:
+    """``sync`` and ``balance`` act on replicated stages only: refuse a job that can have none."""
+    if train.schedule == "1f1b-stash":
+        raise ValueError(
+            f"{name}.enabled: {name} applies only to replicated stages, and schedule 1f1b-stash "
+            "does not replicate (use gpipe or 1f1b-flush)"
+        )
+    if partition.mode == "even" or (partition.mode == "auto" and partition.straight):
+        how = "even" if partition.mode == "even" else "auto with straight = true"
+        raise ValueError(
+            f"{name}.enabled: {name} applies only to replicated stages, and partition mode {how} "
+            "replicates none (use mode auto, or explicit with replicas)"
+        )
+    if partition.mode == "explicit" and all(r < 2 for r in partition.replicas):
+        raise ValueError(
+            f"{name}.enabled: {name} applies only to replicated stages; partition.replicas has none above 1"
+        )
 
 
 def load_job(path: str | Path) -> JobConfig:
@@ -162,7 +215,8 @@ def load_job(path: str | Path) -> JobConfig:
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first["loc"])
-        raise JobError(f"{path}: {field}: {first['msg']}") from exc
+        where = f"{field}: " if field else ""  # a check across sections names its field itself
+        raise JobError(f"{path}: {where}{first['msg']}") from exc
     base = path.resolve().parent
 
     def resolve(text: str) -> str:

@@ -10,7 +10,7 @@ every bound is checked here, and a ``ValidationError`` names the field.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -62,13 +62,15 @@ class SyncOptions(_Section):
 
 
 class BalanceOptions(_Section):
-    """Rank balancing (``sync.balancer.Balancer``): replicas of a stage get batch shares by measured
-    speed, gradients weighted by share."""
+    """Rank balancing (``sync.balancer.Balancer``): the replicas of a replicated stage get shares of
+    each minibatch's samples by measured speed, gradients weighted by share."""
 
     enabled: bool = False
     every: int = Field(default=2, ge=1)  # iterations between re-splits
     alpha: float = Field(default=0.5, gt=0, le=1)  # EWMA weight of the newest speed
     hysteresis: float = Field(default=0.08, ge=0)  # predicted imbalance below which nothing moves
+    # the first split, one relative speed per replica (e.g. [3, 1]); empty: equal shares
+    declared_speeds: list[Annotated[float, Field(gt=0)]] = []
 
 
 class ToggleOptions(_Section):

@@ -4,11 +4,13 @@ Every rank loads the job and its data (scikit-learn's digits, or a tensor file w
 job names: cross-entropy, MSE, or reconstruction MSE with y = x), checks one forward of the model
 against the loss, builds the same model from the same seed, agrees on one plan (rank 0
 profiles and partitions, then broadcasts), builds its stage, resumes from the last complete
-checkpoint, and runs steps with ``StageExecutor``. Rank 0 appends JSON lines to the progress
-file: ``start`` (plan, dataset, loss, rows), ``resume``, ``step`` (loss, samples/s, per-stage
-busy/idle seconds; with compression on, also ``compression``: activation and wire bytes,
-formats), ``compression_decision`` (one per adaptive format change), ``eval`` (classification
-with held-out rows only), ``checkpoint`` (written only once every stage's file is on disk),
+checkpoint, and runs steps with ``StageExecutor``; the job's optional features (compression,
+bf16, sync, balance, toggle) are set up by ``features.StageFeatures``. Rank 0 appends JSON lines
+to the progress file (``progress.py``): ``phase`` (starting, training, evaluating), ``start``
+(plan, dataset, loss, rows, ``features``), ``resume``, ``step`` (loss, samples/s, per-stage
+busy/idle seconds, and one sub-object per feature that runs: ``compression``, ``sync``,
+``balance``, ``toggle``), ``compression_decision`` (one per adaptive format change), ``eval``
+(with held-out rows only), ``checkpoint`` (written only once every stage's file is on disk),
 ``done`` or ``error``.
 
 Exit codes (of each worker; torchrun itself exits 1 when any worker fails):
@@ -16,33 +18,33 @@ Exit codes (of each worker; torchrun itself exits 1 when any worker fails):
 size, 4 training diverged (loss not finite), 5 checkpoint belongs to a different plan or schedule.
 
 Invariant: the data order depends only on (seed, step), so a resumed job trains on exactly the
-minibatches an uninterrupted one would have.
+minibatches an uninterrupted one would have. With ``[toggle]`` it also depends on the answers
+recorded in earlier epochs: a checkpoint keeps the selection of its epoch, and a resume from one
+taken at an epoch's end continues exactly; from one inside an epoch it loses that epoch's answers.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import pickle
 import sys
-import time
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from cloud.training import checkpoint, comm
-from cloud.training.compression.stage import StageCompression
 from cloud.training.compression.wire_codec import register_wire_codecs
+from cloud.training.data.stream import MinibatchStream, check_loss_fits, load_stream, loss_function
 from cloud.training.executor import StageExecutor
-from cloud.training.jobfile import DataSection, JobConfig, JobError, build_model, load_job
+from cloud.training.features import StageFeatures, toggle_stream
+from cloud.training.jobfile import JobConfig, JobError, build_model, load_job
 from cloud.training.partition import Plan, StagePlan, even_plan, partition
 from cloud.training.profiler import cached_profile
-from cloud.training.schedules import Topology, build_schedule, schedule_name
+from cloud.training.progress import ProgressLog, ProgressWindow
+from cloud.training.schedules import Schedule, Topology, build_schedule, schedule_name
 
 EXIT_OK, EXIT_BAD_JOB, EXIT_PLAN, EXIT_DIVERGED, EXIT_CHECKPOINT = 0, 2, 3, 4, 5
 
@@ -51,127 +53,6 @@ class JobFailed(Exception):
     def __init__(self, code: int, message: str):
         super().__init__(message)
         self.code = code
-
-
-class ProgressLog:
-    """Rank 0's JSON-lines progress file (appended, flushed per line) plus a human line on stdout."""
-
-    def __init__(self, path: str, enabled: bool):
-        self.path, self.enabled = Path(path), enabled
-        if enabled:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-
-    def write(self, event: str, **fields) -> None:
-        if not self.enabled:
-            return
-        record = {"event": event, "time": round(time.time(), 3), **fields}
-        with open(self.path, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
-        human = " ".join(
-            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items() if k != "stages"
-        )
-        print(f"[train] {event} {human}", flush=True)
-
-
-class MinibatchStream:
-    """Minibatches of a training set in the order of ``models.digits.train_single_process`` (one
-    randperm per epoch from one generator seeded with the job seed); a trailing partial minibatch is
-    dropped. ``test_x``/``test_y`` are the held-out rows (possibly none)."""
-
-    def __init__(
-        self,
-        train_x: torch.Tensor,
-        train_y: torch.Tensor,
-        test_x: torch.Tensor,
-        test_y: torch.Tensor,
-        seed: int,
-        batch_size: int,
-    ):
-        if len(train_x) < batch_size:
-            raise JobError(f"train.batch_size: {batch_size} > the {len(train_x)} training rows of the data")
-        self.train_x, self.train_y, self.test_x, self.test_y = train_x, train_y, test_x, test_y
-        self.seed, self.batch_size = seed, batch_size
-        self.steps_per_epoch = len(train_y) // batch_size
-        self._order: tuple[int, torch.Tensor] | None = None  # (epoch, its row order), the last one used
-
-    def _order_of(self, epoch: int) -> torch.Tensor:
-        if self._order is None or self._order[0] != epoch:
-            generator = torch.Generator().manual_seed(self.seed)
-            for _ in range(epoch + 1):
-                order = torch.randperm(len(self.train_y), generator=generator)
-            self._order = (epoch, order)
-        return self._order[1]
-
-    def minibatch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        epoch, index = divmod(step, self.steps_per_epoch)
-        rows = self._order_of(epoch)[index * self.batch_size : (index + 1) * self.batch_size]
-        return self.train_x[rows], self.train_y[rows]
-
-
-class DigitsStream(MinibatchStream):
-    def __init__(self, seed: int, batch_size: int):
-        from models.digits import load_digits_split
-
-        split = load_digits_split(seed)
-        super().__init__(split.train_x, split.train_y, split.test_x, split.test_y, seed, batch_size)
-
-
-def tensor_file_stream(data: DataSection, seed: int, batch_size: int) -> MinibatchStream:
-    """The job's tensor file, checked against its loss, split by a generator seeded with ``seed``."""
-    try:
-        tensors = torch.load(data.path, weights_only=True)
-    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
-        raise JobError(f"data.path: cannot load {data.path}: {exc}") from exc
-    x = tensors.get("x") if isinstance(tensors, dict) else None
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < 2 or not len(x):
-        raise JobError(f"data.path: {data.path} must hold {{'x': float tensor (N, ...), 'y': ...}}")
-    if data.loss == "reconstruction":
-        y = x
-    else:
-        y = tensors.get("y")
-        if not isinstance(y, torch.Tensor) or len(y) != len(x):
-            raise JobError(f"data.path: loss {data.loss} needs 'y' with one row per row of x ({len(x)})")
-        if data.loss == "cross_entropy" and (y.is_floating_point() or y.dim() != 1):
-            raise JobError("data.loss: cross_entropy needs y as integer class indices of shape (N,)")
-        if data.loss == "mse" and not y.is_floating_point():
-            raise JobError("data.loss: mse needs y as float targets")
-        y = y.long() if data.loss == "cross_entropy" else y
-    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
-    n_test = int(len(x) * data.test_fraction)
-    test, train = order[:n_test], order[n_test:]
-    return MinibatchStream(x[train], y[train], x[test], y[test], seed, batch_size)
-
-
-def loss_function(data: DataSection) -> nn.Module:
-    return nn.CrossEntropyLoss() if data.loss == "cross_entropy" else nn.MSELoss()
-
-
-def check_loss_fits(
-    model: nn.Sequential, loss_fn: nn.Module, data: DataSection, x: torch.Tensor, y: torch.Tensor
-) -> None:
-    """One forward of the whole model on a few rows (eval mode, no grad: no state changes), so that a
-    model that does not take x, or whose output does not fit y, fails as a bad job naming the shapes."""
-    model.eval()
-    try:
-        with torch.no_grad():
-            output = model(x)
-    except RuntimeError as exc:
-        raise JobError(f"model.name: the model does not take x of shape {tuple(x.shape)}: {exc}") from exc
-    finally:
-        model.train()
-    problem = ""
-    if data.loss != "cross_entropy" and output.shape != y.shape:
-        problem = "shapes differ"  # MSELoss would broadcast them and train on nonsense
-    else:
-        try:
-            loss_fn(output, y)
-        except (RuntimeError, IndexError) as exc:
-            problem = str(exc)
-    if problem:
-        raise JobError(
-            f"data.loss: {data.loss} of the model's output {tuple(output.shape)} against y "
-            f"{tuple(y.shape)}: {problem}"
-        )
 
 
 def choose_plan(job: JobConfig, model: nn.Sequential, sample: torch.Tensor, world: int) -> Plan:
@@ -211,26 +92,16 @@ def choose_plan(job: JobConfig, model: nn.Sequential, sample: torch.Tensor, worl
     return plan
 
 
-def _gather_stats(values: list[float]) -> torch.Tensor:
-    mine = torch.tensor(values, dtype=torch.float64)
-    everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(everyone, mine)
-    return torch.stack(everyone)
-
-
 def train(job: JobConfig) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     t = job.train
     register_wire_codecs()  # every rank: a BFP payload names its codec in the message header
     progress = ProgressLog(job.progress.file, rank == 0)
+    progress.write("phase", phase="starting")
     torch.manual_seed(t.seed)
     model = build_model(job.model.name)
     data = job.data
-    stream = (
-        DigitsStream(t.seed, t.batch_size)
-        if data.dataset == "digits"
-        else tensor_file_stream(data, t.seed, t.batch_size)
-    )
+    stream = toggle_stream(job, load_stream(data, t.seed, t.batch_size))
     loss_fn = loss_function(data)
     micro = t.batch_size // t.microbatches
     sample_x, sample_y = stream.minibatch(0)
@@ -241,184 +112,168 @@ def train(job: JobConfig) -> int:
     )
     topology = schedule.topology
     groups = [dist.new_group(topology.stage_ranks(s)) for s in range(topology.n_stages)]
-    stage, replica = topology.stage_replica_of(rank)
+    stage, _ = topology.stage_replica_of(rank)
     span = plan.stages[stage]
     module = model[span.first : span.last + 1]  # keeps the global layer indices in state_dict keys
-    has_params = any(True for _ in module.parameters())
-    optimizer = torch.optim.SGD(module.parameters(), lr=t.lr, momentum=t.momentum) if has_params else None
-    c = job.compression
-    # Gist may replace the module by a GraphModule sharing its parameters: checkpoints keep `module`.
-    compression = StageCompression(
-        module, activations=c.activations, fmt=c.format, gist=c.gist, window=c.window, min_numel=c.min_numel
-    )
-    reports_compression = c.activations != "none" or t.wire_codec != "fp32"
-    executor = StageExecutor(
-        compression.module,
-        topology,
-        rank,
-        optimizer=optimizer,
-        loss_fn=loss_fn,
-        codec=comm.codec_by_name(t.wire_codec),
-        replica_group=groups[stage],
-        timeout_s=t.comm_timeout_s,
-        activation_context=compression.context,
-    )
-    identity = {
-        "plan": [[s.first, s.last, s.replicas] for s in plan.stages],
-        "schedule": t.schedule,
-        "microbatches": t.microbatches,
-        "batch_size": t.batch_size,
-        "seed": t.seed,
-        "dataset": data.dataset,
-        "loss": data.loss,
-    }
-    total = stream.steps_per_epoch * t.epochs
-    total = min(total, t.max_steps) if t.max_steps else total
-    progress.write(
-        "start",
-        plan=plan.text(),
-        schedule=t.schedule,
-        world=world,
-        total_steps=total,
-        dataset=data.dataset,
-        loss=data.loss,
-        train_rows=len(stream.train_y),
-        test_rows=len(stream.test_y),
-    )
+    features = StageFeatures(job, module, topology, rank, groups, stream)
+    try:
+        optimizer = None
+        if any(True for _ in module.parameters()) and not features.owns_optimizer:
+            optimizer = torch.optim.SGD(module.parameters(), lr=t.lr, momentum=t.momentum)
+        executor = StageExecutor(
+            features.compression.module,
+            topology,
+            rank,
+            optimizer=optimizer,
+            loss_fn=loss_fn,
+            codec=comm.codec_by_name(t.wire_codec),
+            replica_group=groups[stage],
+            timeout_s=t.comm_timeout_s,
+            activation_context=features.compression.context,
+            autocast=features.autocast,
+            flush_gradients=features.hand_off,
+            record_answers=features.toggle is not None,
+        )
+        stage_checkpoint = StageCheckpoint(job, plan, topology, module, optimizer, features)
+        total = stream.total_steps(t.epochs)
+        total = min(total, t.max_steps) if t.max_steps else total
+        notes = features.notes()
+        progress.write(
+            "start",
+            plan=plan.text(),
+            schedule=t.schedule,
+            world=world,
+            total_steps=total,
+            dataset=data.dataset,
+            loss=data.loss,
+            train_rows=len(stream.train_y),
+            test_rows=len(stream.test_y),
+            features=features.flags(),
+            **({"notes": notes} if notes else {}),
+        )
+        step = stage_checkpoint.resume(progress)
+        progress.write("phase", phase="training")
+        _run_steps(job, executor, schedule, stream, features, stage_checkpoint, progress, step, total)
+    finally:
+        features.close()
+    # Leave together: a rank that tore gloo down while its peer still wrote its last progress lines
+    # sometimes aborted in the teardown (docs/measurements/2026-11-training-sync.md, bench/_torchrun.py).
+    dist.barrier()
+    return EXIT_OK
 
-    step = 0
-    resume = checkpoint.latest_complete_step(job.checkpoint.dir, topology.n_stages)
-    if resume is not None:
-        state = checkpoint.load_stage(job.checkpoint.dir, stage, resume)
-        if state["identity"] != identity:
-            raise JobFailed(EXIT_CHECKPOINT, f"checkpoint step {resume} is of {state['identity']}")
-        module.load_state_dict(state["model"])
-        if optimizer is not None:
-            optimizer.load_state_dict(state["optimizer"])
-        step = resume
-        progress.write("resume", from_step=resume)
-    dist.barrier()  # nobody writes a checkpoint before every rank has chosen where to resume
 
-    eval_every = job.progress.eval_every or stream.steps_per_epoch
-    evaluates = len(stream.test_y) > 0
-    window_start, window_samples = time.perf_counter(), 0
-    window = [0.0] * 7
+def _run_steps(
+    job: JobConfig,
+    executor: StageExecutor,
+    schedule: Schedule,
+    stream: MinibatchStream,
+    features: StageFeatures,
+    stage_checkpoint: StageCheckpoint,
+    progress: ProgressLog,
+    step: int,
+    total: int,
+) -> None:
+    t, rank, topology = job.train, executor.rank, schedule.topology
+    stage = executor.stage
     last_stage_ranks = set(topology.stage_ranks(topology.n_stages - 1))
+    window = ProgressWindow()
     while step < total:
+        sizes = features.microbatch_sizes()
         x, y = stream.minibatch(step)
-        xs, ys = x.chunk(t.microbatches), y.chunk(t.microbatches)
+        xs, ys = x.split(sizes), y.split(sizes)
         mine = [b for b in range(t.microbatches) if topology.rank_for(stage, b) == rank]
-        compression.before_step(step)
+        features.compression.before_step(step)
         stats = executor.run_step(
             schedule,
             {b: xs[b] for b in mine} if stage == 0 else None,
             {b: ys[b] for b in mine} if rank in last_stage_ranks else None,
+            batch_samples=t.batch_size if features.balance else None,
         )
+        features.record_answers(stream.rows(step).split(sizes), stats.answers)
         step += 1
-        window = [
-            a + b
-            for a, b in zip(
-                window,
-                [
-                    stats.busy_s,
-                    stats.idle_s,
-                    stats.loss_sum,
-                    stats.n_losses,
-                    stats.bytes_sent,
-                    stats.wire_bytes_fp32,
-                    stats.wire_bytes_sent,
-                ],
-                strict=True,
-            )
-        ]
-        window_samples += t.batch_size
+        features.end_step(stats.busy_s)
+        epoch_ended = stream.locate(step)[1] == 0
+        if epoch_ended:
+            features.end_epoch()  # before a checkpoint of this step: it saves the next epoch's choice
+        window.add(stats, t.batch_size)
         if step % job.progress.log_every == 0 or step == total:
-            table = _gather_stats(window)
-            loss = float(table[:, 2].sum() / table[:, 3].sum())
+            loss = window.write(progress, features, topology, stage, step, stream)
             if not math.isfinite(loss):
                 raise JobFailed(EXIT_DIVERGED, f"loss {loss} at step {step}")
-            elapsed = time.perf_counter() - window_start
-            per_stage = [
-                {
-                    "stage": s,
-                    "busy_s": round(float(table[topology.stage_ranks(s), 0].sum()), 4),
-                    "idle_s": round(float(table[topology.stage_ranks(s), 1].sum()), 4),
-                }
-                for s in range(topology.n_stages)
-            ]
-            extra: dict[str, dict] = {}
-            decisions: list[dict] = []
-            if reports_compression:
-                extra["compression"], decisions = _compression_window(compression, table, stage, step, loss)
-            progress.write(
-                "step",
-                step=step,
-                epoch=step / stream.steps_per_epoch,
-                loss=loss,
-                samples_per_s=window_samples / elapsed,
-                stages=per_stage,
-                **extra,
-            )
-            for decision in decisions:
-                progress.write("compression_decision", **decision)
-            window, window_samples, window_start = [0.0] * 7, 0, time.perf_counter()
-        if evaluates and (step % eval_every == 0 or step == total):
-            evaluate(
-                executor,
-                stream,
-                topology,
-                micro,
-                progress,
-                step,
-                last_stage_ranks,
-                classify=data.loss == "cross_entropy",
-            )
+        eval_every = job.progress.eval_every
+        if len(stream.test_y) and ((step % eval_every == 0 if eval_every else epoch_ended) or step == total):
+            progress.write("phase", phase="evaluating")
+            classify = job.data.loss == "cross_entropy"
+            micro = t.batch_size // t.microbatches
+            evaluate(executor, stream, topology, micro, progress, step, last_stage_ranks, classify=classify)
+            if step < total:
+                progress.write("phase", phase="training")
         if (job.checkpoint.every and step % job.checkpoint.every == 0) or step == total:
-            if replica == 0:
-                checkpoint.save_stage(
-                    job.checkpoint.dir,
-                    stage,
-                    step,
-                    {
-                        "identity": identity,
-                        "step": step,
-                        "model": module.state_dict(),
-                        "optimizer": optimizer.state_dict() if optimizer else None,
-                    },
-                    keep=job.checkpoint.keep,
-                )
-            dist.barrier()
+            stage_checkpoint.save(step)
             progress.write("checkpoint", step=step)
     progress.write("done", step=step)
-    return EXIT_OK
 
 
-def _compression_window(
-    compression: StageCompression, table: torch.Tensor, stage: int, step: int, loss: float
-) -> tuple[dict, list[dict]]:
-    """Every rank calls this at a progress line: the adaptive controllers decide (same step on
-    every rank), then rank 0 gathers each stage's bytes, formats and decisions."""
-    compression.record_loss(loss)
-    decisions = [{"stage": stage, **d} for d in compression.decide(step)]
-    mine = {"stage": stage, **compression.report(), "decisions": decisions}
-    everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
-    formats, merged = {}, []
-    for report in everyone:
-        formats.update(report["formats"])
-        merged += report["decisions"]
-    summary = {
-        "saved_bytes_fp32": sum(r["saved_bytes_fp32"] for r in everyone),
-        "saved_bytes_stored": sum(r["saved_bytes_stored"] for r in everyone),
-        "wire_bytes_fp32": int(table[:, 5].sum()),
-        "wire_bytes_sent": int(table[:, 6].sum()),
-        "encode_s": round(sum(r["encode_s"] for r in everyone), 4),
-        "decode_s": round(sum(r["decode_s"] for r in everyone), 4),
-        "formats": dict(sorted(formats.items())),
-    }
-    # A replica's decisions repeat its stage's (same layers, same losses): keep one per (stage, layer).
-    unique = {(d["stage"], d["layer"]): d for d in merged}
-    return summary, list(unique.values())
+class StageCheckpoint:
+    """This rank's stage in the job's checkpoints: its weights, optimizer state and (toggle) data
+    selection, written by the stage's first replica; a checkpoint of another plan, schedule or
+    feature set is refused."""
+
+    def __init__(
+        self,
+        job: JobConfig,
+        plan: Plan,
+        topology: Topology,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        features: StageFeatures,
+    ):
+        t = job.train
+        self.dir, self.keep, self.n_stages = job.checkpoint.dir, job.checkpoint.keep, topology.n_stages
+        self.stage, self.replica = topology.stage_replica_of(dist.get_rank())
+        self.module, self.optimizer, self.features = module, optimizer, features
+        self.identity = {
+            "plan": [[s.first, s.last, s.replicas] for s in plan.stages],
+            "schedule": t.schedule,
+            "microbatches": t.microbatches,
+            "batch_size": t.batch_size,
+            "seed": t.seed,
+            "dataset": job.data.dataset,
+            "loss": job.data.loss,
+            **features.identity(),
+        }
+
+    def resume(self, progress: ProgressLog) -> int:
+        """The step to start from (0, or the last complete checkpoint's, whose state is loaded)."""
+        step = 0
+        resume = checkpoint.latest_complete_step(self.dir, self.n_stages)
+        if resume is not None:
+            state = checkpoint.load_stage(self.dir, self.stage, resume)
+            if state["identity"] != self.identity:
+                raise JobFailed(EXIT_CHECKPOINT, f"checkpoint step {resume} is of {state['identity']}")
+            self.module.load_state_dict(state["model"])
+            self.features.load_optimizer_state(self.optimizer, state["optimizer"])
+            if self.features.toggle is not None:
+                self.features.toggle.load_state_dict(state["toggle"])
+            step = resume
+            progress.write("resume", from_step=resume)
+        dist.barrier()  # nobody writes a checkpoint before every rank has chosen where to resume
+        return step
+
+    def save(self, step: int) -> None:
+        """Every rank: the syncs in flight applied, the stage's first replica writes, all wait."""
+        self.features.finish()
+        if self.replica == 0:
+            state = {
+                "identity": self.identity,
+                "step": step,
+                "model": self.module.state_dict(),
+                "optimizer": self.features.optimizer_state(self.optimizer),
+            }
+            if self.features.toggle is not None:
+                state["toggle"] = self.features.toggle.state_dict()
+            checkpoint.save_stage(self.dir, self.stage, step, state, keep=self.keep)
+        dist.barrier()
 
 
 def evaluate(

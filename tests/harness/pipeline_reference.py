@@ -10,7 +10,7 @@ from torch import nn
 from torch.func import functional_call
 
 from cloud.training import checkpoint
-from cloud.training.run import DigitsStream
+from cloud.training.data.stream import DigitsStream
 from cloud.training.schedules import build_schedule
 from models.digits import digits_cnn
 

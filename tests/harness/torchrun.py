@@ -37,8 +37,11 @@ def write_job(
     checkpoint_every: int = 0,
     lr: float = 0.05,
     extra_train: str = "",
+    sections: str = "",
+    log_every: int = 5,
 ) -> Path:
-    """``<tmp>/job.toml`` for the digits model; checkpoints in ckpt/, progress in progress.jsonl."""
+    """``<tmp>/job.toml`` for the digits model; checkpoints in ckpt/, progress in progress.jsonl;
+    ``sections``: more TOML at the end (e.g. ``[sync]``)."""
     partition = 'mode = "even"'
     if stages:
         replicas = replicas or [1] * len(stages)
@@ -61,7 +64,8 @@ dir = "ckpt"
 every = {checkpoint_every}
 [progress]
 file = "progress.jsonl"
-log_every = 5
+log_every = {log_every}
+{sections}
 """)
     return job
 

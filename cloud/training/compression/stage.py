@@ -7,7 +7,8 @@ controller reads the loss trend (every rank learns the loss at each progress lin
 activation error of its own layers, measured on the last step of each window; it decides once per
 window, at a progress line, on every rank at the same step.
 
-Invariant: with ``activations = "none"`` the stage module and its forward are untouched; otherwise
+Invariant: with ``activations = "none"`` and ``gist = false`` the stage module and its forward are
+untouched; otherwise
 ``report()`` returns the bytes the stage's hooks saw since the previous report (then resets them),
 and ``decide`` returns every decision the controller made, as JSON-ready dicts.
 """
@@ -24,37 +25,33 @@ from cloud.training.compression.controller import AdaptiveController, Controller
 from cloud.training.compression.gist import GistPlan, gist_transform
 from cloud.training.compression.hooks import OUTSIDE_LAYERS, ActivationCompressor, leaf_names
 from cloud.training.compression.layer_formats import LayerPolicy
-from cloud.training.jobfile import ActivationMode
+from cloud.training.options import CompressionOptions
 from models.numerics import BfpFormat
 
 
 class StageCompression:
-    def __init__(
-        self,
-        module: nn.Module,
-        *,
-        activations: ActivationMode,
-        fmt: str,
-        gist: bool,
-        window: int,
-        min_numel: int,
-    ) -> None:
+    def __init__(self, module: nn.Module, options: CompressionOptions) -> None:
         self.module = module
         self.compressor: ActivationCompressor | None = None
         self.controller: AdaptiveController | None = None  # adaptive mode: steers the compressor
         self.gist_plan: GistPlan | None = None
-        if activations == "none":
+        if options.activations == "none" and not options.gist:
             return
         ssdc: frozenset[str] = frozenset()
-        if gist:
+        if options.gist:
             self.module, self.gist_plan = gist_transform(module)
             ssdc = self.gist_plan.ssdc_layers
-        if activations == "adaptive":
-            self.controller = AdaptiveController(leaf_names(self.module), ControllerSettings(window=window))
+        if options.activations == "adaptive":
+            settings = ControllerSettings(window=options.window, **options.controller.model_dump())
+            self.controller = AdaptiveController(leaf_names(self.module), settings)
             policy = self.controller.policy
-        else:
-            policy = LayerPolicy.uniform(BfpFormat.parse(fmt))
-        self.compressor = ActivationCompressor(self.module, policy, ssdc_layers=ssdc, min_numel=min_numel)
+        elif options.activations == "bfp":
+            policy = LayerPolicy.uniform(BfpFormat.parse(options.format))
+        else:  # Gist alone: sparse ReLU->conv where smaller, every other saved tensor as it is
+            policy = LayerPolicy.uniform(None)
+        self.compressor = ActivationCompressor(
+            self.module, policy, ssdc_layers=ssdc, min_numel=options.min_numel
+        )
 
     @property
     def context(self) -> Callable[[], AbstractContextManager] | None:

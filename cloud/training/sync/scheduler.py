@@ -19,6 +19,11 @@ zeroed tail, so the sum is an all-gather; no message of its own, hence no extra 
 link) and is read at the start of the next backward, so a window's end does not drain the lanes
 (the next forward still overlaps the syncs in flight); the new policy applies from that backward on.
 
+A caller that accumulates an iteration's gradients itself over several backwards (a pipeline
+stage's microbatches) builds the scheduler with ``backward_hooks=False`` and calls ``hand_off``
+once per iteration, after its last backward: the syncs start then, as at the end of a single
+backward, and no hook starts one mid-iteration.
+
 Invariant: each parameter's gradient is summed across the group exactly once per iteration and
 stepped before the layer's next forward, so the trajectory is synchronous SGD whatever the policy
 (equal to DDP's to float rounding; tests/sync checks 1e-6).
@@ -58,6 +63,7 @@ class SyncScheduler:
         progress_path: str | Path | None = None,
         priority_group: dist.ProcessGroup | None = None,
         timeout_s: float = 120.0,
+        backward_hooks: bool = True,
     ) -> None:
         self.group = group
         self.world = dist.get_world_size(group)
@@ -66,6 +72,7 @@ class SyncScheduler:
         self.timeout_s = timeout_s
         self.progress_path = Path(progress_path) if progress_path else None
         self.sample_weight = 1.0 / self.world  # plain averaging; the balancer sets local/global
+        self.blocked_s = 0.0  # forward waits for syncs so far (not compute: a speed timer leaves it out)
 
         # Layers are the modules that own parameters, numbered in registration order, which is the
         # order a Sequential's forward uses them; the policy's "forward order" relies on that.
@@ -115,9 +122,10 @@ class SyncScheduler:
             for name, module in model.named_modules()
             if name in self.layers
         ]
-        self._handles += [
-            p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in model.parameters()
-        ]
+        if backward_hooks:
+            self._handles += [
+                p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in model.parameters()
+            ]
 
     # ------------------------------------------------------------------ public
 
@@ -137,6 +145,15 @@ class SyncScheduler:
     def set_sample_weight(self, weight: float) -> None:
         """Scale applied to local gradients before the sum (local samples / global batch)."""
         self.sample_weight = weight
+
+    def hand_off(self) -> None:
+        """The iteration's gradients are complete in ``.grad`` (``backward_hooks=False``): start
+        their syncs, as at the end of the iteration's one backward (last layer's gradients first)."""
+        self._start_backward()
+        for name in reversed(self.forward_order):
+            for param in self.layers[name]:
+                self._grad_ready(param)
+        self._on_backward_end()
 
     def finish(self) -> None:
         """Wait for every sync in flight and apply the pending steps (call before reading weights)."""
@@ -167,12 +184,18 @@ class SyncScheduler:
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         if not self._in_backward:
-            self._backward_started = time.monotonic()
-            self._close_forward(self._backward_started)  # the last layer's forward ran until now
-            self._apply_window()  # the last window's combined table decides this backward's policy
-            self._in_backward = True
-            self._launched, self._layer_ready = set(), {}
+            self._start_backward()
             torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+        self._grad_ready(param)
+
+    def _start_backward(self) -> None:
+        self._backward_started = time.monotonic()
+        self._close_forward(self._backward_started)  # the last layer's forward ran until now
+        self._apply_window()  # the last window's combined table decides this backward's policy
+        self._in_backward = True
+        self._launched, self._layer_ready = set(), {}
+
+    def _grad_ready(self, param: torch.Tensor) -> None:
         layer = self._layer_of[id(param)]
         self._layer_ready[layer] = self._layer_ready.get(layer, 0) + 1
         if not self._layer_complete(layer):
@@ -263,7 +286,9 @@ class SyncScheduler:
         started = time.monotonic()
         pending.wait(self.timeout_s)
         if record:
-            self._blocked[name] += time.monotonic() - started
+            waited = time.monotonic() - started
+            self._blocked[name] += waited
+            self.blocked_s += waited
         self._step(pending)
 
     def _step_synced(self) -> None:
