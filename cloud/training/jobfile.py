@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from torch import nn
 
+from cloud.training.options import DeviceChoice
 from cloud.training.schedules import SCHEDULE_NAMES
 
 
@@ -67,6 +68,7 @@ class TrainSection(_Section):
     threads: int = Field(default=1, ge=1)  # intra-op threads per rank (profiling uses the same)
     wire_codec: str = "fp32"
     comm_timeout_s: float = Field(default=120.0, gt=0)
+    device: DeviceChoice = "auto"  # cloud.training.device: CUDA + NCCL where present, else CPU + gloo
 
     @model_validator(mode="after")
     def _check(self) -> TrainSection:

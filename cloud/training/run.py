@@ -38,6 +38,7 @@ from torch import nn
 from cloud.training import checkpoint, comm
 from cloud.training.compression.stage import StageCompression
 from cloud.training.compression.wire_codec import register_wire_codecs
+from cloud.training.device import DeviceUnavailable, Placement, activate, placement_for
 from cloud.training.executor import StageExecutor
 from cloud.training.jobfile import DataSection, JobConfig, JobError, build_model, load_job
 from cloud.training.partition import Plan, StagePlan, even_plan, partition
@@ -212,13 +213,13 @@ def choose_plan(job: JobConfig, model: nn.Sequential, sample: torch.Tensor, worl
 
 
 def _gather_stats(values: list[float]) -> torch.Tensor:
-    mine = torch.tensor(values, dtype=torch.float64)
+    mine = torch.tensor(values, dtype=torch.float64, device=comm.wire_device())
     everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(everyone, mine)
-    return torch.stack(everyone)
+    return torch.stack(everyone).cpu()
 
 
-def train(job: JobConfig) -> int:
+def train(job: JobConfig, placement: Placement) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     t = job.train
     register_wire_codecs()  # every rank: a BFP payload names its codec in the message header
@@ -235,12 +236,14 @@ def train(job: JobConfig) -> int:
     micro = t.batch_size // t.microbatches
     sample_x, sample_y = stream.minibatch(0)
     check_loss_fits(model, loss_fn, data, sample_x[:micro], sample_y[:micro])
-    plan = choose_plan(job, model, sample_x[:micro], world)
+    model.to(placement.device)  # before the plan, so that rank 0 profiles where the stages will run
+    plan = choose_plan(job, model, sample_x[:micro].to(placement.device), world)
     schedule = build_schedule(
         schedule_name(t.schedule), plan.replicas, t.microbatches, vertical_sync=t.vertical_sync
     )
     topology = schedule.topology
     groups = [dist.new_group(topology.stage_ranks(s)) for s in range(topology.n_stages)]
+    channels = comm.Channels.create()
     stage, replica = topology.stage_replica_of(rank)
     span = plan.stages[stage]
     module = model[span.first : span.last + 1]  # keeps the global layer indices in state_dict keys
@@ -262,6 +265,8 @@ def train(job: JobConfig) -> int:
         replica_group=groups[stage],
         timeout_s=t.comm_timeout_s,
         activation_context=compression.context,
+        device=placement.device,
+        channels=channels,
     )
     identity = {
         "plan": [[s.first, s.last, s.replicas] for s in plan.stages],
@@ -289,7 +294,7 @@ def train(job: JobConfig) -> int:
     step = 0
     resume = checkpoint.latest_complete_step(job.checkpoint.dir, topology.n_stages)
     if resume is not None:
-        state = checkpoint.load_stage(job.checkpoint.dir, stage, resume)
+        state = checkpoint.load_stage(job.checkpoint.dir, stage, resume)  # on the CPU, whatever wrote it
         if state["identity"] != identity:
             raise JobFailed(EXIT_CHECKPOINT, f"checkpoint step {resume} is of {state['identity']}")
         module.load_state_dict(state["model"])
@@ -436,7 +441,7 @@ def evaluate(
     chunk = max(micro, 64)
     xs, ys = test_x.split(chunk), test_y.split(chunk)
     loss_sum, correct, count = executor.evaluate(xs, ys, len(xs), classify=classify)
-    totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64)
+    totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=comm.wire_device())
     dist.all_reduce(totals)
     loss = float(totals[0] / totals[2])
     accuracy = float(totals[1] / totals[2]) if classify else None  # a regression has no accuracy
@@ -454,13 +459,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[train] invalid job: {exc}", file=sys.stderr)
         return EXIT_BAD_JOB
     progress = ProgressLog(job.progress.file, rank == 0)
+    try:
+        placement = placement_for(job.train.device)
+    except DeviceUnavailable as exc:
+        progress.write("error", code=EXIT_BAD_JOB, message=str(exc))
+        print(f"[train] invalid job: {exc}", file=sys.stderr)
+        return EXIT_BAD_JOB
     torch.set_num_threads(job.train.threads)
+    activate(placement)
     if not dist.is_initialized():
         if "RANK" not in os.environ:  # plain `python -m`: a one-process job
             os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
-        dist.init_process_group("gloo", timeout=timedelta(seconds=job.train.comm_timeout_s))
+        dist.init_process_group(placement.backend, timeout=timedelta(seconds=job.train.comm_timeout_s))
+    print(f"[train] rank {rank}: {placement.describe()}", flush=True)
     try:
-        return train(job)
+        return train(job, placement)
     except (JobFailed, JobError) as exc:
         code = exc.code if isinstance(exc, JobFailed) else EXIT_BAD_JOB
         progress.write("error", code=code, message=str(exc))
