@@ -31,7 +31,9 @@ Sends are ``isend``: they never block the sender, which is what the schedule sim
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Protocol
@@ -131,14 +133,26 @@ class Channels:
     backward: Channel = Channel()
 
     @classmethod
-    def create(cls) -> Channels:
-        """Four groups of every rank; collective: every rank calls it, in the same order."""
-        world = list(range(dist.get_world_size()))
-        fwd, fwd_overflow, bwd, bwd_overflow = (dist.new_group(world) for _ in range(4))
-        return cls(Channel(fwd, fwd_overflow), Channel(bwd, bwd_overflow))
+    def create(cls, stages: Sequence[Sequence[int]]) -> Channels:
+        """Four groups of every rank, each opened between neighbouring stages' ranks (``stages``:
+        the ranks of each stage). Collective: every rank calls it, in the same order.
 
-    def of(self, kind: int) -> Channel:
-        return self.backward if kind == KIND_GRADIENT else self.forward
+        Opening: one byte from each rank to each rank of the next stage, pair by pair in one
+        global order. NCCL builds a pair's communicator at its first transfer and both ends wait
+        for it; left to the first step, stage 0 would wait on the gradient group while the last
+        stage waits on the activation group, each for the other."""
+        world = list(range(dist.get_world_size()))
+        groups = [dist.new_group(world) for _ in range(4)]
+        pairs = sorted((a, b) for first, then in itertools.pairwise(stages) for a in first for b in then)
+        rank, token = dist.get_rank(), torch.zeros(1, dtype=torch.uint8, device=wire_device())
+        for group in groups:
+            for a, b in pairs:
+                if rank == a:
+                    dist.send(token, b, group=group)
+                elif rank == b:
+                    dist.recv(token, a, group=group)
+        fwd, fwd_overflow, bwd, bwd_overflow = groups
+        return cls(Channel(fwd, fwd_overflow), Channel(bwd, bwd_overflow))
 
 
 DEFAULT_CHANNEL = Channel()

@@ -2,7 +2,8 @@
 
 Every rank loads the job and its data (scikit-learn's digits, or a tensor file with the loss the
 job names: cross-entropy, MSE, or reconstruction MSE with y = x), checks one forward of the model
-against the loss, builds the same model from the same seed, agrees on one plan (rank 0
+against the loss, builds the same model from the same seed on the rank's device (``[train] device``
+resolved by ``cloud.training.device``, which also picks NCCL or gloo), agrees on one plan (rank 0
 profiles and partitions, then broadcasts), builds its stage, resumes from the last complete
 checkpoint, and runs steps with ``StageExecutor``. Rank 0 appends JSON lines to the progress
 file: ``start`` (plan, dataset, loss, rows), ``resume``, ``step`` (loss, samples/s, per-stage
@@ -12,8 +13,9 @@ with held-out rows only), ``checkpoint`` (written only once every stage's file i
 ``done`` or ``error``.
 
 Exit codes (of each worker; torchrun itself exits 1 when any worker fails):
-0 done, 2 invalid job file (or a data file that does not fit it), 3 plan does not fit the world
-size, 4 training diverged (loss not finite), 5 checkpoint belongs to a different plan or schedule.
+0 done, 2 invalid job file (or a data file that does not fit it, or ``device = "cuda"`` without a
+GPU), 3 plan does not fit the world size, 4 training diverged (loss not finite), 5 checkpoint
+belongs to a different plan or schedule.
 
 Invariant: the data order depends only on (seed, step), so a resumed job trains on exactly the
 minibatches an uninterrupted one would have.
@@ -243,7 +245,7 @@ def train(job: JobConfig, placement: Placement) -> int:
     )
     topology = schedule.topology
     groups = [dist.new_group(topology.stage_ranks(s)) for s in range(topology.n_stages)]
-    channels = comm.Channels.create()
+    channels = comm.Channels.create([topology.stage_ranks(s) for s in range(topology.n_stages)])
     stage, replica = topology.stage_replica_of(rank)
     span = plan.stages[stage]
     module = model[span.first : span.last + 1]  # keeps the global layer indices in state_dict keys
