@@ -159,7 +159,9 @@ def _worker(rank: int, cfg: dict, port: int, queue: Any) -> None:
         timeout=timedelta(seconds=120),
     )
     try:
-        channels = comm.Channels.create([[0], [1]]) if placement.backend == "nccl" else comm.Channels()
+        channels = (
+            comm.Channels.create([[0], [1]]) if placement.backend == "nccl" else comm.Channels.default()
+        )
         measured: dict[str, float] = {}
         # Rounds interleave the systems and keep each one's best, so that a burst of load from other
         # processes on the cores does not land on one system only.

@@ -117,11 +117,14 @@ def wire_device() -> torch.device:
 
 @dataclass(frozen=True)
 class Channel:
-    """The process groups one sequence of messages travels on: the messages, and their overflows.
-    None: the default group (enough for gloo, which matches by tag; see the module docstring)."""
+    """The process groups one sequence of messages travels on (the messages, and their overflows;
+    None: the default group, enough for gloo, which matches by tag; see the module docstring), and
+    the device its buffers live on (``wire_device()``, looked up once: each send and receive would
+    pay for the lookup)."""
 
     group: dist.ProcessGroup | None = None
     overflow: dist.ProcessGroup | None = None
+    device: torch.device = torch.device("cpu")
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,12 @@ class Channels:
 
     forward: Channel = Channel()
     backward: Channel = Channel()
+
+    @classmethod
+    def default(cls) -> Channels:
+        """Both directions on the default group, on this rank's wire device (enough for gloo)."""
+        device = wire_device()
+        return cls(Channel(device=device), Channel(device=device))
 
     @classmethod
     def create(cls, stages: Sequence[Sequence[int]]) -> Channels:
@@ -144,7 +153,8 @@ class Channels:
         world = list(range(dist.get_world_size()))
         groups = [dist.new_group(world) for _ in range(4)]
         pairs = sorted((a, b) for first, then in itertools.pairwise(stages) for a in first for b in then)
-        rank, token = dist.get_rank(), torch.zeros(1, dtype=torch.uint8, device=wire_device())
+        device = wire_device()
+        rank, token = dist.get_rank(), torch.zeros(1, dtype=torch.uint8, device=device)
         for group in groups:
             for a, b in pairs:
                 if rank == a:
@@ -152,10 +162,10 @@ class Channels:
                 elif rank == b:
                     dist.recv(token, a, group=group)
         fwd, fwd_overflow, bwd, bwd_overflow = groups
-        return cls(Channel(fwd, fwd_overflow), Channel(bwd, bwd_overflow))
+        return cls(Channel(fwd, fwd_overflow, device), Channel(bwd, bwd_overflow, device))
 
 
-DEFAULT_CHANNEL = Channel()
+DEFAULT_CHANNEL = Channel()  # the default group, CPU buffers: what gloo needs
 
 
 class SlotSizes:
@@ -226,13 +236,14 @@ def send_tensor(
     sizes: SlotSizes | None = None,
     channel: Channel = DEFAULT_CHANNEL,
 ) -> None:
-    wire = wire_device()
+    wire = channel.device
     payload = codec.encode(tensor).to(wire)  # a no-op unless gloo carries a GPU rank's tensors
     n_bytes = payload.numel()
     capacity = sizes.capacity(dst, tag) if sizes is not None else 0
-    header = pack_header(codec, tensor, n_bytes).view(torch.uint8).to(wire)
-    padding = torch.zeros(max(0, capacity - n_bytes), dtype=torch.uint8, device=wire)  # see docstring
-    message = torch.cat([header, payload[:capacity], padding])
+    parts = [pack_header(codec, tensor, n_bytes).view(torch.uint8).to(wire), payload[:capacity]]
+    if n_bytes < capacity:  # padded to the receive (see the module docstring)
+        parts.append(torch.zeros(capacity - n_bytes, dtype=torch.uint8, device=wire))
+    message = torch.cat(parts)
     pending.works.append(_posted(dist.isend(message, dst, group=channel.group, tag=tag)))
     pending.buffers.append(message)
     if n_bytes > capacity:
@@ -255,7 +266,7 @@ class PendingRecv:
     ):
         self.src, self.tag, self.sizes, self.channel = src, tag, sizes, channel
         self.capacity = sizes.capacity(src, tag) if sizes is not None else 0
-        self.message = torch.empty(HEADER_BYTES + self.capacity, dtype=torch.uint8, device=wire_device())
+        self.message = torch.empty(HEADER_BYTES + self.capacity, dtype=torch.uint8, device=channel.device)
         self.work = _posted(dist.irecv(self.message, src, group=channel.group, tag=tag))
         self.overflow: tuple[torch.Tensor, dist.Work] | None = None  # its buffer and receive, if any
         self.meta: Header | None = None

@@ -122,7 +122,7 @@ class StageExecutor:
         self.params = dict(module.named_parameters())
         first_param = next(iter(self.params.values()), None)
         self.device = device or (first_param.device if first_param is not None else torch.device("cpu"))
-        self.channels = channels or comm.Channels()  # default groups: enough for gloo (see comm)
+        self.channels = channels or comm.Channels.default()  # enough for gloo (see comm)
         # the stage's layers when its backward splits (see the module docstring), else None
         self._split_layers = (
             module

@@ -30,7 +30,7 @@ def _exchange(rank: int, port: int, failures, own_groups: bool) -> None:
     )
     try:
         sizes, tag = comm.SlotSizes(), comm.message_tag(comm.KIND_ACTIVATION, 3)
-        channel = comm.Channels.create([[0], [1]]).forward if own_groups else comm.DEFAULT_CHANNEL
+        channel = (comm.Channels.create([[0], [1]]) if own_groups else comm.Channels.default()).forward
         for round_ in range(len(SHAPES)):
             if rank == 0:
                 sends = comm.PendingSends()
