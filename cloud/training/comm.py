@@ -109,8 +109,9 @@ def message_tag(kind: int, microbatch: int) -> int:
 
 def wire_device() -> torch.device:
     """Where this rank's messages and collective buffers must live: NCCL moves CUDA tensors only,
-    gloo's point-to-point transfers CPU tensors only."""
-    if dist.get_backend() == "nccl":
+    gloo's point-to-point transfers CPU tensors only (and a single stage without a process group
+    sends nothing)."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
