@@ -24,10 +24,15 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def parse_args(description: str, argv: list[str] | None = None) -> argparse.Namespace:
+def parser(description: str) -> argparse.ArgumentParser:
+    """The options every benchmark takes (``--quick``); a benchmark may add its own."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help="same cases at smaller sizes (< 1 minute)")
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(description: str, argv: list[str] | None = None) -> argparse.Namespace:
+    return parser(description).parse_args(argv)
 
 
 @dataclass

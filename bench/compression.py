@@ -19,8 +19,11 @@ is its own):
 The adaptive cases use the controller's default settings (window of 20 steps, tightening no
 further than m4: see cloud/training/compression/controller.py), as a job would.
 Torch runs with one thread: on the 2 shared cores, two OpenMP threads contend badly.
+``--device cuda`` (bench/gpu_check.sh) trains each case on the GPU (the parent never touches CUDA, so
+the forked children can): step_ms is then the host's CPU time, which says little; read the
+``_wall`` figures.
 
-    python -m bench.compression [--quick]   -> bench/results/compression.json
+    python -m bench.compression [--quick] [--device cpu|cuda]   -> bench/results/compression.json
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import statistics
 import time
 from pathlib import Path
 
-from bench._common import Results, parse_args
+from bench._common import Results, parser
 
 CASES = [
     "fp32",
@@ -123,7 +126,7 @@ def step_time(times: list[float], probe_steps: list[int], warmup: int, window: i
     return base + (statistics.median(probed) - base) / window if probed else base
 
 
-def run_case(task: str, case: str, quick: bool) -> dict:
+def run_case(task: str, case: str, quick: bool, device: str = "cpu") -> dict:
     import torch
 
     from cloud.training.compression import (
@@ -132,10 +135,10 @@ def run_case(task: str, case: str, quick: bool) -> dict:
         count_saved_bytes,
         train_compressed,
     )
-    from models.digits import accuracy, digits_cnn
+    from models.digits import DigitsSplit, accuracy, digits_cnn
     from models.scene import scene_cnn
 
-    split = _DATA[task]
+    split = DigitsSplit(*(t.to(device) for t in vars(_DATA[task]).values()))
     epochs, batch, lr, opt, seeds = SETTINGS[task, quick]
     make = digits_cnn if task == "digits" else scene_cnn
     accuracies, cpu, wall, decisions = [], [], [], 0
@@ -143,7 +146,7 @@ def run_case(task: str, case: str, quick: bool) -> dict:
     before = _rss_kb("VmRSS") if measured_rss else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     for seed in range(seeds):
         torch.manual_seed(seed)
-        model, compressor, controller = _setup(case, make())
+        model, compressor, controller = _setup(case, make().to(device))
         result = train_compressed(
             model,
             split,
@@ -203,7 +206,9 @@ def _load_data(quick: bool) -> None:
 
 
 def main() -> int:
-    args = parse_args(__doc__.splitlines()[0])
+    options = parser(__doc__.splitlines()[0])
+    options.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where every case trains")
+    args = options.parse_args()
     os.environ["OMP_NUM_THREADS"] = "1"
     started = time.perf_counter()
     import torch
@@ -217,7 +222,7 @@ def main() -> int:
     for task in ("digits", "scene"):
         for case in CASES:
             with context.Pool(1, maxtasksperchild=1) as pool:
-                row = pool.apply_async(run_case, (task, case, args.quick)).get(timeout=900)
+                row = pool.apply_async(run_case, (task, case, args.quick, args.device)).get(timeout=900)
             measured[task, case] = row
             print(f"{task}/{case}: {json.dumps(row)} ({time.perf_counter() - started:.0f}s)", flush=True)
             for metric in (
@@ -249,6 +254,7 @@ def main() -> int:
         "setting": "gist+adaptive",
         "note": f"unprefixed ratios are the {HEADLINE} CNN's; digits_* and scene_* are both reported",
     }
+    results.extra["device"] = args.device
     results.extra["accuracies_per_seed"] = {
         f"{task}/{case}": row["accuracies"] for (task, case), row in measured.items()
     }

@@ -26,6 +26,8 @@ Weight updates follow ``schedule.update``:
 Options: ``autocast`` is entered around the stage's own forward only (bf16): its output is cast
 back to fp32, so the loss, the tensors sent and the gradients stay fp32. ``record_answers`` (last
 stage, classification) keeps each microbatch's per-sample right/wrong in ``StepStats.answers``.
+Devices: the executor computes on ``device`` (default: where the module's parameters are); inputs,
+targets and received tensors are moved there, and messages travel as ``comm`` places them.
 
 Invariant: after ``run_step`` returns, no send or receive of the step is outstanding and no
 microbatch state (activations, stashed weights) is left over.
@@ -120,6 +122,8 @@ class StageExecutor:
         autocast: Callable[[], AbstractContextManager] | None = None,
         flush_gradients: Callable[[], None] | None = None,
         record_answers: bool = False,
+        device: torch.device | None = None,
+        channels: comm.Channels | None = None,
     ):
         self.module, self.topology, self.rank = module, topology, rank
         self.stage, self.replica = topology.stage_replica_of(rank)
@@ -128,6 +132,9 @@ class StageExecutor:
         self.codec = codec or comm.Fp32Codec()
         self.replica_group, self.timeout_s = replica_group, timeout_s
         self.params = dict(module.named_parameters())
+        first_param = next(iter(self.params.values()), None)
+        self.device = device or (first_param.device if first_param is not None else torch.device("cpu"))
+        self.channels = channels or comm.Channels.default()  # enough for gloo (see comm)
         # the stage's layers when its backward splits (see the module docstring), else None
         self._split_layers = (
             module
@@ -215,7 +222,7 @@ class StageExecutor:
     def _receive(self, step: _Step, action: Action) -> None:
         start = time.perf_counter()
         key = (action.kind, action.microbatch)
-        step.received[key] = step.recvs.pop(key).wait(self.timeout_s)
+        step.received[key] = step.recvs.pop(key).wait(self.timeout_s, self.device)
         step.stats.idle_s += time.perf_counter() - start
 
     def _send_activation(self, step: _Step, action: Action) -> None:
@@ -227,6 +234,7 @@ class StageExecutor:
             self.codec,
             step.sends,
             self.slot_sizes,
+            self.channels.forward,
         )
 
     def _send_input_gradient(self, step: _Step, action: Action) -> None:
@@ -238,13 +246,14 @@ class StageExecutor:
             self.codec,
             step.sends,
             self.slot_sizes,
+            self.channels.backward,
         )
 
     def _forward(self, step: _Step, action: Action) -> None:
         start = time.perf_counter()
         b = action.microbatch
         if self.is_first:
-            x = _given(step.inputs, b, "inputs")
+            x = _given(step.inputs, b, "inputs").to(self.device)
         else:
             x = step.received.pop(("RECV_F", b)).requires_grad_(True)
         version, params = self._forward_weights(step, b)
@@ -252,7 +261,7 @@ class StageExecutor:
             with self.autocast():
                 tape, out = self._stage_forward(x, params)
             out = out.float()  # a no-op unless autocast ran the forward in lower precision
-            target = _given(step.targets, b, "targets") if self.is_last else None
+            target = _given(step.targets, b, "targets").to(self.device) if self.is_last else None
             loss = self.loss_fn(out, target) if target is not None else None
         if target is not None and loss is not None:  # the last stage: backward starts from the scaled loss
             step.stats.loss_sum += float(loss.detach())
@@ -352,12 +361,12 @@ class StageExecutor:
             if action.kind == "RECV_F":
                 src = self.topology.rank_for(self.stage - 1, b)
                 recvs[(action.kind, b)] = comm.PendingRecv(
-                    src, comm.message_tag(comm.KIND_ACTIVATION, b), self.slot_sizes
+                    src, comm.message_tag(comm.KIND_ACTIVATION, b), self.slot_sizes, self.channels.forward
                 )
             elif action.kind == "RECV_B":
                 src = self.topology.rank_for(self.stage + 1, b)
                 recvs[(action.kind, b)] = comm.PendingRecv(
-                    src, comm.message_tag(comm.KIND_GRADIENT, b), self.slot_sizes
+                    src, comm.message_tag(comm.KIND_GRADIENT, b), self.slot_sizes, self.channels.backward
                 )
         return recvs
 
@@ -411,19 +420,23 @@ class StageExecutor:
                     continue
                 tag = comm.message_tag(comm.KIND_EVAL, c)
                 if self.is_first:
-                    x = _given(chunks, c, "chunks")
+                    x = _given(chunks, c, "chunks").to(self.device)
                 else:
-                    x = comm.PendingRecv(self.topology.rank_for(self.stage - 1, c), tag).wait(self.timeout_s)
+                    src = self.topology.rank_for(self.stage - 1, c)
+                    x = comm.PendingRecv(src, tag, channel=self.channels.forward).wait(
+                        self.timeout_s, self.device
+                    )
                 with self.autocast():
                     out = self.module(x).float()
                 if self.is_last:
-                    target = _given(targets, c, "targets")
+                    target = _given(targets, c, "targets").to(self.device)
                     loss_sum += float(self.loss_fn(out, target)) * len(target)
                     if classify:
                         correct += int((out.argmax(dim=1) == target).sum())
                     count += len(target)
                 else:
-                    comm.send_tensor(out, self.topology.rank_for(self.stage + 1, c), tag, self.codec, sends)
+                    dst = self.topology.rank_for(self.stage + 1, c)
+                    comm.send_tensor(out, dst, tag, self.codec, sends, channel=self.channels.forward)
             sends.wait_all(self.timeout_s)
         finally:
             self.module.train()

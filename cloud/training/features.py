@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from cloud.training import comm
 from cloud.training.compression.stage import StageCompression
 from cloud.training.data.stream import MinibatchStream
 from cloud.training.data.toggle_stream import ToggleStream
@@ -31,6 +32,20 @@ from cloud.training.sync.stage import StageBalance, StageSync, replicated_stages
 def compression_name(c: CompressionOptions) -> str:
     parts = ([c.activations] if c.activations != "none" else []) + (["gist"] if c.gist else [])
     return "+".join(parts) or "off"
+
+
+def _refuse_cpu_only_features_on_nccl(job: JobConfig) -> None:
+    """The sync scheduler, the balancer and the toggle tracker run their collectives on CPU tensors,
+    which NCCL cannot carry; until they move to the wire device, such a job runs on CPU (gloo)."""
+    if comm.wire_device().type != "cuda":
+        return
+    enabled = {"sync": job.sync.enabled, "balance": job.balance.enabled, "toggle": job.toggle.enabled}
+    for name, on in enabled.items():
+        if on:
+            raise JobError(
+                f"{name}.enabled: not yet on CUDA/NCCL (its collectives use CPU tensors); "
+                'set train.device = "cpu" for this job'
+            )
 
 
 def autocast_for(precision: Precision, device_type: str) -> Callable[[], AbstractContextManager] | None:
@@ -60,6 +75,7 @@ class StageFeatures:
     ) -> None:
         t = job.train
         self.job, self.stream = job, stream
+        _refuse_cpu_only_features_on_nccl(job)
         # Gist may replace the module by a GraphModule sharing its parameters: checkpoints keep `module`.
         self.compression = StageCompression(module, job.compression)
         self.device_type = next(module.parameters(), torch.empty(0)).device.type

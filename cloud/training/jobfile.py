@@ -77,8 +77,8 @@ class TrainSection(_Section):
     threads: int = Field(default=1, ge=1)  # intra-op threads per rank (profiling uses the same)
     wire_codec: str = "fp32"
     precision: Precision = "fp32"  # bf16: autocast on each stage's forward; loss and optimizer fp32
-    device: DeviceChoice = "auto"
     comm_timeout_s: float = Field(default=120.0, gt=0)
+    device: DeviceChoice = "auto"  # cloud.training.device: CUDA + NCCL where present, else CPU + gloo
 
     @model_validator(mode="after")
     def _check(self) -> TrainSection:

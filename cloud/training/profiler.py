@@ -2,7 +2,8 @@
 bytes, measured with the intra-op thread count the job will run with; cached in a JSON file.
 
 Invariant: a cached profile is reused only for the same model signature (the layers' text form
-and parameter shapes), the same input shape (batch size included) and the same thread count; the
+and parameter shapes), the same input shape (batch size included), the same thread count and the
+same kind of device (a GPU's times are measured after waiting for its queued work); the
 cache file is replaced atomically, so a reader sees the old or the new file, never a torn one.
 """
 
@@ -20,24 +21,34 @@ from cloud.training.partition import LayerCost
 from runtime.files import atomic_write
 
 
-def model_signature(model: nn.Sequential, input_shape: tuple[int, ...], threads: int) -> str:
+def model_signature(
+    model: nn.Sequential, input_shape: tuple[int, ...], threads: int, device: str = "cpu"
+) -> str:
     text = repr(model) + repr([tuple(p.shape) for p in model.parameters()])
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    return f"{digest}|input={list(input_shape)}|threads={threads}"
+    on = "" if device == "cpu" else f"|device={device}"  # CPU keys as before: existing caches stay valid
+    return f"{digest}|input={list(input_shape)}|threads={threads}{on}"
+
+
+def _now(x: torch.Tensor) -> float:
+    """The time once ``x``'s device has done its queued work (a GPU runs kernels asynchronously)."""
+    if x.device.type == "cuda":
+        torch.cuda.synchronize(x.device)
+    return time.perf_counter()
 
 
 def _time_layer(layer: nn.Module, x: torch.Tensor, repeats: int) -> tuple[float, float, torch.Tensor]:
     forward, backward, out = [], [], x
     for _ in range(repeats + 1):  # the first round warms caches and allocator; not counted
         inp = x.detach().requires_grad_(x.is_floating_point())
-        start = time.perf_counter()
+        start = _now(inp)
         out = layer(inp)
-        middle = time.perf_counter()
+        middle = _now(inp)
         params = [p for p in layer.parameters() if p.requires_grad]
         inputs = ([inp] if inp.requires_grad else []) + params
         if inputs and out.requires_grad:
             torch.autograd.grad(out, inputs, torch.ones_like(out))
-        end = time.perf_counter()
+        end = _now(inp)
         forward.append(middle - start)
         backward.append(end - middle)
     # The fastest round, not the median: on shared cores the slow rounds measure other processes.
@@ -66,7 +77,7 @@ def cached_profile(
 ) -> list[LayerCost]:
     """``profile_layers`` through a JSON cache keyed by ``model_signature``."""
     path = Path(cache_path)
-    key = model_signature(model, tuple(sample.shape), threads)
+    key = model_signature(model, tuple(sample.shape), threads, sample.device.type)
     try:
         cache = json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):

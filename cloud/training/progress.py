@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from cloud.training import comm
 from cloud.training.compression.stage import StageCompression
 from cloud.training.data.stream import MinibatchStream
 from cloud.training.executor import StepStats
@@ -70,10 +71,10 @@ class ProgressWindow:
         stream: MinibatchStream,
     ) -> float:
         """Every rank: gather the window, write the ``step`` line (rank 0); returns the loss."""
-        mine = torch.tensor(self.sums, dtype=torch.float64)
+        mine = torch.tensor(self.sums, dtype=torch.float64, device=comm.wire_device())
         gathered = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(gathered, mine)
-        table = torch.stack(gathered)
+        table = torch.stack(gathered).cpu()
         loss = float(table[:, 2].sum() / table[:, 3].sum())
         if not math.isfinite(loss):  # the caller stops the job; nothing more to gather
             return loss

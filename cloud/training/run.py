@@ -2,7 +2,8 @@
 
 Every rank loads the job and its data (scikit-learn's digits, or a tensor file with the loss the
 job names: cross-entropy, MSE, or reconstruction MSE with y = x), checks one forward of the model
-against the loss, builds the same model from the same seed, agrees on one plan (rank 0
+against the loss, builds the same model from the same seed on the rank's device (``[train] device``
+resolved by ``cloud.training.device``, which also picks NCCL or gloo), agrees on one plan (rank 0
 profiles and partitions, then broadcasts), builds its stage, resumes from the last complete
 checkpoint, and runs steps with ``StageExecutor``; the job's optional features (compression,
 bf16, sync, balance, toggle) are set up by ``features.StageFeatures``. Rank 0 appends JSON lines
@@ -14,8 +15,9 @@ busy/idle seconds, and one sub-object per feature that runs: ``compression``, ``
 ``done`` or ``error``.
 
 Exit codes (of each worker; torchrun itself exits 1 when any worker fails):
-0 done, 2 invalid job file (or a data file that does not fit it), 3 plan does not fit the world
-size, 4 training diverged (loss not finite), 5 checkpoint belongs to a different plan or schedule.
+0 done, 2 invalid job file (or a data file that does not fit it, or ``device = "cuda"`` without a
+GPU), 3 plan does not fit the world size, 4 training diverged (loss not finite), 5 checkpoint
+belongs to a different plan or schedule.
 
 Invariant: the data order depends only on (seed, step), so a resumed job trains on exactly the
 minibatches an uninterrupted one would have. With ``[toggle]`` it also depends on the answers
@@ -38,6 +40,7 @@ from torch import nn
 from cloud.training import checkpoint, comm
 from cloud.training.compression.wire_codec import register_wire_codecs
 from cloud.training.data.stream import MinibatchStream, check_loss_fits, load_stream, loss_function
+from cloud.training.device import DeviceUnavailable, Placement, activate, placement_for
 from cloud.training.executor import StageExecutor
 from cloud.training.features import StageFeatures, toggle_stream
 from cloud.training.jobfile import JobConfig, JobError, build_model, load_job
@@ -92,7 +95,7 @@ def choose_plan(job: JobConfig, model: nn.Sequential, sample: torch.Tensor, worl
     return plan
 
 
-def train(job: JobConfig) -> int:
+def train(job: JobConfig, placement: Placement) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     t = job.train
     register_wire_codecs()  # every rank: a BFP payload names its codec in the message header
@@ -106,12 +109,14 @@ def train(job: JobConfig) -> int:
     micro = t.batch_size // t.microbatches
     sample_x, sample_y = stream.minibatch(0)
     check_loss_fits(model, loss_fn, data, sample_x[:micro], sample_y[:micro])
-    plan = choose_plan(job, model, sample_x[:micro], world)
+    model.to(placement.device)  # before the plan, so that rank 0 profiles where the stages will run
+    plan = choose_plan(job, model, sample_x[:micro].to(placement.device), world)
     schedule = build_schedule(
         schedule_name(t.schedule), plan.replicas, t.microbatches, vertical_sync=t.vertical_sync
     )
     topology = schedule.topology
     groups = [dist.new_group(topology.stage_ranks(s)) for s in range(topology.n_stages)]
+    channels = comm.Channels.create([topology.stage_ranks(s) for s in range(topology.n_stages)])
     stage, _ = topology.stage_replica_of(rank)
     span = plan.stages[stage]
     module = model[span.first : span.last + 1]  # keeps the global layer indices in state_dict keys
@@ -133,6 +138,8 @@ def train(job: JobConfig) -> int:
             autocast=features.autocast,
             flush_gradients=features.hand_off,
             record_answers=features.toggle is not None,
+            device=placement.device,
+            channels=channels,
         )
         stage_checkpoint = StageCheckpoint(job, plan, topology, module, optimizer, features)
         total = stream.total_steps(t.epochs)
@@ -291,7 +298,7 @@ def evaluate(
     chunk = max(micro, 64)
     xs, ys = test_x.split(chunk), test_y.split(chunk)
     loss_sum, correct, count = executor.evaluate(xs, ys, len(xs), classify=classify)
-    totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64)
+    totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=comm.wire_device())
     dist.all_reduce(totals)
     loss = float(totals[0] / totals[2])
     accuracy = float(totals[1] / totals[2]) if classify else None  # a regression has no accuracy
@@ -309,13 +316,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[train] invalid job: {exc}", file=sys.stderr)
         return EXIT_BAD_JOB
     progress = ProgressLog(job.progress.file, rank == 0)
+    try:
+        placement = placement_for(job.train.device)
+    except DeviceUnavailable as exc:
+        progress.write("error", code=EXIT_BAD_JOB, message=str(exc))
+        print(f"[train] invalid job: {exc}", file=sys.stderr)
+        return EXIT_BAD_JOB
     torch.set_num_threads(job.train.threads)
+    activate(placement)
     if not dist.is_initialized():
         if "RANK" not in os.environ:  # plain `python -m`: a one-process job
             os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
-        dist.init_process_group("gloo", timeout=timedelta(seconds=job.train.comm_timeout_s))
+        dist.init_process_group(placement.backend, timeout=timedelta(seconds=job.train.comm_timeout_s))
+    print(f"[train] rank {rank}: {placement.describe()}", flush=True)
     try:
-        return train(job)
+        return train(job, placement)
     except (JobFailed, JobError) as exc:
         code = exc.code if isinstance(exc, JobFailed) else EXIT_BAD_JOB
         progress.write("error", code=code, message=str(exc))

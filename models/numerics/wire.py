@@ -10,6 +10,10 @@ checked, and a short or long buffer is rejected with ``WireFormatError``.
 Over torch.distributed the receiver must know the length first: send
 ``torch.tensor([t.numel()])`` (int64) and then the uint8 tensor from ``pack_for_wire``.
 
+Devices: the wire tensor lives where the packed storage lives (a GPU's packed tensor stays on the
+GPU, so NCCL can send it); unpacking reads only the header on the host (its fields decide the
+section sizes) and leaves the sections on the wire tensor's device.
+
 Invariant: ``unpack_from_wire(pack_for_wire(p))`` and ``from_bytes(to_bytes(p))`` decode to the
 same tensor as ``p``, bit for bit.
 """
@@ -46,14 +50,15 @@ def _header(packed: Packed) -> bytes:
 
 
 def pack_for_wire(packed: Packed) -> torch.Tensor:
-    """One contiguous uint8 CPU tensor: header followed by the payload sections."""
-    header = torch.frombuffer(bytearray(_header(packed)), dtype=torch.uint8)
+    """One contiguous uint8 tensor on the mantissas' device: header followed by the payload sections."""
+    device = packed.mantissas.device
+    header = torch.frombuffer(bytearray(_header(packed)), dtype=torch.uint8).to(device)
     parts = [
         header,
-        packed.mantissas.cpu(),
-        packed.exponents.cpu(),
-        packed.side_index.cpu().contiguous().view(torch.uint8),
-        packed.side_value.cpu().contiguous().view(torch.uint8),
+        packed.mantissas,
+        packed.exponents.to(device),
+        packed.side_index.to(device).contiguous().view(torch.uint8),
+        packed.side_value.to(device).contiguous().view(torch.uint8),
     ]
     return torch.cat(parts)
 
@@ -61,10 +66,9 @@ def pack_for_wire(packed: Packed) -> torch.Tensor:
 def unpack_from_wire(wire: torch.Tensor) -> Packed:
     if wire.dtype != torch.uint8 or wire.dim() != 1:
         raise WireFormatError(f"expected a 1-D uint8 tensor, got {wire.dtype} with {wire.dim()} dims")
-    wire = wire.cpu()
     if wire.numel() < _FIXED.size:
         raise WireFormatError(f"{wire.numel()} bytes is shorter than the {_FIXED.size}-byte header")
-    magic, version, dtype_code, ndim, fmt_len, n_side = _FIXED.unpack(wire[: _FIXED.size].numpy().tobytes())
+    magic, version, dtype_code, ndim, fmt_len, n_side = _FIXED.unpack(_host_bytes(wire[: _FIXED.size]))
     if magic != MAGIC or version != VERSION:
         raise WireFormatError(f"bad magic/version {magic!r}/{version}")
     if dtype_code not in _DTYPE_BY_CODE:
@@ -74,9 +78,10 @@ def unpack_from_wire(wire: torch.Tensor) -> Packed:
     header_end = offset + 8 * ndim + fmt_len
     if wire.numel() < header_end:
         raise WireFormatError("truncated header")
-    shape = struct.unpack(f"<{ndim}Q", wire[offset : offset + 8 * ndim].numpy().tobytes())
+    variable = _host_bytes(wire[offset:header_end])  # shape and format text: one more copy to the host
+    shape = struct.unpack(f"<{ndim}Q", variable[: 8 * ndim])
     try:
-        fmt = BfpFormat.parse(wire[offset + 8 * ndim : header_end].numpy().tobytes().decode())
+        fmt = BfpFormat.parse(variable[8 * ndim :].decode())
     except (UnicodeDecodeError, ValueError) as err:
         raise WireFormatError(f"bad format text: {err}") from err
     numel = math.prod(shape)
@@ -104,8 +109,12 @@ def unpack_from_wire(wire: torch.Tensor) -> Packed:
     )
 
 
+def _host_bytes(part: torch.Tensor) -> bytes:
+    return part.cpu().numpy().tobytes()
+
+
 def to_bytes(packed: Packed) -> bytes:
-    return pack_for_wire(packed).numpy().tobytes()
+    return _host_bytes(pack_for_wire(packed))
 
 
 def from_bytes(data: bytes) -> Packed:

@@ -1,10 +1,12 @@
 """The stage transport over a real gloo process group (2 processes): eager payload receives whose
-capacity is learned per slot, with messages that shrink, grow past it, and change codec shape."""
+capacity is learned per slot, with messages that shrink (padded to the receive), grow past it, and
+change codec shape; on the default group and on the per-direction groups of ``comm.Channels``."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -22,19 +24,20 @@ def _tensor(round_: int) -> torch.Tensor:
     return torch.randn(SHAPES[round_], generator=generator)
 
 
-def _exchange(rank: int, port: int, failures) -> None:
+def _exchange(rank: int, port: int, failures, own_groups: bool) -> None:
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
     )
     try:
         sizes, tag = comm.SlotSizes(), comm.message_tag(comm.KIND_ACTIVATION, 3)
+        channel = (comm.Channels.create([[0], [1]]) if own_groups else comm.Channels.default()).forward
         for round_ in range(len(SHAPES)):
             if rank == 0:
                 sends = comm.PendingSends()
-                comm.send_tensor(_tensor(round_), 1, tag, comm.Fp32Codec(), sends, sizes)
+                comm.send_tensor(_tensor(round_), 1, tag, comm.Fp32Codec(), sends, sizes, channel)
                 sends.wait_all(30)
             else:
-                pending = comm.PendingRecv(0, tag, sizes)
+                pending = comm.PendingRecv(0, tag, sizes, channel)
                 expected_capacity = 0 if round_ == 0 else _tensor(round_ - 1).numel() * 4
                 if pending.capacity != expected_capacity:
                     failures.put(f"round {round_}: capacity {pending.capacity} != {expected_capacity}")
@@ -46,11 +49,12 @@ def _exchange(rank: int, port: int, failures) -> None:
         dist.destroy_process_group()
 
 
-def test_eager_payloads_survive_shrinking_and_growing_messages():
+@pytest.mark.parametrize("own_groups", [False, True], ids=["default-group", "channels"])
+def test_eager_payloads_survive_shrinking_and_growing_messages(own_groups):
     port = free_port()
     context = mp.get_context("spawn")
     failures = context.SimpleQueue()
-    mp.start_processes(_exchange, args=(port, failures), nprocs=2, start_method="spawn")
+    mp.start_processes(_exchange, args=(port, failures, own_groups), nprocs=2, start_method="spawn")
     problems = []
     while not failures.empty():
         problems.append(failures.get())

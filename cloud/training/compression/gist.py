@@ -80,12 +80,13 @@ def binarizable(pool: nn.MaxPool2d) -> bool:
 
 @functools.lru_cache(maxsize=64)
 def _window_tables(
-    h: int, w: int, kernel: tuple[int, int]
+    h: int, w: int, kernel: tuple[int, int], device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For disjoint kh x kw windows over an h x w plane: the flat index of each window's corner
     (out_h, out_w), the in-window position of each offset from the corner (uint8, indexed by
     ``index - corner``), and the inverse: the offset from the corner of each window code (int64,
-    indexed by code; a blocked code maps to the offset of its position, never used)."""
+    indexed by code; a blocked code maps to the offset of its position, never used). Cached per
+    device, so that a GPU's backward does not copy them over every step."""
     kh, kw = kernel
     out_h, out_w = h // kh, w // kw
     corner = torch.arange(out_h).view(-1, 1) * kh * w + torch.arange(out_w).view(1, -1) * kw
@@ -96,7 +97,7 @@ def _window_tables(
     by_code = torch.zeros(2 * blocked, dtype=torch.int64)
     by_code[: kh * kw] = offsets
     by_code[blocked : blocked + kh * kw] = offsets
-    return corner, position, by_code
+    return corner.to(device), position.to(device), by_code.to(device)
 
 
 class _ReluMaxPoolBinarized(torch.autograd.Function):
@@ -114,7 +115,7 @@ class _ReluMaxPoolBinarized(torch.autograd.Function):
         pooled, code = _max_and_position(x, kernel)
         if code is None:  # a NaN maximum: PyTorch's own kernel, whose NaN argmax rule we keep
             pooled, indices = F.max_pool2d(torch.relu(x), kernel, kernel, return_indices=True)
-            corner, position, _ = _window_tables(x.shape[2], x.shape[3], kernel)
+            corner, position, _ = _window_tables(x.shape[2], x.shape[3], kernel, x.device)
             # Position of the argmax inside its window: a table lookup on (index - window corner).
             code = position.index_select(0, indices.sub_(corner).view(-1))
         else:
@@ -130,12 +131,11 @@ class _ReluMaxPoolBinarized(torch.autograd.Function):
     def backward(ctx, grad_pooled: torch.Tensor) -> tuple[torch.Tensor, None]:
         (packed,) = ctx.saved_tensors
         shape, pooled_shape, kernel = ctx.meta
-        corner, _, offsets = _window_tables(shape[2], shape[3], kernel)
+        corner, _, offsets = _window_tables(shape[2], shape[3], kernel, grad_pooled.device)
         code = unpack_bits(packed, _code_width(kernel), math.prod(pooled_shape))
-        device = grad_pooled.device
         # offsets has an entry for every code: blocked codes map to their window's corner.
-        indices = offsets.to(device).index_select(0, code.to(torch.int32)).view(pooled_shape)
-        indices.add_(corner.to(device))
+        indices = offsets.index_select(0, code.to(torch.int32)).view(pooled_shape)
+        indices.add_(corner)
         # A blocked window sends +0.0, what threshold_backward gives; the pool's backward adds the
         # rest into zeros (0 + g), so this is the very arithmetic of the unfused pair: bit-identical.
         # Multiplying by 1.0 / 0.0 gives g / +-0.0, and +0.0 + -0.0 is +0.0: the same bits as a
