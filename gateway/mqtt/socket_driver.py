@@ -24,6 +24,7 @@ from typing import Any
 
 import paho.mqtt.client as paho
 
+from gateway.mqtt.batched_client import BatchedClient
 from runtime.tasks import cancel_and_wait
 
 MISC_INTERVAL_S = 1.0
@@ -32,7 +33,7 @@ MISC_INTERVAL_S = 1.0
 class SocketDriver:
     """Drives one paho client's socket from the running loop; ``start`` on the loop, ``stop`` at the end."""
 
-    def __init__(self, client: paho.Client) -> None:
+    def __init__(self, client: BatchedClient) -> None:
         self._client = client
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
@@ -72,17 +73,25 @@ class SocketDriver:
             return
         if on and self.reading_paused:
             self._loop.add_reader(self._sock, self._readable)
-            if isinstance(self._sock, ssl.SSLSocket) and self._sock.pending() > 0:
+            if self._unseen_bytes():
                 self._loop.call_soon(self._readable)
         elif not on and not self.reading_paused:
             self._loop.remove_reader(self._sock)
         self.reading_paused = not on
 
     def _readable(self) -> None:
+        """Read every packet there is now: one ``recv`` brings many, and each ``loop_read`` hands paho
+        one; stop when the owner pauses reading."""
         self._client.loop_read()
-        # TLS can hold decrypted bytes the selector cannot see; drain them now.
-        while not self.reading_paused and isinstance(self._sock, ssl.SSLSocket) and self._sock.pending() > 0:
+        while not self.reading_paused and self._unseen_bytes():
             self._client.loop_read()
+
+    def _unseen_bytes(self) -> bool:
+        """Bytes already off the socket that the selector cannot see: the client's read-ahead
+        (batched_client.py), or TLS's decrypted bytes."""
+        if self._client.buffered_bytes:
+            return True
+        return isinstance(self._sock, ssl.SSLSocket) and self._sock.pending() > 0
 
     # --- paho's socket callbacks (on the loop thread, except open/write during connect) ---------
 

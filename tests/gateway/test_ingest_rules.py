@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from gateway.ingest.sensors import judge_message
+from gateway.ingest.judge import judge_message
 from gateway.ratelimit import RateLimitedLog
 from protocol.config import parse_gateway_config
 from protocol.errors import ProtocolError
