@@ -89,7 +89,9 @@ def publish(host: str, port: int, gateway_id: str, devices: int, count: int, win
     ]
     sock = socket.create_connection((host, port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    connect = _string("MQTT") + bytes([4, 0x02]) + struct.pack("!H", 60) + _string(f"bench-pub-{port}-{count}")
+    connect = (
+        _string("MQTT") + bytes([4, 0x02]) + struct.pack("!H", 60) + _string(f"bench-pub-{port}-{count}")
+    )
     sock.sendall(_packet(0x10, connect))
     if _recv_exactly(sock, 4)[3] != 0:
         raise ConnectionError("CONNACK refused")
@@ -126,7 +128,9 @@ def subscribe(host: str, port: int, gateway_id: str, count: int, client_id: str)
     client.max_inflight_messages_set(1000)
     received = 0
 
-    def on_connect(client: paho.Client, userdata: object, flags: object, reason: object, props: object) -> None:
+    def on_connect(
+        client: paho.Client, userdata: object, flags: object, reason: object, props: object
+    ) -> None:
         client.subscribe(f"edgefed/{gateway_id}/devices/#", options=SubscribeOptions(qos=1))
 
     def on_subscribe(client: paho.Client, userdata: object, mid: int, reasons: object, props: object) -> None:

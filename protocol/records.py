@@ -51,7 +51,7 @@ def telemetry_record(device: str, received_ts: float, body_json: bytes) -> bytes
     if type(body) is not dict:
         raise ProtocolError("invalid_record", "body: a telemetry payload must be a JSON object")
     record = {"v": 1, "kind": "telemetry", "device": device, "received_ts": float(received_ts), "body": body}
-    return pydantic_core.to_json(record)
+    return pydantic_core.to_json(record, inf_nan_mode="null")  # as a model dumps them
 
 
 def event_record(device: str, received_ts: float, body: dict[str, Any]) -> bytes:

@@ -134,6 +134,7 @@ class SensorIngest:
             await self._run_windows(self.windows.follow)  # a new plan: switch before this input
             if batch:
                 await self._take(batch)
+                await asyncio.sleep(0)  # the flusher, the reader and the rest get a turn between batches
             if self._clock() - self._last_tick >= WINDOW_TICK_S:
                 self._last_tick = self._clock()
                 await self._run_windows(self.windows.tick)
