@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.mqtt.adapter import MqttAdapter, MqttSettings
+from gateway.mqtt.adapter import InboundMessage, MqttAdapter, MqttSettings
 from tests.harness.mqtt import publish
 from tests.harness.poll import eventually
 
@@ -83,7 +83,7 @@ async def test_batches_come_in_arrival_order_and_their_acks_in_one_write_reach_t
     try:
         await until_subscribed(adapter)
         await asyncio.to_thread(publish, mosquitto.port, [("t/b", p) for p in payloads])
-        taken = []
+        taken: list[InboundMessage] = []
         while len(taken) < len(payloads):
             batch = await adapter.receive_batch(10, 256)
             assert batch, f"only {len(taken)} of {len(payloads)} messages arrived"
