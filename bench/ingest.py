@@ -197,6 +197,8 @@ def main() -> None:
         median(r.cpu_s_per_msg for r in gatewayd_runs),
         median(r.cpu_s_per_msg for r in paho_runs),
     )
+    results.extra["targets"] = {"vs_bare_paho": ">= 0.7", "cpu_per_msg_vs_paho": "<= 1.6"}
+    results.extra["gatewayd_peak_rss_mib"] = max(run.peak_rss_mib for run in gatewayd_runs)
     results.write()
 
 
