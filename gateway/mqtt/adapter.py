@@ -348,18 +348,11 @@ class MqttAdapter:
 
     def ack(self, message: InboundMessage) -> bool:
         """Acknowledge ``message`` (call in arrival order). False if it belongs to an old connection."""
-        if message.qos == 0:
-            return True
-        if message.connection != self._state.number or not self._state.connected:
-            self.counters.acks_skipped_stale += 1
-            return False
-        self._client.ack(message.mid, message.qos)
-        self.counters.acks_sent += 1
-        return True
+        return self.ack_many([message]) == 1
 
     def ack_many(self, messages: list[InboundMessage]) -> int:
-        """``ack`` each of ``messages`` (in arrival order), their PUBACKs in one write; returns how
-        many were acked (QoS 0 counts: it needs none), the rest belonging to an old connection."""
+        """Acknowledge ``messages`` (in arrival order), their PUBACKs in one write; returns how many
+        were acked (QoS 0 counts: it needs none), the rest belonging to an old connection."""
         current = self._state.number if self._state.connected else None
         mids: list[int] = []  # QoS 1 PUBACKs not yet queued
         stale = 0
