@@ -7,7 +7,8 @@ Benchmarks are modules of the ``bench`` package, run from the repository root as
 Invariant: every figure printed is also in bench/results/<name>.json, and every ratio there is
 ours over a baseline measured in the same run (higher is better), except the figures an issue named
 among them that are rates or times, which the benchmark's docstring lists with their targets
-(``bench.placement_live``: ``replans_per_min_steady``, ``flap_detect_s``; lower is better). The file's form:
+(``bench.placement_live``: ``replans_per_min_steady``, ``flap_detect_s``; ``bench.ingest``:
+``cpu_per_msg_vs_paho``, a cost over the baseline's; lower is better). The file's form:
 ``{"bench", "quick", "python", "torch", "cpus", "rows": [{"case", "system", "metric", "value"}],
 "ratios": {name: value}}``, then any ``extra`` keys a benchmark adds.
 """

@@ -10,14 +10,14 @@ body without parsing them again. ``kind`` says what ``body`` holds:
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
+import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from protocol.errors import ProtocolError
 from protocol.telemetry import describe_validation_error
-from protocol.topics import ID_PATTERN
+from protocol.topics import ID_PATTERN, check_id
 
 RecordKind = Literal["telemetry", "event", "update"]
 
@@ -44,9 +44,14 @@ def decode_record(data: bytes) -> Record:
 
 
 def telemetry_record(device: str, received_ts: float, body_json: bytes) -> bytes:
-    """Encode a telemetry record around the device's (already validated) JSON payload."""
-    body = json.loads(body_json)
-    return encode_record(Record(kind="telemetry", device=device, received_ts=received_ts, body=body))
+    """Encode a telemetry record around the device's (already validated) JSON payload: the bytes
+    ``encode_record`` gives for that Record, made without building one (this runs per message)."""
+    check_id("device", device)
+    body = pydantic_core.from_json(body_json)
+    if type(body) is not dict:
+        raise ProtocolError("invalid_record", "body: a telemetry payload must be a JSON object")
+    record = {"v": 1, "kind": "telemetry", "device": device, "received_ts": float(received_ts), "body": body}
+    return pydantic_core.to_json(record, inf_nan_mode="null")  # as a model dumps them
 
 
 def event_record(device: str, received_ts: float, body: dict[str, Any]) -> bytes:

@@ -1,2 +1,3 @@
-"""Sensor telemetry in: MQTT messages judged, logged and acknowledged once durable (sensors.py), and
-redeliveries recognised (recent_samples.py). Cameras are gateway/camera/."""
+"""Sensor telemetry in: MQTT messages judged a batch at a time (judge.py), logged and acknowledged
+once durable (sensors.py), and redeliveries recognised (recent_samples.py). Cameras are
+gateway/camera/."""

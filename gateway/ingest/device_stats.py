@@ -3,7 +3,7 @@ device id, when it last sent, how many messages, and what became of them (accept
 rejected by reason), whether or not the allow-list lets it in: an unknown device that keeps
 publishing shows up here, with its rejections.
 
-Owner: the ingest's intake task records each message it judged (``record``); the control plane reads
+Owner: the ingest's intake task records each message it judged (``record_device``); the control plane reads
 (``view``). Both run on the event loop.
 
 Invariant: at most ``capacity`` devices are kept, the most recently heard; each one pushed out is
@@ -45,12 +45,21 @@ class DeviceStats:
     def record(self, topic: str, ts: float, outcome: str) -> None:
         """One message on ``topic`` received at ``ts``: ``accepted``, ``redelivered`` or a reject reason."""
         try:
-            device = parse_device_topic(topic).device_id
+            device: str | None = parse_device_topic(topic).device_id
         except ProtocolError:
+            device = None
+        self.record_device(device, ts, outcome)
+
+    def record_device(self, device: str | None, ts: float, outcome: str) -> None:
+        """``record`` for a message whose topic named ``device`` (None: named none), parsed already."""
+        if device is None:
             self.unattributed += 1
             return
-        seen = self._devices.pop(device, None) or DeviceSeen(first_ts=ts, last_ts=ts)
-        self._devices[device] = seen  # the most recently heard go last
+        seen = self._devices.get(device)
+        if seen is None:
+            seen = self._devices[device] = DeviceSeen(first_ts=ts, last_ts=ts)
+        else:
+            self._devices.move_to_end(device)  # the most recently heard go last
         seen.last_ts = ts
         seen.messages += 1
         if outcome == "accepted":

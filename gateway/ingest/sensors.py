@@ -1,9 +1,11 @@
 """Sensor ingest: device telemetry from MQTT into the log, acknowledged only once it is durable.
 
-Owns two tasks: *intake* (takes messages from the MQTT adapter, validates them, appends accepted
-ones to the log, and runs the sensor service's edge tasks on them: gateway/ingest/windows.py) and
-*flusher* (closes a log epoch every ``flush_interval_ms``, or sooner when
-many messages wait, and acknowledges that epoch's messages once the log says it is durable).
+Owns two tasks: *intake* (takes the messages the MQTT adapter has queued, a batch at a time, judges
+them (gateway/ingest/judge.py), appends accepted ones to the log, and runs the sensor service's edge
+tasks on them: gateway/ingest/windows.py) and *flusher* (closes a log epoch every
+``flush_interval_ms``, or sooner when many messages wait, and acknowledges that epoch's messages, in
+one write, once the log says it is durable). No task and no lock per message: a batch costs one
+turn of the loop, an epoch one write of PUBACKs.
 
 Invariant (the ack rule, docs/architecture.md): a QoS 1 message is acknowledged to the broker only
 after the epoch holding its record is durable, and acks go out in arrival order. Rejected messages
@@ -15,30 +17,27 @@ policy "reject" refuses new data, loudly and counted. Nothing a device sends sto
 from __future__ import annotations
 
 import asyncio
-import fnmatch
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from gateway.ingest.device_stats import DeviceStats
-from gateway.ingest.recent_samples import RecentSamples, SampleKey
+from gateway.ingest.judge import Judge, Verdict
+from gateway.ingest.recent_samples import RecentSamples
 from gateway.ingest.windows import SensorWindows
 from gateway.mqtt.adapter import InboundMessage, MqttAdapter
 from gateway.placement.execution import ServiceSides
 from gateway.ratelimit import RateLimitedLog
 from gateway.storage.interface import LogCorrupted, LogFailed, LogFull, RecordLog
 from protocol.derived import SensorParams
-from protocol.errors import ProtocolError
-from protocol.records import telemetry_record
-from protocol.telemetry import parse_telemetry
-from protocol.topics import devices_subscription, parse_device_topic
+from protocol.topics import devices_subscription
 from runtime.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
 
 EAGER_FLUSH_MESSAGES = 1000  # close the epoch early when this many messages wait for their ack
+INTAKE_BATCH = 1000  # messages judged and appended per turn of the intake, at most
 WINDOW_TICK_S = 0.25  # how often, at most, silent devices' windows are checked for closing
 DURABILITY_WARN_S = 30.0  # an fsync slower than this is logged (and waited for again)
 REJECT_REASONS = (
@@ -50,47 +49,6 @@ REJECT_REASONS = (
     "device_mismatch",
     "log_full",
 )
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What to do with one message: append ``record``, or reject it for ``reason``. A record always
-    comes with its ``sample`` key (how a redelivery of it is recognised)."""
-
-    record: bytes | None
-    reason: str | None = None
-    detail: str = ""
-    sample: SampleKey | None = None
-    telemetry: dict[str, Any] | None = None  # what the windows need: status and readings
-
-
-def judge_message(
-    gateway_id: str, allow: Sequence[str], topic: str, payload: bytes, received_ts: float
-) -> Verdict:
-    """Pure: validate one device message and build its log record."""
-    try:
-        where = parse_device_topic(topic)
-    except ProtocolError as exc:
-        return Verdict(None, "unknown_topic", exc.detail)
-    if where.gateway_id != gateway_id or where.leaf != "telemetry":
-        return Verdict(None, "unknown_topic", f"topic {topic!r} is not a telemetry topic of {gateway_id}")
-    if not any(fnmatch.fnmatchcase(where.device_id, pattern) for pattern in allow):
-        return Verdict(None, "unknown_device", f"device {where.device_id!r} is not in devices.allow")
-    try:
-        telemetry = parse_telemetry(payload)
-    except ProtocolError as exc:
-        return Verdict(None, exc.reason, f"device {where.device_id}: {exc.detail}")
-    if telemetry.device != where.device_id:
-        return Verdict(
-            None,
-            "device_mismatch",
-            f"payload device {telemetry.device!r} published on {where.device_id!r}'s topic",
-        )
-    return Verdict(
-        telemetry_record(where.device_id, received_ts, payload),
-        sample=(telemetry.device, telemetry.seq, telemetry.ts),
-        telemetry={"status": telemetry.status, "readings": telemetry.readings},
-    )
 
 
 class SensorIngest:
@@ -110,7 +68,7 @@ class SensorIngest:
         self._adapter = adapter
         self._log = record_log
         self.gateway_id = gateway_id
-        self._allow = list(allow)
+        self._judge = Judge(gateway_id, allow)
         self._interval_s = flush_interval_ms / 1000
         self._on_durable = on_durable
         self._on_fatal = on_fatal
@@ -134,8 +92,8 @@ class SensorIngest:
         self._last_tick = 0.0
 
     def set_allow(self, allow: Sequence[str]) -> None:
-        """Replace the device allow-list (glob patterns); takes effect from the next message."""
-        self._allow = list(allow)
+        """Replace the device allow-list (glob patterns); takes effect from the next batch."""
+        self._judge.set_allow(allow)
 
     async def start(self) -> None:
         newest = max(self._log.trimmed_lsn + 1, self._log.durable_lsn - self._recent.capacity + 1)
@@ -172,10 +130,11 @@ class SensorIngest:
 
     async def _intake_loop(self) -> None:
         while True:
-            message = await self._adapter.receive(timeout_s=WINDOW_TICK_S)
+            batch = await self._adapter.receive_batch(WINDOW_TICK_S, INTAKE_BATCH)
             await self._run_windows(self.windows.follow)  # a new plan: switch before this input
-            if message is not None:
-                await self._take(message)
+            if batch:
+                await self._take(batch)
+                await asyncio.sleep(0)  # the flusher, the reader and the rest get a turn between batches
             if self._clock() - self._last_tick >= WINDOW_TICK_S:
                 self._last_tick = self._clock()
                 await self._run_windows(self.windows.tick)
@@ -189,42 +148,50 @@ class SensorIngest:
         except LogFailed as exc:
             self._fail(exc)
 
-    async def _take(self, message: InboundMessage) -> None:
+    async def _take(self, batch: list[InboundMessage]) -> None:
+        """Judge a batch (one receive time for all: they were read together), append its records,
+        then queue each message for its ack, in arrival order."""
         received_ts = self._clock()
-        if message.oversize_bytes is not None:  # refused by the MQTT reader, its payload never read
-            size = f"a {message.oversize_bytes}-byte packet > mqtt.max_packet_size"
-            verdict = Verdict(None, "too_large", f"{message.topic}: {size}")
-        else:
-            verdict = judge_message(self.gateway_id, self._allow, message.topic, message.payload, received_ts)
-        outcome: str | None = None  # for the device's figures: accepted, redelivered, or the reject reason
-        if verdict.sample in self._recent:
-            self.redelivered += 1  # already durable or in the open epoch: ack it with this epoch
-            outcome = "redelivered"
-        elif verdict.record is not None and not self._failed:
-            try:
-                lsn = await self._log.append(verdict.record)
-            except LogFull as exc:
-                verdict = Verdict(None, "log_full", f"log full, policy reject: {exc}")
-            except LogFailed as exc:
-                self._fail(exc)
-                return  # never acked: the broker keeps it
-            else:
-                self.accepted += 1
-                outcome = "accepted"
-                self._appended_since_flush += 1
-                assert verdict.sample is not None and verdict.telemetry is not None, "a record's Verdict"
-                self._recent.remember(verdict.sample)
-                device, telemetry = verdict.sample[0], verdict.telemetry
-                await self._run_windows(lambda: self.windows.observe(lsn, device, received_ts, telemetry))
-        if verdict.reason is not None:
-            self.rejected[verdict.reason] = self.rejected.get(verdict.reason, 0) + 1
-            self._warn.warning(verdict.reason, "ingest: rejected (%s): %s", verdict.reason, verdict.detail)
-        outcome = outcome or verdict.reason
-        if outcome is not None:  # None: the log has failed, this message is not taken
-            self.devices.record(message.topic, received_ts, outcome)
-        self._awaiting_ack.append(message)
+        for message, verdict in zip(batch, self._judge.judge_batch(batch, received_ts), strict=True):
+            outcome: str | None = None  # for the device's figures: accepted, redelivered or the reason
+            if verdict.sample in self._recent:
+                self.redelivered += 1  # already durable or in the open epoch: ack it with this epoch
+                outcome = "redelivered"
+            elif verdict.record is not None and not self._failed:
+                try:
+                    lsn = await self._log.append(verdict.record)
+                except LogFull as exc:
+                    verdict = Verdict(
+                        None, "log_full", f"log full, policy reject: {exc}", device=verdict.device
+                    )
+                except LogFailed as exc:
+                    self._fail(exc)
+                    return  # this message and the rest of the batch: never acked, the broker keeps them
+                else:
+                    self.accepted += 1
+                    outcome = "accepted"
+                    self._appended_since_flush += 1
+                    assert verdict.sample is not None and verdict.telemetry is not None, "a record's Verdict"
+                    self._recent.remember(verdict.sample)
+                    await self._observe(lsn, verdict.sample[0], received_ts, verdict.telemetry)
+            if verdict.reason is not None:
+                self.rejected[verdict.reason] = self.rejected.get(verdict.reason, 0) + 1
+                self._warn.warning(
+                    verdict.reason, "ingest: rejected (%s): %s", verdict.reason, verdict.detail
+                )
+                outcome = outcome or verdict.reason
+            if outcome is not None:  # None: the log has failed, this message is not taken
+                self.devices.record_device(verdict.device, received_ts, outcome)
+            self._awaiting_ack.append(message)
         if len(self._awaiting_ack) >= EAGER_FLUSH_MESSAGES:
             self._flush_now.set()
+
+    async def _observe(self, lsn: int, device: str, received_ts: float, telemetry: dict[str, Any]) -> None:
+        """The windows see a record just appended (``_run_windows`` without a step made per message)."""
+        try:
+            self._appended_since_flush += await self.windows.observe(lsn, device, received_ts, telemetry)
+        except LogFailed as exc:
+            self._fail(exc)
 
     # --- flusher ---------------------------------------------------------------------------------
 
@@ -260,9 +227,7 @@ class SensorIngest:
             self._fail(exc)
             return
         self.epochs += 1
-        for message in to_ack:
-            if self._adapter.ack(message):
-                self.acked += 1
+        self.acked += self._adapter.ack_many(to_ack)  # one write for the epoch's PUBACKs
         if appended:
             self._on_durable()
 

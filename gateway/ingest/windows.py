@@ -2,10 +2,11 @@
 ingest task logs, and the results of those the plan runs here (docs/gateway.md, "Sensor windows").
 
 Owner: the ingest task (gateway/ingest/sensors.py) calls every method, in its own task, in the order
-it appends: ``follow`` before each input (the first call writes the start marker), ``observe`` after
-each telemetry record it appended (with that record's LSN and receive time), ``tick`` now and then (a
-silent device's window closes by time), ``close`` at a clean stop. Each returns how many records it
-appended (the ingest's flusher makes them durable with its next epoch); LogFailed propagates.
+it appends: ``follow`` before each batch of input (the first call writes the start marker),
+``observe`` after each telemetry record it appended (with that record's LSN and receive time),
+``tick`` now and then (a silent device's window closes by time), ``close`` at a clean stop. Each
+returns how many records it appended (the ingest's flusher makes them durable with its next epoch);
+LogFailed propagates.
 
 Sides: ``follow`` reads the sides the plan gives the sensor service now (gateway/placement/
 execution.py); when they differ from those in force, the open windows are closed (their edge results

@@ -4,6 +4,7 @@
                       (subscriptions, manual acks, publishes)
     socket_driver.py  ``SocketDriver``: paho's socket on the loop, in place of paho's network thread
     packet_limit.py   ``BoundedClient``: paho's client refusing a packet over max_packet_size unread
+    batched_client.py ``BatchedClient``, beneath it: one ``recv`` for many packets, many PUBACKs a write
     inbound.py        ``InboundQueue``: what was read, not yet taken; full, it pauses the socket
     types.py          the values it takes and gives: settings, the last will, messages, errors, counters
 

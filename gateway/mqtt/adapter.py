@@ -99,7 +99,7 @@ class MqttAdapter:
 
     # --- lifecycle -------------------------------------------------------------------------------
 
-    def _make_client(self) -> paho.Client:
+    def _make_client(self) -> BoundedClient:
         s = self.settings
         v5 = s.protocol_version == "5"
         client = BoundedClient(
@@ -329,6 +329,11 @@ class MqttAdapter:
         the intake is held (inbound.py)."""
         return await self._inbound.take(timeout_s)
 
+    async def receive_batch(self, timeout_s: float, limit: int) -> list[InboundMessage]:
+        """``receive`` for a batch: the messages queued now, in arrival order, up to ``limit``;
+        waits up to ``timeout_s`` seconds for the first (none came: an empty list)."""
+        return await self._inbound.take_batch(timeout_s, limit)
+
     def hold(self, held: bool) -> None:
         """Hold (True) or release (False) the intake: a stopped service takes nothing, loses nothing."""
         self._inbound.hold(held)
@@ -343,14 +348,29 @@ class MqttAdapter:
 
     def ack(self, message: InboundMessage) -> bool:
         """Acknowledge ``message`` (call in arrival order). False if it belongs to an old connection."""
-        if message.qos == 0:
-            return True
-        if message.connection != self._state.number or not self._state.connected:
-            self.counters.acks_skipped_stale += 1
-            return False
-        self._client.ack(message.mid, message.qos)
-        self.counters.acks_sent += 1
-        return True
+        return self.ack_many([message]) == 1
+
+    def ack_many(self, messages: list[InboundMessage]) -> int:
+        """Acknowledge ``messages`` (in arrival order), their PUBACKs in one write; returns how many
+        were acked (QoS 0 counts: it needs none), the rest belonging to an old connection."""
+        current = self._state.number if self._state.connected else None
+        mids: list[int] = []  # QoS 1 PUBACKs not yet queued
+        stale = 0
+        for message in messages:
+            if message.qos == 0:
+                continue
+            if message.connection != current:
+                stale += 1
+            elif message.qos == 1:
+                mids.append(message.mid)
+            else:  # QoS 2 (the ingest subscribes with QoS 1): its PUBCOMP after the PUBACKs before it
+                self._client.ack_many(mids)
+                mids = []
+                self._client.ack(message.mid, message.qos)
+        self._client.ack_many(mids)
+        self.counters.acks_sent += sum(1 for m in messages if m.qos) - stale
+        self.counters.acks_skipped_stale += stale
+        return len(messages) - stale
 
     async def publish(
         self,

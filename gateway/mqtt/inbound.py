@@ -7,7 +7,8 @@ waits in the socket and at the broker.
 Invariant: an inbound message is never dropped. When the queue holds ``bound`` messages, reading the
 socket stops and starts again once the consumer has taken half of them. Messages already inside one
 ``loop_read`` call are still queued, so the queue may exceed its bound by that much (counted as
-``overfull``). While the intake is held nothing is handed out, and nothing is lost either.
+``overfull``). The consumer takes one message or a batch (``take_batch``), in arrival order. While
+the intake is held nothing is handed out, and nothing is lost either.
 """
 
 from __future__ import annotations
@@ -43,27 +44,30 @@ class InboundQueue:
         self._ready.set()
 
     async def take(self, timeout_s: float) -> InboundMessage | None:
-        """The next message in arrival order, or None after ``timeout_s`` seconds.
+        """The next message in arrival order, or None after ``timeout_s`` seconds."""
+        batch = await self.take_batch(timeout_s, 1)
+        return batch[0] if batch else None
+
+    async def take_batch(self, timeout_s: float, limit: int) -> list[InboundMessage]:
+        """The next messages in arrival order, as many as are queued up to ``limit``, waiting up to
+        ``timeout_s`` seconds for the first (none: an empty list).
 
         While the intake is held (``hold(True)``) nothing is handed out: messages wait in the queue,
         then (queue full) at the broker.
         """
         if self._held:
             await wait_event(self._unheld, timeout_s)
-            return None
+            return []
         if not self._messages:
             self._ready.clear()
             await wait_event(self._ready, timeout_s)
             if not self._messages:
-                return None
-        message = self._messages.popleft()
-        if (
-            self._socket.reading_paused
-            and not self._socket.closing
-            and len(self._messages) <= self.bound // 2
-        ):
+                return []
+        messages = self._messages
+        batch = [messages.popleft() for _ in range(min(limit, len(messages)))]
+        if self._socket.reading_paused and not self._socket.closing and len(messages) <= self.bound // 2:
             self._socket.set_reading(True)
-        return message
+        return batch
 
     def hold(self, held: bool) -> None:
         """Hold (True) or release (False) the intake: a stopped service takes nothing, loses nothing."""

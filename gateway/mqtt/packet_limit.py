@@ -21,7 +21,8 @@ The hook needs paho 2.2's reader: ``_sock_recv`` is asked for the fixed header a
 for the body once ``_in_packet`` holds the remaining length (``have_remaining`` set).
 
 Invariant: paho holds at most ``max_packet_size`` bytes of any one packet; a refused packet, whatever
-its size, costs at most ``CHUNK_BYTES`` of buffer plus its topic (under 64 KiB).
+its size, costs at most ``CHUNK_BYTES`` of buffer plus its topic (under 64 KiB), beside the read-ahead
+of batched_client.py (``READ_BYTES``), which the check here reads through.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import paho.mqtt.client as paho
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
+from gateway.mqtt.batched_client import BatchedClient
 from gateway.mqtt.types import InboundMessage, MqttSettings
 
 CHUNK_BYTES = 64 * 1024
@@ -119,8 +121,9 @@ class _Refusal:
         )
 
 
-class BoundedClient(paho.Client):
-    """A paho client that never reads a packet over ``max_packet_size`` bytes into memory."""
+class BoundedClient(BatchedClient):
+    """A paho client that never reads a packet over ``max_packet_size`` bytes into memory (its reads
+    and acks batched: batched_client.py, beneath this module's hook)."""
 
     def __init__(
         self, max_packet_size: int, on_refused: Callable[[RefusedPacket], None], **client_args: Any

@@ -6,10 +6,14 @@ Built the way aiomqtt is. Paho's socket callbacks attach its socket to the loop 
 from it reach the loop through ``call_soon_threadsafe``. The owner (gateway/mqtt/adapter.py) pauses reading
 when its inbound queue is full and resumes it once the queue has room.
 
+A readable event reads on through the bytes already taken off the socket (the client's read-ahead,
+gateway/mqtt/batched_client.py, and TLS's buffer), which the selector cannot see.
+
 Invariant: the socket is registered for reading exactly when it is attached, open and not paused
-(``reading_paused`` is False). A socket paho closes on the loop thread leaves the loop before it is
-closed (a closed socket has no fd left to remove); one closed from another thread (a client collected
-after its loop) leaves it by fd, and only while that loop is still open.
+(``reading_paused`` is False), and bytes read ahead are read on while it is not paused. A socket
+paho closes on the loop thread leaves the loop before it is closed (a closed socket has no fd left
+to remove); one closed from another thread (a client collected after its loop) leaves it by fd, and
+only while that loop is still open.
 """
 
 from __future__ import annotations
@@ -24,15 +28,17 @@ from typing import Any
 
 import paho.mqtt.client as paho
 
+from gateway.mqtt.batched_client import BatchedClient
 from runtime.tasks import cancel_and_wait
 
 MISC_INTERVAL_S = 1.0
+PACKETS_PER_TURN = 1000  # packets read per readable event at most, then other callbacks run
 
 
 class SocketDriver:
     """Drives one paho client's socket from the running loop; ``start`` on the loop, ``stop`` at the end."""
 
-    def __init__(self, client: paho.Client) -> None:
+    def __init__(self, client: BatchedClient) -> None:
         self._client = client
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
@@ -72,17 +78,30 @@ class SocketDriver:
             return
         if on and self.reading_paused:
             self._loop.add_reader(self._sock, self._readable)
-            if isinstance(self._sock, ssl.SSLSocket) and self._sock.pending() > 0:
+            if self._unseen_bytes():
                 self._loop.call_soon(self._readable)
         elif not on and not self.reading_paused:
             self._loop.remove_reader(self._sock)
         self.reading_paused = not on
 
     def _readable(self) -> None:
+        """Read the packets there are now: one ``recv`` brings many, and each ``loop_read`` hands paho
+        one; stop when the owner pauses reading. After ``PACKETS_PER_TURN`` the rest waits for the
+        next turn of the loop (a broker that keeps the socket full never holds the loop)."""
         self._client.loop_read()
-        # TLS can hold decrypted bytes the selector cannot see; drain them now.
-        while not self.reading_paused and isinstance(self._sock, ssl.SSLSocket) and self._sock.pending() > 0:
+        for _ in range(PACKETS_PER_TURN):
+            if self.reading_paused or not self._unseen_bytes():
+                return
             self._client.loop_read()
+        if not self.reading_paused and self._unseen_bytes():
+            self._started_loop.call_soon(self._readable)
+
+    def _unseen_bytes(self) -> bool:
+        """Bytes already off the socket that the selector cannot see: the client's read-ahead
+        (batched_client.py), or TLS's decrypted bytes."""
+        if self._client.buffered_bytes:
+            return True
+        return isinstance(self._sock, ssl.SSLSocket) and self._sock.pending() > 0
 
     # --- paho's socket callbacks (on the loop thread, except open/write during connect) ---------
 

@@ -6,12 +6,15 @@ import json
 import logging
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from gateway.ingest.sensors import judge_message
+from gateway.ingest.judge import Judge, judge_message
+from gateway.mqtt.types import InboundMessage
 from gateway.ratelimit import RateLimitedLog
 from protocol.config import parse_gateway_config
 from protocol.errors import ProtocolError
-from protocol.records import decode_record
+from protocol.records import Record, decode_record, encode_record, telemetry_record
 from tests.harness.gatewayd import telemetry
 
 
@@ -52,6 +55,65 @@ def test_telemetry_types_are_strict():
         )
     wrong = judge("edgefed/gw1/devices/s1/telemetry", telemetry("s1", 7, readings={"temperature_c": True}))
     assert wrong.reason == "invalid" and "readings.temperature_c" in wrong.detail
+
+
+TOPICS = st.sampled_from(
+    [
+        "edgefed/gw1/devices/s1/telemetry",
+        "edgefed/gw1/devices/s2/telemetry",
+        "edgefed/gw1/devices/x/telemetry",
+        "edgefed/gw1/devices/s1/other",
+        "edgefed/gw2/devices/s1/telemetry",
+        "edgefed/gw1/devices/not a device/telemetry",
+        "somewhere/else",
+    ]
+)
+PAYLOADS = st.one_of(
+    st.builds(lambda d, n: telemetry(d, n), st.sampled_from(["s1", "s2", "x"]), st.integers(0, 5)),
+    st.sampled_from([b"{", b"[]", json.dumps({"v": 1}).encode(), telemetry("s1", 1, ts="1")]),
+)
+
+
+@given(
+    st.lists(st.tuples(TOPICS, PAYLOADS, st.sampled_from([None, 20_000]))),
+    st.lists(st.sampled_from([["*"], ["s*"], ["x", "s2"], []]), min_size=1, max_size=3),
+)
+def test_a_batch_is_judged_as_each_message_alone(messages, allow_lists):
+    """Judge.judge_batch, remembering topics, gives what judge_message gives, also after the
+    allow-list changed; a message the reader refused (oversize) is too_large, named by its device."""
+    judge = Judge("gw1", allow_lists[0])
+    batch = [
+        InboundMessage(t, p, 1, i + 1, False, 1, oversize_bytes=o) for i, (t, p, o) in enumerate(messages)
+    ]
+    for allow in allow_lists:
+        judge.set_allow(allow)
+        for message, verdict in zip(batch, judge.judge_batch(batch, 123.5), strict=True):
+            if message.oversize_bytes is not None:
+                assert (verdict.record, verdict.reason) == (None, "too_large")
+                assert verdict.device == judge.device_of(message.topic)
+            else:
+                assert verdict == judge_message("gw1", allow, message.topic, message.payload, 123.5)
+
+
+@given(
+    st.dictionaries(
+        st.text(max_size=8),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+            lambda inner: (
+                st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+            ),
+            max_leaves=8,
+        ),
+        max_size=5,
+    ),
+    st.floats(min_value=0, max_value=4e9) | st.integers(0, 4_000_000_000),
+)
+def test_a_telemetry_record_has_the_bytes_of_its_record_model(body, received_ts):
+    """telemetry_record skips the model (it runs per message) but gives its bytes exactly."""
+    payload = json.dumps(body).encode()
+    expected = encode_record(Record(kind="telemetry", device="s-1", received_ts=received_ts, body=body))
+    assert telemetry_record("s-1", received_ts, payload) == expected
 
 
 def test_rate_limited_log_reports_what_it_suppressed(caplog):

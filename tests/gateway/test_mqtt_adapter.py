@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.mqtt.adapter import MqttAdapter, MqttSettings
+from gateway.mqtt.adapter import InboundMessage, MqttAdapter, MqttSettings
 from tests.harness.mqtt import publish
 from tests.harness.poll import eventually
 
@@ -71,3 +71,36 @@ async def test_reconnects_and_resubscribes_after_a_broker_restart(mosquitto):
         assert await receive_all(adapter, 1) == [b"after restart"]
     finally:
         await adapter.stop()
+
+
+async def test_batches_come_in_arrival_order_and_their_acks_in_one_write_reach_the_broker(mosquitto):
+    """Packets of many sizes, so that they straddle the reader's 64 KiB reads; a small queue, so that
+    reading pauses and resumes with bytes read ahead. Every PUBACK reached the broker: the same
+    session, taken up again, gets nothing a second time (the broker resends what is unacked before
+    what was queued for it since)."""
+    payloads = [b"%d:" % i + b"x" * (i * 37 % 900) for i in range(3000)]
+    adapter = await started_adapter(mosquitto, bound=300)
+    try:
+        await until_subscribed(adapter)
+        await asyncio.to_thread(publish, mosquitto.port, [("t/b", p) for p in payloads])
+        taken: list[InboundMessage] = []
+        while len(taken) < len(payloads):
+            batch = await adapter.receive_batch(10, 256)
+            assert batch, f"only {len(taken)} of {len(payloads)} messages arrived"
+            assert adapter.ack_many(batch) == len(batch)
+            taken += batch
+        assert [m.payload for m in taken] == payloads
+        assert adapter.counters.paused and adapter.counters.acks_sent == len(payloads) + 1
+    finally:
+        await adapter.stop()
+    await asyncio.to_thread(publish, mosquitto.port, [("t/b", b"after")])  # queued for the session
+    again = await started_adapter(mosquitto)
+    try:
+        before_after = []  # what the broker sends the session before "after": markers only, no resend
+        while (message := await again.receive(timeout_s=10)) is not None and message.payload != b"after":
+            before_after.append(message.topic)
+            assert again.ack(message)
+        assert message is not None, "the message queued for the session never came"
+        assert set(before_after) <= {MARKER}, before_after
+    finally:
+        await again.stop()
