@@ -9,9 +9,9 @@ non-finite element. Behaviour by value:
 - signs are preserved: a non-zero value never decodes to zero (it rounds up to the smallest
   code), so ``x > 0`` survives the round trip, which ReLU's backward (``result > 0``) relies on;
   ``preserve_signs=False`` (model update deltas) rounds such values to zero instead;
-- dtypes: float16, bfloat16 and float64 are encoded through float32. float16 decodes are clamped
-  to +-65504 (a log-level block topped in [2**15, 65504] has its top level at 2**16, inf in
-  float16). float64 magnitudes of float32's max or more go to side storage (exact); non-zero
+- dtypes: float16, bfloat16 and float64 are encoded through float32. float16 (and bfloat16)
+  decodes are clamped to the dtype's largest finite value, +-65504 for float16 (a log-level block
+  topped in [2**15, 65504] has its top level at 2**16, inf in float16). float64 magnitudes of float32's max or more go to side storage (exact); non-zero
   magnitudes below 2**-149 keep their sign (the smallest code, within the bound below) where
   float32 would flush them to zero; everything in between loses float64's extra precision;
 - all-equal blocks: |x| < 2**E holds for the shared E, so they get the full mantissa width;
