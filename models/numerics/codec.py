@@ -9,11 +9,12 @@ non-finite element. Behaviour by value:
 - signs are preserved: a non-zero value never decodes to zero (it rounds up to the smallest
   code), so ``x > 0`` survives the round trip, which ReLU's backward (``result > 0``) relies on;
   ``preserve_signs=False`` (model update deltas) rounds such values to zero instead;
-- dtypes: float16, bfloat16 and float64 are encoded through float32. float16 (and bfloat16)
-  decodes are clamped to the dtype's largest finite value, +-65504 for float16 (a log-level block
-  topped in [2**15, 65504] has its top level at 2**16, inf in float16). float64 magnitudes of float32's max or more go to side storage (exact); non-zero
-  magnitudes below 2**-149 keep their sign (the smallest code, within the bound below) where
-  float32 would flush them to zero; everything in between loses float64's extra precision;
+- dtypes (``dtypes.py``): float16, bfloat16 and float64 are encoded through float32. Decodes
+  are clamped to the dtype's largest finite value (+-65504 for float16: a log-level block topped
+  in [2**15, 65504] has its top level at 2**16, inf in float16). float64 magnitudes of float32's
+  max or more go to side storage (exact); non-zero ones below 2**-149 keep their sign (the
+  smallest code, within the bound below) where float32 would flush them to zero; everything in
+  between loses float64's extra precision;
 - all-equal blocks: |x| < 2**E holds for the shared E, so they get the full mantissa width;
 - huge dynamic range: each block has its own exponent; values far below their block's top flush
   to zero, within the bound below. Blocks whose top is below 2**exponent_floor use that floor.
@@ -54,6 +55,7 @@ from models.numerics.bitpack import (
     unpack_signed,
     unpack_u8,
 )
+from models.numerics.dtypes import keep_flushed_signs, narrow
 from models.numerics.format import BfpFormat, packed_nbytes
 from models.numerics.levels import LevelTables, level_tables
 from models.numerics.scratch import scratch
@@ -148,7 +150,7 @@ class BfpCodec:
         else:
             blocks, owned = self._padded_copy(flat, n_pad, work).view(n_blocks, fmt.block_size), True
             if flat.dtype == torch.float64 and self.preserve_signs:
-                _keep_flushed_signs(flat, blocks.view(-1)[:n])
+                keep_flushed_signs(flat, blocks.view(-1)[:n])
         magnitude = torch.abs(blocks, out=work.get2d("magnitude", n_blocks, fmt.block_size, torch.float32))
         block_max = magnitude.amax(dim=1)
         side = None
@@ -220,13 +222,7 @@ class BfpCodec:
         blocks.mul_(_power_of_two(packed).unsqueeze(1))
         result = out[:n]
         if packed.dtype != torch.float32:
-            largest = torch.finfo(packed.dtype).max
-            if largest < _FLOAT32_MAX:
-                # Log levels put a block's top level at 2**E, which for float16 blocks topped in
-                # [2**15, 65504] is 2**16: inf in float16. Clamping to the largest finite value
-                # only moves a decoded value towards its (finite) input, so the bound holds.
-                result.clamp_(-largest, largest)
-            result = result.to(packed.dtype)
+            result = narrow(result, packed.dtype)
         if packed.side_index.numel():
             result[packed.side_index.long()] = packed.side_value
         return result.view(packed.shape)
@@ -401,16 +397,6 @@ def decode(packed: Packed) -> torch.Tensor:
 
 
 _EMPTY_INDEX = torch.zeros(0, dtype=torch.int32)
-_FLOAT32_MAX = torch.finfo(torch.float32).max
-_SMALLEST_FLOAT32 = 2.0**-149  # the smallest positive (subnormal) float32
-
-
-def _keep_flushed_signs(source: torch.Tensor, copy: torch.Tensor) -> None:
-    """Where a non-zero float64 value became 0 in its float32 ``copy`` (|x| < 2**-150), put the
-    smallest float32 of its sign instead, so that the value keeps its sign (the smallest code)."""
-    flushed = (copy == 0) & (source != 0)
-    if bool(flushed.any()):
-        copy[flushed] = torch.copysign(torch.tensor(_SMALLEST_FLOAT32), source[flushed]).float()
 
 
 @functools.cache
