@@ -79,7 +79,7 @@ def run_federated(split, parts: list[torch.Tensor], spec: CodecSpec, versions: i
         result = train_local(
             local, split.train_x[parts[g]], split.train_y[parts[g]], ROUND, generator=generators[g]
         )
-        entries, sections = encoders[g].encode(result.delta)
+        entries, sections = encoders[g].encode(result.tensors, result.state_names)
         b64, sha = pack_payload(sections)
         envelope = UpdateEnvelope(
             update_id=f"u{curve.updates}",

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from protocol.control import LogLevel, Side
 from protocol.derived import Bounds, CameraParams, SensorParams
 from protocol.errors import ProtocolError
-from protocol.federated import Encoding, ModelKind
+from protocol.federated import BUILTIN_ARCHS, FACTORY_PATTERN, CodecName
 from protocol.telemetry import MAX_TELEMETRY_BYTES, describe_validation_error
 from protocol.topics import ID_PATTERN
 
@@ -259,8 +259,10 @@ class TrainingConfig(_Section):
     enabled: bool = False
     private: bool = True  # raw data may not leave the gateway; false: upload raw when the link allows
     model: str = Field(default="digits", pattern=f"^{ID_PATTERN}$", description="the federated job's model")
-    arch: ModelKind | None = Field(
-        default=None, description="refuse a global model of another architecture; None: the job's"
+    arch: str | None = Field(
+        default=None,
+        pattern=f"^({'|'.join(BUILTIN_ARCHS)})$|{FACTORY_PATTERN}",
+        description="refuse a global model of another architecture; None: the job's",
     )
     data_source: Literal["samples"] = Field(
         default="samples", description="labelled TrainingSample records in <data_dir>/training/samples"
@@ -270,7 +272,7 @@ class TrainingConfig(_Section):
     min_samples: int = Field(default=16, ge=1)
     threads: int = Field(default=1, ge=1, le=64)  # torch intra-op threads
     duty: float = Field(default=0.5, gt=0, le=1)  # share of one core the trainer may use
-    codec: Encoding = "bfp"
+    codec: CodecName = "bfp"
     mantissa_bits: int = Field(default=6, ge=2, le=8)
     block_size: int = Field(default=32, ge=1, le=4096)
     topk_fraction: float = Field(default=0.1, gt=0, le=1)

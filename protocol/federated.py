@@ -12,10 +12,12 @@ like any record and goes up in an ordinary upload batch)::
 ``payload`` := the tensors' sections concatenated in ``tensors`` order, each ``nbytes`` long; the
 digest is SHA-256 of the raw (decoded) payload. Section encodings (little-endian):
 
-    fp32      numel float32 values of the delta
-    bfp       one models.numerics wire blob (``to_bytes(encode(delta, fmt))``)
-    topk_bfp  k u32 | keep mask, ceil(numel/8) bytes (bit i, LSB first, set = element i sent)
-              | one numerics wire blob of the k kept values, in index order
+    fp32        numel float32 values of the delta
+    bfp         one models.numerics wire blob (``to_bytes(encode(delta, fmt))``)
+    topk_bfp    k u32 | keep mask, ceil(numel/8) bytes (bit i, LSB first, set = element i sent)
+                | one numerics wire blob of the k kept values, in index order
+    state_fp32  numel float32 values of the tensor itself after local training, not a delta: every
+                floating buffer (BatchNorm running statistics), and only those, travels so
 
 The delta is ``trained - base`` where ``base`` is global version ``base_version``; staleness is
 computed by the cloud as (its version when applying) - ``base_version``. ``(gateway, update_id)``
@@ -37,9 +39,10 @@ import base64
 import binascii
 import hashlib
 import math
+import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from protocol.errors import ProtocolError
 from protocol.telemetry import describe_validation_error
@@ -51,8 +54,13 @@ MAX_UPDATE_PAYLOAD_BYTES = 4 * 1024 * 1024  # raw; base64 makes it 4/3 larger, s
 MAX_TENSORS = 256
 TENSOR_NAME_PATTERN = r"^[A-Za-z0-9_.]{1,128}$"
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
-Encoding = Literal["fp32", "bfp", "topk_bfp"]
+CodecName = Literal["fp32", "bfp", "topk_bfp"]  # how a gateway sends its parameters' deltas
+Encoding = Literal["fp32", "bfp", "topk_bfp", "state_fp32"]
 ModelKind = Literal["digits_mlp", "digits_cnn"]  # models.digits.DIGITS_MODELS
+# Built-in federated architectures (models.architectures.BUILTIN_ARCHITECTURES, written out: this
+# module imports no torch; a test keeps the two equal). Any other arch is a factory "pkg.mod:function".
+BUILTIN_ARCHS = ("digits_mlp", "digits_cnn", "digits_bn_cnn", "scene_cnn")
+FACTORY_PATTERN = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$"
 AggregatorName = Literal["fedavg", "fedprox", "fedbuff"]
 RobustName = Literal["none", "median", "trimmed_mean"]
 
@@ -73,10 +81,32 @@ class TensorEntry(_Strict):
 
 
 class ModelArch(_Strict):
-    """The architecture both ends build, with models.digits.build_digits_model."""
+    """The architecture both ends build, with ``models.architectures.build_architecture``: a
+    built-in name (``BUILTIN_ARCHS``; ``width`` applies to the digits ones) or a factory
+    ``package.module:function`` importable on the cloud and on every training gateway, called with
+    no arguments. Federated models are classifiers (gateways train them with cross-entropy);
+    ``input_shape`` (one sample's, no batch) is what the ONNX export feeds them: None takes the
+    built-in's own, a factory must give it."""
 
-    kind: ModelKind = "digits_mlp"
+    kind: str = Field(default="digits_mlp", max_length=200)
     width: int = Field(default=64, ge=1, le=1024)
+    input_shape: list[int] | None = Field(default=None, min_length=1, max_length=4)
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, value: str) -> str:
+        if value not in BUILTIN_ARCHS and not re.fullmatch(FACTORY_PATTERN, value):
+            raise ValueError(
+                f"{value!r} is neither a built-in architecture ({', '.join(BUILTIN_ARCHS)}) nor a "
+                "factory 'package.module:function'"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _shape(self) -> ModelArch:
+        if self.kind not in BUILTIN_ARCHS and self.input_shape is None:
+            raise ValueError("input_shape: a factory architecture needs one sample's input shape")
+        return self
 
 
 class RoundConfig(_Strict):

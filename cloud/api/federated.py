@@ -103,7 +103,10 @@ async def put_job(request: web.Request) -> web.Response:
     slot = request.app[FEDERATED]
     async with slot.starting:  # two first PUTs must not start two coordinators
         coordinator = slot.coordinator or await _start_coordinator(request.app)
-    changed = await coordinator.set_job(job)
+    try:
+        changed = await coordinator.set_job(job)
+    except ValueError as exc:  # the architecture does not build here (a factory that does not import)
+        return reject(request, 400, "invalid", str(exc))
     return web.json_response(
         {"started": changed, "version": coordinator.status.get("version")}, status=201 if changed else 200
     )

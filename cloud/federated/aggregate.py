@@ -6,6 +6,10 @@
 - Clipping: each delta scaled to L2 norm <= C before averaging (bounds one gateway's influence).
 - Robust options (Yin et al., ICML'18): coordinate-wise median, coordinate-wise trimmed mean.
 
+- State coordinates (``state`` masks: BatchNorm running statistics) hold values, not deltas: they
+  are averaged like the rest (a convex combination, so a mean of variances stays non-negative) but
+  never clipped, and the global model takes the average itself, not ``server_lr`` times a step.
+
 Invariant: every function returns a new tensor and never modifies its arguments; weights are
 normalised here, so callers pass raw (samples x discount) values.
 """
@@ -23,14 +27,19 @@ def staleness_discount(staleness: int) -> float:
     return 1.0 / math.sqrt(1.0 + max(0, staleness))
 
 
-def clip_by_norm(delta: torch.Tensor, max_norm: float | None) -> tuple[torch.Tensor, bool]:
-    """(delta scaled to norm <= max_norm, whether it was scaled)."""
+def clip_by_norm(
+    delta: torch.Tensor, max_norm: float | None, state: torch.Tensor | None = None
+) -> tuple[torch.Tensor, bool]:
+    """(delta scaled to norm <= max_norm, whether it was scaled); coordinates in ``state`` are
+    values: they neither count towards the norm nor scale."""
     if max_norm is None:
         return delta.clone(), False
-    norm = float(torch.linalg.vector_norm(delta))
+    moving = delta if state is None else delta.masked_fill(state, 0.0)
+    norm = float(torch.linalg.vector_norm(moving))
     if norm <= max_norm or norm == 0.0:
         return delta.clone(), False
-    return delta * (max_norm / norm), True
+    scaled = delta * (max_norm / norm)
+    return (scaled if state is None else torch.where(state, delta, scaled)), True
 
 
 def weighted_mean(deltas: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
@@ -59,5 +68,9 @@ def trimmed_mean(deltas: Sequence[torch.Tensor], trim_fraction: float) -> torch.
     return ordered[k : n - k].mean(dim=0)
 
 
-def apply_delta(weights: torch.Tensor, delta: torch.Tensor, server_lr: float) -> torch.Tensor:
-    return weights + server_lr * delta
+def apply_delta(
+    weights: torch.Tensor, delta: torch.Tensor, server_lr: float, state: torch.Tensor | None = None
+) -> torch.Tensor:
+    """weights + server_lr * delta; where ``state`` is set, ``delta`` is the new value itself."""
+    stepped = weights + server_lr * delta
+    return stepped if state is None else torch.where(state, delta, stepped)

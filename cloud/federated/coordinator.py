@@ -35,6 +35,7 @@ from cloud.federated.layout import Layout, build_model
 from cloud.federated.state import FederatedState, load_state, save_state
 from cloud.federated.strategies import Aggregator, ClientUpdate, Failure, make_aggregator
 from cloud.registry import ModelRegistry
+from models.architectures import input_shape, load_floating_state
 from models.artifact import ModelArtifact
 from protocol.errors import ProtocolError
 from protocol.federated import FederatedJob, GlobalModel, TensorEntry, pack_payload, parse_update
@@ -241,9 +242,11 @@ class FederatedCoordinator:
         state, aggregator = self._state, self._aggregator
         assert state is not None and aggregator is not None
         updates = [u for u, _ in self._buffer]
-        result = aggregator.aggregate(updates, self._failures, state.version)
+        assert self._layout is not None
+        mask = self._layout.state_mask
+        result = aggregator.aggregate(updates, self._failures, state.version, mask)
         assert result is not None  # the buffer is not empty
-        state.weights = apply_delta(state.weights, result.step, state.job.server_lr)
+        state.weights = apply_delta(state.weights, result.step, state.job.server_lr, mask)
         state.version += 1
         state.version_ts = self.clock()
         counters = state.counters
@@ -296,16 +299,22 @@ class FederatedCoordinator:
         from models.export import export_artifact
 
         assert self._state is not None and self._layout is not None
-        model = build_model(self._state.job.arch)
-        model.load_state_dict(self._layout.unflatten(weights))
+        arch = self._state.job.arch
+        model = build_model(arch)
+        load_floating_state(model, self._layout.unflatten(weights))
+        model.eval()
+        shape = input_shape(arch)
+        example = torch.zeros(1, *shape)
+        with torch.no_grad():
+            classes = int(model(example).shape[-1])  # a classifier: gateways train it with cross-entropy
         return export_artifact(
             model,
-            torch.zeros(1, 1, 8, 8),
+            example,
             name=self._state.job.model,
             version=str(version),
-            input_spec={"name": "input", "shape": [None, 1, 8, 8], "preprocess": "none"},
+            input_spec={"name": "input", "shape": [None, *shape], "preprocess": "none"},
             postprocess="softmax_labels",
-            labels=[str(i) for i in range(10)],
+            labels=[str(i) for i in range(classes)],
             notes={"federated_version": version, "aggregator": self._state.job.aggregator},
         )
 

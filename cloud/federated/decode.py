@@ -4,9 +4,14 @@ The section encodings are specified in protocol/federated.py (the gateway's enco
 gateway/federated/encoder.py). A refusal is a ``Refused(reason, detail)`` value the coordinator counts
 by reason; nothing here raises for bad input.
 
+The flat result holds deltas for parameters and values for the layout's state tensors (floating
+buffers), which must come as ``state_fp32`` (and nothing else may): a running variance is
+checked, and an update holding a negative one is refused (``negative_variance``, naming the buffer).
+
 Invariant: ``decode_update`` returns a tensor only if every tensor entry names the layout's tensor
-in order with its shape, every section decodes to exactly that many finite values, and the
-payload passed ``protocol.federated.split_payload``'s size and digest checks.
+in order with its shape and the encoding its kind allows, every section decodes to exactly that
+many finite values, no running variance is negative, and the payload passed
+``protocol.federated.split_payload``'s size and digest checks.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ class Refused:
 def _section(entry: TensorEntry, data: bytes) -> torch.Tensor:
     """One section to a flat float32 tensor of entry.numel values; ValueError if malformed."""
     n = entry.numel
-    if entry.encoding == "fp32":
+    if entry.encoding in ("fp32", "state_fp32"):
         if len(data) != 4 * n:
             raise ValueError(f"fp32 section of {len(data)} bytes for {n} values")
         return torch.from_numpy(np.frombuffer(data, dtype="<f4").copy())
@@ -77,6 +82,11 @@ def decode_update(
         )
     parts = []
     for entry, data in zip(envelope.tensors, sections, strict=True):
+        if (entry.encoding == "state_fp32") != (entry.name in layout.state_names):
+            kind = (
+                "a buffer, sent as its value" if entry.name in layout.state_names else "a parameter's delta"
+            )
+            return Refused("bad_tensor", f"{entry.name} is {kind}: encoding {entry.encoding} does not fit")
         try:
             parts.append(_section(entry, data))
         except (ValueError, WireFormatError, RuntimeError, struct.error) as exc:
@@ -84,4 +94,11 @@ def decode_update(
     flat = torch.cat(parts)
     if not bool(torch.isfinite(flat).all()):
         return Refused("not_finite", "the update holds NaN or infinite values")
+    for entry, values in zip(envelope.tensors, parts, strict=True):
+        if entry.name in layout.variance_names and bool((values < 0).any()):
+            worst = int(values.argmin())
+            return Refused(
+                "negative_variance",
+                f"{entry.name}[{worst}] = {float(values[worst]):.4g}: a running variance cannot be negative",
+            )
     return flat

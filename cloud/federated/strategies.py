@@ -52,7 +52,9 @@ class Failure:
 
 @dataclass(frozen=True)
 class AggregateResult:
-    step: torch.Tensor = field(repr=False)  # added to the global weights (times server_lr)
+    step: torch.Tensor = field(
+        repr=False
+    )  # added to the global weights (times server_lr); values at state coordinates
     gateways: tuple[str, ...]
     staleness: tuple[int, ...]
     weights: tuple[float, ...]
@@ -82,14 +84,19 @@ class Aggregator(ABC):
         return float(update.samples)
 
     def aggregate(
-        self, results: Sequence[ClientUpdate], failures: Sequence[Failure], version: int
+        self,
+        results: Sequence[ClientUpdate],
+        failures: Sequence[Failure],
+        version: int,
+        state: torch.Tensor | None = None,
     ) -> AggregateResult | None:
-        """Combine ``results`` into one server step; None (the global model is kept) if there are none."""
+        """Combine ``results`` into one server step; None (the global model is kept) if there are
+        none. ``state`` marks value coordinates (buffers): averaged the same way, never clipped."""
         if not results:
             return None
         clipped, deltas = 0, []
         for update in results:
-            delta, was_clipped = math_.clip_by_norm(update.delta, self.job.clip_norm)
+            delta, was_clipped = math_.clip_by_norm(update.delta, self.job.clip_norm, state)
             deltas.append(delta)
             clipped += was_clipped
         weights = [self.weight(u, version) for u in results]

@@ -33,11 +33,10 @@ from gateway.federated.encoder import CodecSpec, UpdateEncoder
 from gateway.federated.samples import SampleWindow
 from gateway.federated.trainer import LocalResult, LocalTrainer, TrainingStopped
 from gateway.storage.interface import RecordLog
-from models.digits import build_digits_model
+from models.architectures import build_architecture, load_floating_state
 from protocol.errors import ProtocolError
 from protocol.federated import (
     GlobalModel,
-    ModelKind,
     UpdateEnvelope,
     pack_payload,
     parse_global_model,
@@ -101,7 +100,7 @@ class FederatedClient:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
         expect_model: str | None = None,
-        expect_arch: ModelKind | None = None,
+        expect_arch: str | None = None,
     ) -> None:
         self.gateway_id = gateway_id
         self._url = f"{cloud_url.rstrip('/')}/v1/federated/gateways/{gateway_id}/model"
@@ -237,8 +236,8 @@ class FederatedClient:
             return RoundOutcome("too_few_samples", f"{len(self.samples)} < {self.min_samples}", version)
         if version == self._trained_version and self._clock() - self._last_sent < self.retrain_after_s:
             return RoundOutcome("up_to_date", version=version)
-        model = build_digits_model(self._global.arch.kind, self._global.arch.width)
-        model.load_state_dict(self._weights)
+        model = build_architecture(self._global.arch)
+        load_floating_state(model, self._weights)
         x, y = self.samples.tensors()
         fetched_ts = time.time()
         try:
@@ -266,7 +265,7 @@ class FederatedClient:
 
     def _envelope(self, result: LocalResult, version: int, fetched_ts: float) -> tuple[bytes, UpdateEnvelope]:
         assert self._global is not None
-        entries, sections = self.encoder.encode(result.delta)
+        entries, sections = self.encoder.encode(result.tensors, result.state_names)
         b64, sha = pack_payload(sections)
         envelope = UpdateEnvelope(
             update_id=f"v{version}-{self._rng.getrandbits(48):012x}",

@@ -2,7 +2,10 @@
 
 ``train_local`` is plain SGD with momentum over the gateway's samples for ``local_epochs`` (capped at
 ``max_local_steps``), plus FedProx's proximal term (mu/2)||w - w_base||^2 when the round config
-says mu > 0 (Li et al., MLSys'20), and returns the delta trained - base.
+says mu > 0 (Li et al., MLSys'20), and returns, in state-dict order, the delta trained - base of
+every parameter and the trained values of every floating buffer (BatchNorm running statistics are
+not gradient-like: averaging deltas of them, or sending them through top-k and error feedback,
+can drive a running variance negative).
 
 ``LocalTrainer`` owns one worker thread: torch's intra-op threads are bounded (``threads``), and a
 duty cycle holds the CPU share: after a step that took t seconds the thread sleeps
@@ -26,6 +29,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from models.architectures import state_names
 from protocol.federated import RoundConfig
 
 _Result = TypeVar("_Result")
@@ -37,11 +41,17 @@ class TrainingStopped(Exception):
 
 @dataclass(frozen=True)
 class LocalResult:
-    delta: dict[str, torch.Tensor] = field(repr=False)
+    tensors: dict[str, torch.Tensor] = field(repr=False)  # state-dict order: deltas and buffer values
+    state_names: frozenset[str]  # the floating buffers among ``tensors`` (values, not deltas)
     steps: int
     samples: int
     loss: float
     seconds: float
+
+    @property
+    def delta(self) -> dict[str, torch.Tensor]:
+        """The parameters' deltas only."""
+        return {name: t for name, t in self.tensors.items() if name not in self.state_names}
 
 
 def duty_sleep_s(step_s: float, duty: float) -> float:
@@ -90,8 +100,13 @@ def train_local(
             if rest > 0:
                 sleep(rest)
     trained = model.state_dict()
-    delta = {k: (trained[k] - base[k]).detach() for k in base if base[k].is_floating_point()}
-    return LocalResult(delta, steps, len(y), total / max(1, steps), time.perf_counter() - started)
+    buffers = state_names(model)
+    tensors = {
+        k: trained[k].detach().clone() if k in buffers else (trained[k] - base[k]).detach()
+        for k in base
+        if base[k].is_floating_point()
+    }
+    return LocalResult(tensors, buffers, steps, len(y), total / max(1, steps), time.perf_counter() - started)
 
 
 class LocalTrainer:

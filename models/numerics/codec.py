@@ -8,6 +8,13 @@ non-finite element. Behaviour by value:
 - zeros and all-zero blocks: decode to exactly zero (a -0.0 decodes to +0.0);
 - signs are preserved: a non-zero value never decodes to zero (it rounds up to the smallest
   code), so ``x > 0`` survives the round trip, which ReLU's backward (``result > 0``) relies on;
+  ``preserve_signs=False`` (model update deltas) rounds such values to zero instead;
+- dtypes (``dtypes.py``): float16, bfloat16 and float64 are encoded through float32. Decodes
+  are clamped to the dtype's largest finite value (+-65504 for float16: a log-level block topped
+  in [2**15, 65504] has its top level at 2**16, inf in float16). float64 magnitudes of float32's
+  max or more go to side storage (exact); non-zero ones below 2**-149 keep their sign (the
+  smallest code, within the bound below) where float32 would flush them to zero; everything in
+  between loses float64's extra precision;
 - all-equal blocks: |x| < 2**E holds for the shared E, so they get the full mantissa width;
 - huge dynamic range: each block has its own exponent; values far below their block's top flush
   to zero, within the bound below. Blocks whose top is below 2**exponent_floor use that floor.
@@ -48,6 +55,7 @@ from models.numerics.bitpack import (
     unpack_signed,
     unpack_u8,
 )
+from models.numerics.dtypes import keep_flushed_signs, narrow
 from models.numerics.format import BfpFormat, packed_nbytes
 from models.numerics.levels import LevelTables, level_tables
 from models.numerics.scratch import scratch
@@ -93,19 +101,31 @@ class BfpCodec:
     scratch buffers are per thread."""
 
     def __init__(
-        self, fmt: BfpFormat, generator: torch.Generator | None = None, *, use_kernels: bool = False
+        self,
+        fmt: BfpFormat,
+        generator: torch.Generator | None = None,
+        *,
+        use_kernels: bool = False,
+        preserve_signs: bool = True,
     ) -> None:
         """``use_kernels``: encode and decode the formats the fused kernels cover with them (2.5-3x
         faster; the same bytes). Off by default: loading numba and the kernels costs a process
-        ~145 MB of RSS once, worth it in a trainer, not on a gateway that encodes one update."""
+        ~145 MB of RSS once, worth it in a trainer, not on a gateway that encodes one update.
+
+        ``preserve_signs=False``: values below half the smallest code round to zero instead of
+        being lifted to it. For data whose signs nothing reads (model update deltas): on
+        heavy-tailed blocks the lifting dominates the error (docs/compression.md). The bound
+        holds either way; the kernels implement the lifting only, so this takes the torch path."""
         self.fmt = fmt
         self.generator = generator
+        self.preserve_signs = preserve_signs
         self._tables: dict[torch.device, LevelTables] = {}
         # Log levels: the top level at E = 128 would be 2**128 (inf in float32), so magnitudes of
         # 2**127 and more go to side storage like non-finite values; then E <= 127 always.
         self._special_at = 2.0**127 if fmt.levels == "log" else math.inf
         # The fused kernels, if asked for and they cover this format (float32 CPU tensors; fused.py).
-        self._fused = _fused_kernels() if use_kernels and _fused_kernels().covers(fmt) else None
+        kernels = use_kernels and preserve_signs
+        self._fused = _fused_kernels() if kernels and _fused_kernels().covers(fmt) else None
         if self._fused:
             self._encode_scales = _scale_table(fmt, "encode", torch.device("cpu")).numpy()
             self._decode_scales = _scale_table(fmt, "decode", torch.device("cpu")).numpy()
@@ -129,6 +149,8 @@ class BfpCodec:
             blocks, owned = flat.view(n_blocks, fmt.block_size), False  # read-only view, no copy
         else:
             blocks, owned = self._padded_copy(flat, n_pad, work).view(n_blocks, fmt.block_size), True
+            if flat.dtype == torch.float64 and self.preserve_signs:
+                keep_flushed_signs(flat, blocks.view(-1)[:n])
         magnitude = torch.abs(blocks, out=work.get2d("magnitude", n_blocks, fmt.block_size, torch.float32))
         block_max = magnitude.amax(dim=1)
         side = None
@@ -200,7 +222,7 @@ class BfpCodec:
         blocks.mul_(_power_of_two(packed).unsqueeze(1))
         result = out[:n]
         if packed.dtype != torch.float32:
-            result = result.to(packed.dtype)
+            result = narrow(result, packed.dtype)
         if packed.side_index.numel():
             result[packed.side_index.long()] = packed.side_value
         return result.view(packed.shape)
@@ -320,8 +342,8 @@ class BfpCodec:
             # exp2, not _from_exponent: 2**-128 (E = 128) is subnormal.
             relative = torch.mul(magnitude, torch.exp2(-exponent.float()).unsqueeze(1), out=q)  # in [0, 1)
             self._level_index(relative, magnitude, work)
-        # Sign-preserving: a non-zero value never decodes to zero (sign(0) == 0 keeps zeros).
-        q.clamp_(1, fmt.max_code).mul_(torch.sign(blocks, out=magnitude))
+        # Sign-preserving (by default): a non-zero value never decodes to zero (sign(0) == 0 keeps zeros).
+        q.clamp_(1 if self.preserve_signs else 0, fmt.max_code).mul_(torch.sign(blocks, out=magnitude))
         return codes
 
     def _level_index(self, relative: torch.Tensor, spare: torch.Tensor, work) -> None:
@@ -359,8 +381,14 @@ class BfpCodec:
         return tables
 
 
-def encode(tensor: torch.Tensor, fmt: BfpFormat, generator: torch.Generator | None = None) -> Packed:
-    return BfpCodec(fmt, generator).encode(tensor)
+def encode(
+    tensor: torch.Tensor,
+    fmt: BfpFormat,
+    generator: torch.Generator | None = None,
+    *,
+    preserve_signs: bool = True,
+) -> Packed:
+    return BfpCodec(fmt, generator, preserve_signs=preserve_signs).encode(tensor)
 
 
 def decode(packed: Packed) -> torch.Tensor:
