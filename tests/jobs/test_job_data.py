@@ -12,8 +12,8 @@ from cloud.ctl import format_status
 from cloud.jobs.datasets import frames_from_records
 from cloud.jobs.spec import JobSpec, SpecError, job_toml, parse_spec
 from cloud.store.dataset import StoredRecord
-from cloud.training.jobfile import JobError, load_job
 from cloud.training.data.stream import check_loss_fits, loss_function, tensor_file_stream
+from cloud.training.jobfile import JobError, load_job
 from models.anomaly import anomaly_autoencoder
 from models.scene import scene_cnn
 from tests.harness.processes import run_module
