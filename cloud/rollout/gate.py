@@ -10,8 +10,9 @@ gateways' own samples). Runs as a process of its own (``python -m cloud.rollout.
 cloudd's event loop imports neither torch nor onnxruntime; the federated coordinator calls
 ``evaluate`` on its own thread.
 
-Invariant: both versions are scored on the same rows against the same truth (the label names of the
-candidate's classes), so the comparison is like for like; a baseline that cannot run on those rows
+Invariant: both versions are scored on the same rows against the same truth (label names: the
+dataset's, else as the job's export named its classes), so the comparison is like for like and a
+version whose outputs are named wrongly scores as wrong; a baseline that cannot run on those rows
 is reported and not compared against.
 """
 
@@ -37,15 +38,17 @@ BATCH = 256
 @dataclass(frozen=True)
 class HeldOut:
     x: np.ndarray  # rows as the model takes them (already preprocessed)
-    y: np.ndarray | None  # class indices into the candidate's labels; None: reconstruction
+    y: np.ndarray | None  # class indices; None: reconstruction
     dataset: str  # what the rows are, for the evaluation document
+    labels: list[str] | None = None  # the names of y's classes; None: as the candidate names them
 
 
 def digits_held_out(seed: int) -> HeldOut:
     from models.digits import load_digits_split
 
     split = load_digits_split(seed)
-    return HeldOut(split.test_x.numpy(), split.test_y.numpy(), f"digits test split (seed {seed}, 20%)")
+    what = f"digits test split (seed {seed}, 20%)"
+    return HeldOut(split.test_x.numpy(), split.test_y.numpy(), what, [str(d) for d in range(10)])
 
 
 def job_held_out(workdir: Path) -> HeldOut:
@@ -64,7 +67,12 @@ def job_held_out(workdir: Path) -> HeldOut:
     test, _ = split_rows(len(x), fraction, spec.seed)
     y = tensors["y"][test].numpy() if spec.data_loss == "cross_entropy" else None
     what = f"{spec.dataset_name}: the job's held-out {fraction:.0%} (seed {spec.seed}) of {len(x)} rows"
-    return HeldOut(x[test].numpy().astype(np.float32), y, what)
+    labels = None
+    if spec.dataset_name == "camera_frames":
+        from models.scene import LABELS  # cloud.jobs.datasets labels frames by this list
+
+        labels = list(LABELS)
+    return HeldOut(x[test].numpy().astype(np.float32), y, what, labels)
 
 
 def score(artifact: ModelArtifact, held: HeldOut, truth: list[str] | None) -> tuple[Metric, float]:
@@ -92,7 +100,7 @@ def evaluate(
     held: HeldOut,
     config: GateConfig,
 ) -> dict[str, Any]:
-    labels = candidate.metadata.labels
+    labels = held.labels or candidate.metadata.labels
     truth = [labels[i] for i in held.y] if held.y is not None else None
     rows = len(held.x)
     metric, value = score(candidate, held, truth) if rows else ("accuracy", math.nan)

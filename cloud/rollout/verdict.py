@@ -35,6 +35,7 @@ def verdict(
     baseline: float | None,
     classes: int,
     config: GateConfig,
+    baseline_name: str = "baseline",
 ) -> tuple[bool, str]:
     """(promotable, why) for ``value`` against ``baseline`` (None: nothing to replace)."""
     if not math.isfinite(value):
@@ -45,12 +46,12 @@ def verdict(
             return value >= floor, f"accuracy {value:.4f} vs chance+floor {floor:.4f} (no version to replace)"
         return (
             value >= baseline - config.tolerance,
-            f"accuracy {value:.4f} vs baseline {baseline:.4f} - tolerance {config.tolerance}",
+            f"accuracy {value:.4f} vs {baseline_name} {baseline:.4f} - tolerance {config.tolerance}",
         )
     if baseline is None:
         return True, f"loss {value:.6g} (no version to replace)"
     limit = baseline * (1 + config.tolerance)
-    return value <= limit, f"loss {value:.6g} vs baseline {baseline:.6g} x (1 + {config.tolerance})"
+    return value <= limit, f"loss {value:.6g} vs {baseline_name} {baseline:.6g} x (1 + {config.tolerance})"
 
 
 def evaluation_document(
@@ -66,7 +67,8 @@ def evaluation_document(
     if rows == 0:
         promotable, why = False, f"no held-out rows in {dataset}: nothing to judge the version on"
     else:
-        promotable, why = verdict(metric, value, baseline[1] if baseline else None, classes, config)
+        value_of, name = (baseline[1], f"baseline {baseline[0]}") if baseline else (None, "baseline")
+        promotable, why = verdict(metric, value, value_of, classes, config, name)
     return {
         "metric": metric,
         "value": value if math.isfinite(value) else None,
