@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Literal, TypedDict, TypeVar, cast
 
 from cloud.rollout.lifecycle import Lifecycle, read_lifecycle, write_lifecycle
-from models.artifact import ModelArtifact, load_artifact, save_artifact
-from protocol.events import ModelMetadata
+from models.artifact import METADATA_FILE, ModelArtifact, load_artifact, save_artifact
+from protocol.events import ModelMetadata, parse_model_metadata
 from protocol.topics import check_id
 from runtime.files import atomic_write
 
@@ -72,10 +72,18 @@ class ModelRegistry:
         self.root = root
         self._lock = asyncio.Lock()
         self._listeners: list[Callable[[ModelMetadata], None]] = []
+        self._lifecycle_listeners: list[Callable[[str], None]] = []
 
     def add_listener(self, listener: Callable[[ModelMetadata], None]) -> None:
         """Call ``listener(metadata)`` (on the loop; it must not block) after each new version."""
         self._listeners.append(listener)
+
+    def add_lifecycle_listener(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(name)`` (on the loop; it must not block) after each lifecycle change."""
+        self._lifecycle_listeners.append(listener)
+
+    def metadata(self, name: str, version: str) -> ModelMetadata:
+        return parse_model_metadata((self.folder(name, version) / METADATA_FILE).read_bytes())
 
     def folder(self, name: str, version: str) -> Path:
         return self.root / check_id("model", name) / check_id("version", version)
@@ -100,7 +108,9 @@ class ModelRegistry:
             state = self.lifecycle(name)
             result = change(state)
             await asyncio.to_thread(write_lifecycle, self.root / check_id("model", name), state)
-            return result
+        for listener in self._lifecycle_listeners:
+            listener(name)
+        return result
 
     def names(self) -> list[str]:
         return sorted(p.name for p in self.root.iterdir() if p.is_dir()) if self.root.exists() else []

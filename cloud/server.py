@@ -43,6 +43,7 @@ from cloud.api.errors import json_errors
 from cloud.config import CloudConfig, ConfigError, load_tokens_file, parse_token_arg
 from cloud.metrics import CloudMetrics
 from cloud.notify import ModelNotifier, NotifyConfig, add_notify_arguments, parse_notify_args
+from cloud.rollout.announce import announce_assignments
 from cloud.rollout.flags import add_rollout_arguments, rollout_config
 from cloud.rollout.verdict import GateConfig
 from cloud.store import StoreLocked
@@ -161,13 +162,17 @@ async def serve(
     ready: Callable[[CloudServer], None] | None = None,
     notify: NotifyConfig | None = None,
 ) -> None:
-    """Run cloudd until SIGTERM or SIGINT, then shut down within a deadline. With ``notify``, each new
-    model version is announced on MQTT (cloud/notify.py)."""
+    """Run cloudd until SIGTERM or SIGINT, then shut down within a deadline. With ``notify``, each
+    lifecycle change of a model name is announced on MQTT to each gateway as the version it is now
+    assigned (cloud/notify.py, cloud/rollout/announce.py)."""
     server = CloudServer(config)
     notifier = None
     if notify is not None:
         notifier = ModelNotifier(notify, lambda: config.gateway_tokens.keys())
-        server.app[REGISTRY].add_listener(notifier.notify)
+        registry = server.app[REGISTRY]
+        registry.add_lifecycle_listener(
+            lambda name: announce_assignments(registry, name, config.gateway_tokens, notifier.notify_gateway)
+        )
         notifier.start()  # connects in paho's thread: a dead broker never holds cloudd up
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

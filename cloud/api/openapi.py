@@ -165,7 +165,7 @@ def document() -> dict[str, Any]:
                 ok=201,
                 errors=(400, 409, 413),
                 params=("name",),
-            )
+            ),
         },
         "/v1/models/{name}/{version}": {
             "get": _op("a version's metadata", None, errors=(404,), params=("name", "version"))

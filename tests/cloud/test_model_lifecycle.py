@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from protocol.events import parse_model_notice
+from protocol.topics import model_notice_topic
 from tests.harness.cloud_http import call
 from tests.harness.cloudd import start_cloudd
 from tests.harness.models import (
@@ -16,6 +18,7 @@ from tests.harness.models import (
     scene_variant,
     upload_model,
 )
+from tests.harness.mqtt import retained
 from tests.harness.poll import wait_until
 
 FAST_ROLLOUT = (
@@ -146,5 +149,25 @@ def test_a_healthy_canary_becomes_production_after_the_soak(tmp_path):
         last = lifecycle(server, "scene")["history"][-1]
         assert last["action"] == "production" and last["by"] == "rollout-controller"
         assert {assigned(server, "scene", g)["version"] for g in ("gw1", "gw2", "gw3")} == {"2"}
+    finally:
+        server.stop()
+
+
+def test_each_gateway_is_told_its_assignment_never_a_mere_candidate(tmp_path, mosquitto):
+    server = start_cloudd(tmp_path / "c", extra_args=["--broker", mosquitto.url])
+    topics = {g: model_notice_topic(g, "scene") for g in ("gw1", "gw2", "gw3")}
+
+    def notices() -> dict[str, str]:
+        got = retained(mosquitto.port, list(topics.values()), timeout_s=3.0)
+        return {g: parse_model_notice(got[t]).version for g, t in topics.items() if t in got}
+
+    try:
+        wait_until(
+            lambda: notices() == {"gw1": "1", "gw2": "1", "gw3": "1"}, 30, "the factory version announced"
+        )
+        assert upload_model(server.url, server.operator_token, scene_variant("2"))[0] == 201
+        assert notices() == {"gw1": "1", "gw2": "1", "gw3": "1"}  # a candidate is announced to no one
+        assert promote(server, "scene", {"version": "2", "canary": ["gw2"], "force": True})[0] == 200
+        wait_until(lambda: notices() == {"gw1": "1", "gw2": "2", "gw3": "1"}, 30, "gw2 told of its canary")
     finally:
         server.stop()
