@@ -2,7 +2,8 @@
 
     GET  /v1/models/{name}                       operator; {"name", "production", "canary",
                                                  "factory", "versions", "history", "events_total",
-                                                 "rollout"} (every decision is in "history")
+                                                 "rollout", "controller"} (every decision is in
+                                                 "history"; "controller": its counters)
     GET  /v1/models/{name}/assignment?gateway=G  G's token (or the operator's); {"name", "version",
                                                  "stage", "sha256", "reason"}; 404 ``no_assignment``
     POST /v1/models/{name}/promote               operator; {"version", "canary": [gw...] | "share":
@@ -183,6 +184,7 @@ async def get_model(request: web.Request) -> web.Response:
             "history": state.events,
             "events_total": state.events_total,
             "rollout": controller.judgements.get(name) if controller else None,
+            "controller": dict(controller.counters) if controller else None,
         }
     )
 
