@@ -73,7 +73,7 @@ def test_transitions_keep_one_production_one_canary_and_record_each_event():
     assert refused.value.reason == "not_promotable"
     promote_canary(state, entry("2"), ["gw1"], None, force=False, by="t", now=2)
     assert assignment(state, "gw1", "1") == ("2", "canary", "in the canary set (named)")
-    assert assignment(state, "gw2", "1")[:2] == ("1", "production")
+    assert assignment(state, "gw2", "1") == ("1", "production", "production alias")
     with pytest.raises(Refused, match="is the canary"):
         promote_canary(state, entry("3"), ["gw2"], None, force=False, by="t", now=3)
     promote_production(state, entry("2"), force=False, by="t", now=4, reason="soaked")

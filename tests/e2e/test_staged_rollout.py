@@ -34,8 +34,10 @@ ROLLOUT = (
     # the gate's work here is to refuse the diverged version, at chance or below
     "--gate-tolerance", "0.35",
 )  # fmt: skip
-TRAIN = ("train", "--model", "scene_cnn", "--gateway", "gw1", "--nproc", "2", "--batch-size", "8")
-TRAIN += ("--microbatches", "2", "--epochs", "50", "--wait")
+TRAIN = (
+    "train", "--model", "scene_cnn", "--gateway", "gw1", "--nproc", "2", "--batch-size", "8",
+    "--microbatches", "2", "--epochs", "50", "--wait",
+)  # fmt: skip
 
 
 def gateway_config(tmp: Path, gateway: str, cloud_url: str, broker: str, camera_url: str) -> tuple[Path, int]:
@@ -119,7 +121,6 @@ def test_staged_rollout_on_three_gateways(tmp_path: Path, mosquitto) -> None:
         # a canary that looks worse live: rolled back automatically, within the controller's bound
         assert upload_model(cloud.url, cloud.operator_token, flattened_scene("flat", 0.02))[0] == 201
         assert promote(cloud, "scene", {"version": "flat", "canary": ["gw2"], "force": True})[0] == 200
-        wait_until()
         wait_until(lambda: lifecycle(cloud, "scene")["canary"] is None, 120, "the worse canary rolled back")
         last = lifecycle(cloud, "scene")["history"][-1]
         assert last["action"] == "rollback" and last["by"] == "rollout-controller", last

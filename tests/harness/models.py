@@ -25,7 +25,7 @@ def scene_variant(version: str, labels: list[str] | None = None) -> ModelArtifac
     return ModelArtifact(factory.metadata.model_copy(update=update), factory.onnx_bytes)
 
 
-def upload_model(url: str, token: str, artifact: ModelArtifact) -> tuple[int, dict]:
+def upload_model(url: str, token: str | None, artifact: ModelArtifact) -> tuple[int, dict]:
     """POST /v1/models/<name> as multipart/form-data (the route's own format)."""
     boundary = uuid.uuid4().hex
     parts = [
