@@ -1,11 +1,11 @@
 """RolloutController: cloudd's one owner task that watches canaries and rolls them back or on.
 
 Every ``interval_s`` it reads each model name's lifecycle; for a name with a canary it combines the
-heartbeat ``models`` figures of the canary gateways (only heartbeats received after the canary
-started, only figures of the canary version) and the baseline (cloud/rollout/health.py), and acts
-on the judgement: ``rollback`` (canary -> archived, the alias cleared, an event) or ``promote``
-(canary -> production after the soak). A worse canary is thus rolled back within one heartbeat
-interval plus ``interval_s`` of the heartbeat that shows it.
+heartbeat ``models`` figures of the canary gateways (only online gateways, only heartbeats received
+after the canary started, only figures of the canary version) and the baseline
+(cloud/rollout/health.py), and acts on the judgement: ``rollback`` (canary -> archived, the alias
+cleared, an event) or ``promote`` (canary -> production after the soak). A worse canary is thus
+rolled back within one heartbeat interval plus ``interval_s`` of the heartbeat that shows it.
 
 Invariants: only this task changes a lifecycle on its own account, and each change re-checks under
 the registry's lock that the canary it judged is still the canary (an operator may have acted in
@@ -27,6 +27,7 @@ from cloud.registry import ModelRegistry
 from cloud.rollout.health import Judgement, RolloutConfig, combine, judge
 from cloud.rollout.lifecycle import Lifecycle
 from cloud.rollout.transitions import promote_production, rollback
+from protocol.fleet import is_online
 from runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,10 @@ class RolloutController:
         canary = state.canary
         assert canary is not None
         reports: dict[str, dict[str, Any]] = {}
+        now = self.clock()
         for gateway, seen in latest.items():
+            if not is_online(seen.received_ts, seen.heartbeat.interval_s, now):
+                continue  # an offline gateway's last figures describe nothing running now
             figures = heartbeat_models(seen.heartbeat).get(name)
             if figures is not None:
                 reports[gateway] = figures | {"received_ts": seen.received_ts}

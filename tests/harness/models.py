@@ -69,7 +69,7 @@ def figures(version: str, *, frames: int, confidence: float, agreement: float | 
 
 def post_heartbeat(cloudd: Any, gateway: str, models: dict[str, dict]) -> tuple[int, dict]:
     """A gateway's heartbeat with its ``models`` figures, over HTTP with its own token."""
-    body = heartbeat(gateway, interval_s=1.0, sent_ts=time.time()) | {"models": models}
+    body = heartbeat(gateway, interval_s=5.0, sent_ts=time.time()) | {"models": models}
     return call(
         f"{cloudd.url}/v1/gateways/{gateway}/heartbeat",
         cloudd.token_for(gateway),
