@@ -171,3 +171,21 @@ def test_each_gateway_is_told_its_assignment_never_a_mere_candidate(tmp_path, mo
         wait_until(lambda: notices() == {"gw1": "1", "gw2": "2", "gw3": "1"}, 30, "gw2 told of its canary")
     finally:
         server.stop()
+
+
+def test_with_no_production_gateway_reporting_the_canarys_own_figures_before_the_swap_are_the_baseline(
+    cloudd,
+):
+    assert upload_model(cloudd.url, cloudd.operator_token, scene_variant("2"))[0] == 201
+    assert post_heartbeat(cloudd, "gw1", {"scene": figures("1", frames=400, confidence=0.95)})[0] == 200
+    ticks = lifecycle(cloudd, "scene")["controller"]["ticks"]
+    wait_until(
+        lambda: lifecycle(cloudd, "scene")["controller"]["ticks"] > ticks + 1, 30, "the controller saw it"
+    )
+    assert promote(cloudd, "scene", {"version": "2", "canary": ["gw1"], "force": True})[0] == 200
+    assert post_heartbeat(cloudd, "gw1", {"scene": figures("2", frames=60, confidence=0.5)})[0] == 200
+    wait_until(lambda: lifecycle(cloudd, "scene")["canary"] is None, 30, "the canary rolled back")
+    judged = lifecycle(cloudd, "scene")["history"][-1]["figures"]
+    assert (
+        judged["baseline"]["confidence_mean"] == pytest.approx(0.95) and judged["baseline"]["gateways"] == 1
+    )
