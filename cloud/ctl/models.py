@@ -19,7 +19,7 @@ import urllib.parse
 from typing import Any
 
 from cloud.ctl.http import call_json, get_json
-from cloud.ctl.text import format_models, format_table
+from cloud.ctl.text import format_models
 
 
 def add_models_parser(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -49,31 +49,6 @@ def add_models_parser(commands: Any, common: argparse.ArgumentParser) -> None:
     stage.add_argument("stage", choices=["candidate", "canary", "production", "archived"])
 
 
-def _evaluation_text(evaluation: dict[str, Any] | None) -> str:
-    if evaluation is None:
-        return "-"
-    value = "nan" if evaluation["value"] is None else f"{evaluation['value']:.3f}"
-    base = evaluation.get("baseline")
-    against = f" vs {base['version']} {base['value']:.3f}" if base else ""
-    verdict = "ok" if evaluation["promotable"] else "REFUSED"
-    return f"{evaluation['metric']} {value}{against} {verdict}"
-
-
-def format_versions(doc: dict[str, Any], now: float) -> str:
-    table = format_models(doc, now)
-    rows = [
-        [
-            m["name"],
-            m["version"],
-            m.get("track", "central"),
-            m.get("stage", "-"),
-            _evaluation_text(m.get("evaluation")),
-        ]
-        for m in doc["models"]
-    ]
-    return table + "\n\n" + format_table(["MODEL", "VERSION", "TRACK", "STAGE", "EVALUATION"], rows)
-
-
 def format_history(doc: dict[str, Any]) -> str:
     canary = doc.get("canary")
     lines = [
@@ -88,7 +63,8 @@ def format_history(doc: dict[str, Any]) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(event["ts"]))
         who = f" by {event['by']}" if event.get("by") else ""
         why = f": {event['reason']}" if event.get("reason") else ""
-        lines.append(f"  {when} {event['action']} {event.get('version')}{who}{why}")
+        forced = " [forced past the gate]" if event.get("forced") else ""
+        lines.append(f"  {when} {event['action']} {event.get('version')}{who}{why}{forced}")
     return "\n".join(lines)
 
 
@@ -106,7 +82,7 @@ def run_models(args: argparse.Namespace, base: str, now: float) -> int:
         if args.json:
             print(json.dumps(doc | ({"lifecycle": detail} if detail else {}), indent=2))
         else:
-            print(format_versions(doc, now) + ("\n\n" + format_history(detail) if detail else ""))
+            print(format_models(doc, now) + ("\n\n" + format_history(detail) if detail else ""))
         return 0
     if action == "promote":
         body: dict[str, Any] = {"version": args.version, "force": args.force, "reason": args.reason}

@@ -124,8 +124,8 @@ class RolloutController:
                 return False  # the operator acted since this judgement
             if judgement.action == "rollback":
                 rollback(state, None, None, by=BY, now=now, reason=judgement.reason)
-            else:
-                entry = {"name": name, "version": version, "factory": False, "evaluation": None}
+            else:  # gated when it became the canary (or forced then: the event says so again)
+                entry = dict(self.registry.entry(name, version) or {"name": name, "version": version})
                 promote_production(state, entry, force=True, by=BY, now=now, reason=judgement.reason)
             state.events[-1]["figures"] = judgement.to_json()
             return True

@@ -77,10 +77,13 @@ def _event(action: str, version: str | None, reason: str, by: str, now: float, *
     return {"ts": now, "action": action, "version": version, "reason": reason, "by": by, **more}
 
 
-def _gated(entry: dict[str, Any], force: bool) -> None:
+def _gated(entry: dict[str, Any], force: bool) -> dict[str, Any]:
+    """Raise when the gate refuses ``entry`` and it is not forced; the event fields that say a
+    refusal was overridden ({"forced": why}) or nothing."""
     refusal = gate_refusal(entry)
     if refusal is not None and not force:
         raise Refused("not_promotable", refusal)
+    return {"forced": refusal} if refusal is not None else {}
 
 
 def promote_canary(
@@ -94,7 +97,7 @@ def promote_canary(
     now: float,
 ) -> None:
     version = entry["version"]
-    _gated(entry, force)
+    forced = _gated(entry, force)
     if state.canary is not None and state.canary.version != version:
         raise Refused(
             "canary_running",
@@ -107,7 +110,9 @@ def promote_canary(
     state.canary = Canary(version, sorted(gateways), share, now)
     state.stages[version] = "canary"
     state.record(
-        _event("canary", version, "promoted to canary", by, now, gateways=sorted(gateways), share=share)
+        _event(
+            "canary", version, "promoted to canary", by, now, gateways=sorted(gateways), share=share, **forced
+        )
     )
 
 
@@ -115,7 +120,7 @@ def promote_production(
     state: Lifecycle, entry: dict[str, Any], *, force: bool, by: str, now: float, reason: str
 ) -> None:
     version = entry["version"]
-    _gated(entry, force)
+    forced = _gated(entry, force)
     previous = state.production
     if previous == version:
         raise Refused("already_production", f"{entry['name']}@{version} is already production")
@@ -126,7 +131,7 @@ def promote_production(
         state.canary = None
     state.production = version
     state.stages[version] = "production"
-    state.record(_event("production", version, reason, by, now, replaced=previous))
+    state.record(_event("production", version, reason, by, now, replaced=previous, **forced))
 
 
 def rollback(
