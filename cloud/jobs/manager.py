@@ -363,22 +363,17 @@ class JobManager:
         await asyncio.to_thread(_complete_lineage, workdir, job_id, spec)
         events.extend([{"event": "phase", "phase": "exporting", "time": self.clock()}])
         out = workdir / "artifact"
-        await self._step(
-            "export",
-            [
-                sys.executable,
-                "-m",
-                "cloud.jobs.export",
-                "--workdir",
-                str(workdir),
-                "--version",
-                job_id,
-                "--out",
-                str(out),
-            ],
-            workdir,
-            spec,
-        )
+        export = [
+            "-m",
+            "cloud.jobs.export",
+            "--workdir",
+            str(workdir),
+            "--version",
+            job_id,
+            "--out",
+            str(out),
+        ]
+        await self._step("export", [sys.executable, *export], workdir, spec)
         try:
             artifact = await asyncio.to_thread(load_artifact, out)
         except ArtifactError as exc:
