@@ -10,6 +10,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cloud.rollout.health import RolloutConfig
+from cloud.rollout.verdict import GateConfig
 from protocol.batch import MAX_BATCH_BYTES
 from protocol.errors import ProtocolError
 from protocol.topics import check_id
@@ -37,6 +39,9 @@ class CloudConfig:
     # the cloud's half of the placement plan (cloud/tasks): on/off, how often it reads the store
     tasks_enabled: bool = True
     tasks_poll_interval_s: float = 0.5
+    # the model lifecycle (cloud/rollout): the quality gate and the canary controller
+    gate: GateConfig = field(default_factory=GateConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
 
 
 def parse_token_arg(arg: str) -> tuple[str, str]:

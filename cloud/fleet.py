@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel
+
 from protocol.fleet import OFFLINE_AFTER_INTERVALS, GatewayHeartbeat, is_online
 
 
@@ -32,6 +34,16 @@ class FleetView:
 
     def latest(self) -> dict[str, Seen]:
         return dict(self._latest)
+
+
+def heartbeat_models(heartbeat: GatewayHeartbeat) -> dict[str, dict[str, Any]]:
+    """The heartbeat's ``models`` figures (what each model name runs, and how it does) as plain dicts;
+    {} from a gateway that reports none."""
+    models = getattr(heartbeat, "models", None) or {}
+    return {
+        name: figures.model_dump() if isinstance(figures, BaseModel) else dict(figures)
+        for name, figures in models.items()
+    }
 
 
 def fleet_document(
@@ -60,6 +72,7 @@ def fleet_document(
                 "placement": [p.model_dump() for p in beat.placement] if beat else [],
                 "services": [s.model_dump() for s in beat.services] if beat else [],
                 "software": beat.software if beat else None,
+                "models": heartbeat_models(beat) if beat else {},
                 "records": upload.get("records", 0),
                 "batches": upload.get("batches", 0),
             }

@@ -1,6 +1,8 @@
-"""Model notices from cloudd: when the registry stores a new model version, publish a retained
-``ModelNotice`` on ``edgefed/<gw>/models/<name>`` for every gateway cloudd has a token for, so each
-gateway's updater checks at once (polling stays its fallback; docs/camera.md).
+"""Model notices from cloudd: publish a retained ``ModelNotice`` on ``edgefed/<gw>/models/<name>``,
+so each gateway's updater checks at once (polling stays its fallback; docs/camera.md). cloudd
+announces to each gateway the version it is assigned (``notify_gateway``) whenever a name's
+lifecycle changes (cloud/rollout/announce.py), never merely a new version; ``notify`` (the same
+version to every gateway) is kept for registry listeners.
 
 Owner: ``serve`` makes one ``ModelNotifier`` when ``cloudd --broker`` is given, ``start``s it before
 the server and ``stop``s it after. The notifier owns one paho client (paho's own network thread,
@@ -161,19 +163,26 @@ class ModelNotifier:
     def notify(self, metadata: ModelMetadata) -> None:
         """Queue a retained notice for each known gateway; never blocks (a full queue drops, counted)."""
         self.counters["notices"] += 1
-        payload = notice_for(metadata)
         for gateway in sorted(self._gateways()):
-            try:
-                self._queue.put_nowait((model_notice_topic(gateway, metadata.name), payload))
-                self.counters["queued"] += 1
-            except queue.Full:
-                self.counters["dropped"] += 1
-                log.warning(
-                    "model notice for %s@%s to %s dropped: queue full (the gateway will poll)",
-                    metadata.name,
-                    metadata.version,
-                    gateway,
-                )
+            self._queue_notice(gateway, metadata)
+
+    def notify_gateway(self, gateway: str, metadata: ModelMetadata) -> None:
+        """Queue a retained notice of ``metadata`` (the version it is assigned) for one gateway."""
+        self.counters["notices"] += 1
+        self._queue_notice(gateway, metadata)
+
+    def _queue_notice(self, gateway: str, metadata: ModelMetadata) -> None:
+        try:
+            self._queue.put_nowait((model_notice_topic(gateway, metadata.name), notice_for(metadata)))
+            self.counters["queued"] += 1
+        except queue.Full:
+            self.counters["dropped"] += 1
+            log.warning(
+                "model notice for %s@%s to %s dropped: queue full (the gateway will poll)",
+                metadata.name,
+                metadata.version,
+                gateway,
+            )
 
     # --- threads ---------------------------------------------------------------------------------
 

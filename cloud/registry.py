@@ -1,12 +1,17 @@
 """The model registry: versioned ONNX artifacts under ``DATA_DIR/models/<name>/<version>/``
 (its HTTP routes are ``cloud/api/registry.py``).
 
-An entry is ``{"name", "version", "sha256", "size", "seq", "uploaded_ts", "lineage"}``; ``seq``
-counts a name's uploads from 1, and "latest" means the highest seq.
+An entry is ``{"name", "version", "sha256", "size", "seq", "uploaded_ts", "lineage", "track",
+"evaluation", "factory", "stage"}``; ``seq`` counts a name's uploads from 1. ``track`` is "central"
+or "federated" (federated rounds: listed only when asked for); ``evaluation`` is the quality gate's
+verdict (``cloud/rollout/gate.py``; None for versions uploaded by hand and the factory model);
+``stage`` is not stored in the entry but read from the name's lifecycle (``cloud/rollout/
+lifecycle.py``), which ``change_lifecycle`` alone changes. Entries written before tracks and
+evaluations read as track "central", evaluation None, factory False.
 
 Invariant: a version folder is visible (has ``registry.json``) only after its ONNX file and
 metadata are durably written and the bytes hash to the metadata's sha256; a stored version is
-never overwritten.
+never overwritten nor deleted; lifecycle changes and seq assignment are serialized by one lock.
 """
 
 from __future__ import annotations
@@ -17,16 +22,20 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, TypeVar, cast
 
-from models.artifact import ModelArtifact, load_artifact, save_artifact
-from protocol.events import ModelMetadata
+from cloud.rollout.lifecycle import Lifecycle, read_lifecycle, write_lifecycle
+from models.artifact import METADATA_FILE, ModelArtifact, load_artifact, save_artifact
+from protocol.events import ModelMetadata, parse_model_metadata
 from protocol.topics import check_id
 from runtime.files import atomic_write
 
 ENTRY_FILE = "registry.json"
 # What ``store`` did: 201 stored, 200 already stored with the same hash, 409 stored with other bytes.
 StoreStatus = Literal[201, 200, 409]
+Track = Literal["central", "federated"]
+TRACKS = ("central", "federated")
+T = TypeVar("T")
 
 
 class RegistryEntry(TypedDict):
@@ -39,6 +48,17 @@ class RegistryEntry(TypedDict):
     seq: int
     uploaded_ts: float
     lineage: dict[str, Any] | None  # what produced it; None if uploaded by hand
+    track: Track
+    evaluation: dict[str, Any] | None  # the quality gate's verdict; None: not evaluated
+    factory: bool  # the model shipped in models/artifacts/: never archived by a rollback, always pinnable
+    stage: str  # from the lifecycle, filled in when read
+
+
+def _read_entry(entry_file: Path) -> RegistryEntry:
+    """An entry file as an entry; one written before tracks and evaluations gets their defaults."""
+    raw = {"track": "central", "evaluation": None, "factory": False, "stage": "candidate"}
+    raw.update(json.loads(entry_file.read_text()))
+    return cast(RegistryEntry, raw)
 
 
 class ModelRegistry:
@@ -52,22 +72,54 @@ class ModelRegistry:
         self.root = root
         self._lock = asyncio.Lock()
         self._listeners: list[Callable[[ModelMetadata], None]] = []
+        self._lifecycle_listeners: list[Callable[[str], None]] = []
 
     def add_listener(self, listener: Callable[[ModelMetadata], None]) -> None:
         """Call ``listener(metadata)`` (on the loop; it must not block) after each new version."""
         self._listeners.append(listener)
 
+    def add_lifecycle_listener(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(name)`` (on the loop; it must not block) after each lifecycle change."""
+        self._lifecycle_listeners.append(listener)
+
+    def metadata(self, name: str, version: str) -> ModelMetadata:
+        return parse_model_metadata((self.folder(name, version) / METADATA_FILE).read_bytes())
+
     def folder(self, name: str, version: str) -> Path:
         return self.root / check_id("model", name) / check_id("version", version)
 
-    def entries(self, name: str | None = None) -> list[RegistryEntry]:
-        names = (
-            [name]
-            if name
-            else sorted(p.name for p in self.root.iterdir() if p.is_dir())
-            if self.root.exists()
-            else []
-        )
+    def entries(self, name: str | None = None, track: str | None = None) -> list[RegistryEntry]:
+        """Entries by name then seq, each with its stage; only ``track``'s when given."""
+        found = self._stored_entries(name)
+        lifecycles = {n: self.lifecycle(n, found) for n in {e["name"] for e in found}}
+        for entry in found:
+            entry["stage"] = lifecycles[entry["name"]].stage(entry["version"])
+        return [e for e in found if track is None or e["track"] == track]
+
+    def lifecycle(self, name: str, stored: list[RegistryEntry] | None = None) -> Lifecycle:
+        """The name's stages, aliases and events (a name stored before stages: migrated on read)."""
+        stored = self._stored_entries(name) if stored is None else stored
+        central = [e["version"] for e in stored if e["name"] == name and e["track"] == "central"]
+        return read_lifecycle(self.root / check_id("model", name), central)
+
+    async def change_lifecycle(self, name: str, change: Callable[[Lifecycle], T]) -> T:
+        """Apply ``change`` (which may raise, changing nothing) to the name's lifecycle and persist it."""
+        async with self._lock:
+            state = self.lifecycle(name)
+            result = change(state)
+            await asyncio.to_thread(write_lifecycle, self.root / check_id("model", name), state)
+        for listener in self._lifecycle_listeners:
+            listener(name)
+        return result
+
+    def names(self) -> list[str]:
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir()) if self.root.exists() else []
+
+    def factory_version(self, name: str) -> str | None:
+        return next((e["version"] for e in self._stored_entries(name) if e["factory"]), None)
+
+    def _stored_entries(self, name: str | None = None) -> list[RegistryEntry]:
+        names = [name] if name else self.names()
         found: list[RegistryEntry] = []
         for each in names:
             folder = self.root / each
@@ -76,24 +128,36 @@ class ModelRegistry:
             for version_dir in folder.iterdir():
                 entry_file = version_dir / ENTRY_FILE
                 if entry_file.exists():
-                    found.append(json.loads(entry_file.read_text()))
+                    found.append(_read_entry(entry_file))
         return sorted(found, key=lambda e: (e["name"], e["seq"]))
 
     def entry(self, name: str, version: str) -> RegistryEntry | None:
         entry_file = self.folder(name, version) / ENTRY_FILE
-        return json.loads(entry_file.read_text()) if entry_file.exists() else None
+        if not entry_file.exists():
+            return None
+        entry = _read_entry(entry_file)
+        entry["stage"] = self.lifecycle(name).stage(version)
+        return entry
 
     def load(self, name: str, version: str) -> ModelArtifact:
         return load_artifact(self.folder(name, version))
 
-    async def store(self, artifact: ModelArtifact) -> tuple[StoreStatus, RegistryEntry]:
-        """(HTTP status, entry): 201 stored, 200 already stored with the same hash, 409 conflict."""
+    async def store(
+        self,
+        artifact: ModelArtifact,
+        *,
+        track: Track = "central",
+        evaluation: dict[str, Any] | None = None,
+        factory: bool = False,
+    ) -> tuple[StoreStatus, RegistryEntry]:
+        """(HTTP status, entry): 201 stored (stage candidate), 200 already stored with the same hash,
+        409 conflict."""
         metadata = artifact.metadata
         async with self._lock:
             existing = self.entry(metadata.name, metadata.version)
             if existing is not None:
                 return (200 if existing["sha256"] == metadata.sha256 else 409), existing
-            seq = 1 + max((e["seq"] for e in self.entries(metadata.name)), default=0)
+            seq = 1 + max((e["seq"] for e in self._stored_entries(metadata.name)), default=0)
             entry = RegistryEntry(
                 name=metadata.name,
                 version=metadata.version,
@@ -102,8 +166,19 @@ class ModelRegistry:
                 seq=seq,
                 uploaded_ts=time.time(),
                 lineage=metadata.notes.get("lineage"),
+                track=track,
+                evaluation=evaluation,
+                factory=factory,
+                stage="candidate",
+            )
+            # the lifecycle is read (migrated) before the new version is visible, so it stays a candidate
+            state = self.lifecycle(metadata.name)
+            state.record(
+                {"ts": entry["uploaded_ts"], "action": "stored", "version": entry["version"], "track": track}
+                | ({"promotable": evaluation["promotable"]} if evaluation else {})
             )
             await asyncio.to_thread(self._write, artifact, entry)
+            await asyncio.to_thread(write_lifecycle, self.root / metadata.name, state)
         for listener in self._listeners:
             listener(metadata)
         return 201, entry
@@ -113,4 +188,5 @@ class ModelRegistry:
         if folder.exists():  # leftovers of a crash before registry.json: not a stored version
             shutil.rmtree(folder)
         save_artifact(folder, artifact)
-        atomic_write(folder / ENTRY_FILE, json.dumps(entry).encode())
+        stored = {k: v for k, v in entry.items() if k != "stage"}  # the stage lives in the lifecycle
+        atomic_write(folder / ENTRY_FILE, json.dumps(stored).encode())

@@ -23,13 +23,29 @@ from pathlib import Path
 from aiohttp import web
 
 import models
-from cloud.api import blobs, federated, fleet, health, ingest, jobs, openapi, probe, registry, status, uploads
+from cloud.api import (
+    blobs,
+    federated,
+    fleet,
+    health,
+    ingest,
+    jobs,
+    openapi,
+    probe,
+    registry,
+    rollout,
+    status,
+    uploads,
+)
 from cloud.api.blobs import BLOBS
 from cloud.api.context import CONFIG, METRICS, REGISTRY, STORE, TASKS
 from cloud.api.errors import json_errors
 from cloud.config import CloudConfig, ConfigError, load_tokens_file, parse_token_arg
 from cloud.metrics import CloudMetrics
 from cloud.notify import ModelNotifier, NotifyConfig, add_notify_arguments, parse_notify_args
+from cloud.rollout.announce import announce_assignments
+from cloud.rollout.flags import add_rollout_arguments, rollout_config
+from cloud.rollout.verdict import GateConfig
 from cloud.store import StoreLocked
 from cloud.store.writer import AsyncStoreWriter
 from cloud.tasks.runner import TaskRunner, TaskRunnerConfig
@@ -43,6 +59,8 @@ ROUTE_GROUPS: tuple[Callable[[web.Application], None], ...] = (
     status.setup,
     probe.setup,
     blobs.setup,
+    # rollout's routes before the registry's /v1/models/{name}/{version}: the router matches in order
+    rollout.setup,
     # registry before jobs: jobs register versions; uploads before jobs: jobs train on them
     registry.setup,
     uploads.setup,
@@ -144,13 +162,17 @@ async def serve(
     ready: Callable[[CloudServer], None] | None = None,
     notify: NotifyConfig | None = None,
 ) -> None:
-    """Run cloudd until SIGTERM or SIGINT, then shut down within a deadline. With ``notify``, each new
-    model version is announced on MQTT (cloud/notify.py)."""
+    """Run cloudd until SIGTERM or SIGINT, then shut down within a deadline. With ``notify``, each
+    lifecycle change of a model name is announced on MQTT to each gateway as the version it is now
+    assigned (cloud/notify.py, cloud/rollout/announce.py)."""
     server = CloudServer(config)
     notifier = None
     if notify is not None:
         notifier = ModelNotifier(notify, lambda: config.gateway_tokens.keys())
-        server.app[REGISTRY].add_listener(notifier.notify)
+        registry = server.app[REGISTRY]
+        registry.add_lifecycle_listener(
+            lambda name: announce_assignments(registry, name, config.gateway_tokens, notifier.notify_gateway)
+        )
         notifier.start()  # connects in paho's thread: a dead broker never holds cloudd up
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -210,6 +232,7 @@ def parse_args(argv: Sequence[str] | None = None) -> CloudConfig:
         "--tasks-poll-interval", type=float, default=0.5, help="seconds between the task runner's reads"
     )
     parser.add_argument("--log-level", default="INFO")
+    add_rollout_arguments(parser)
     add_notify_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -230,6 +253,8 @@ def parse_args(argv: Sequence[str] | None = None) -> CloudConfig:
         max_dataset_bytes=args.max_dataset_bytes,
         tasks_enabled=not args.no_tasks,
         tasks_poll_interval_s=args.tasks_poll_interval,
+        gate=GateConfig(args.gate_tolerance, args.gate_floor_over_chance),
+        rollout=rollout_config(args),
     )
 
 

@@ -47,6 +47,14 @@ RejectionReason = Literal[
     "queue_full",
     "already_finished",
     "no_job",
+    # model lifecycle (cloud/rollout/transitions.py)
+    "not_promotable",
+    "canary_running",
+    "already_production",
+    "no_target",
+    "use_promote",
+    "is_production",
+    "no_assignment",
     # cloudd itself
     "busy",
     "store_failed",

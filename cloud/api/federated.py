@@ -2,6 +2,8 @@
 
     PUT /v1/federated/job                        FederatedJob JSON; operator. 201 started (a new
                                                  global model, version 0), 200 already running
+    DELETE /v1/federated/job                     operator; stops the job (its state is kept as
+                                                 federated/stopped.json); 404 none running
     GET /v1/federated/job                        the running job (404 none); operator
     GET /v1/federated/status                     rounds, participants, staleness, bytes; operator
     GET /v1/federated/gateways/{gw}/model[?have=V]
@@ -53,6 +55,7 @@ def setup(app: web.Application) -> None:
     app[FEDERATED] = FederatedSlot()
     app.cleanup_ctx.append(_lifetime)
     app.router.add_put(JOB_PATH, put_job)
+    app.router.add_delete(JOB_PATH, delete_job)
     app.router.add_get(JOB_PATH, get_job)
     app.router.add_get(STATUS_PATH, get_status)
     app.router.add_get(MODEL_PATH, get_model)
@@ -66,6 +69,7 @@ async def _start_coordinator(app: web.Application) -> FederatedCoordinator:
     coordinator = FederatedCoordinator(data_dir)
     # The registry's routes (cloud/api/registry.py) own one instance; share it (its lock orders seq).
     coordinator.registry = app.get(REGISTRY) or ModelRegistry(data_dir / "models")
+    coordinator.gate = app[CONFIG].gate
     await coordinator.start()
     app[FEDERATED].coordinator = coordinator
     return coordinator
@@ -109,6 +113,24 @@ async def put_job(request: web.Request) -> web.Response:
         return reject(request, 400, "invalid", str(exc))
     return web.json_response(
         {"started": changed, "version": coordinator.status.get("version")}, status=201 if changed else 200
+    )
+
+
+async def delete_job(request: web.Request) -> web.Response:
+    if (refusal := operator_refusal(request)) is not None:
+        return refusal
+    slot = request.app[FEDERATED]
+    async with slot.starting:
+        coordinator, slot.coordinator = slot.coordinator, None
+        if coordinator is None:
+            return _no_job(request)
+        status = coordinator.status
+        await coordinator.stop()
+        state = request.app[CONFIG].data_dir / STATE_FILE
+        if state.exists():  # a cloudd restart must not resume a stopped job
+            state.replace(state.with_name("stopped.json"))
+    return web.json_response(
+        {"stopped": True, "model": status.get("model"), "version": status.get("version")}
     )
 
 

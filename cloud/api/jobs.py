@@ -49,6 +49,7 @@ def setup(app: web.Application) -> None:
         uploads=app[UPLOADS],
         max_running=config.max_running_jobs,
         max_queued=config.max_queued_jobs,
+        gate=config.gate,
     )
     app.cleanup_ctx.append(_manager_lifetime)
     app.on_shutdown.append(_close_streams)

@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel
 
+from cloud.api.rollout import PromoteBody, RollbackBody, StageBody
 from cloud.jobs.spec import JobSpec
 from protocol.events import ModelMetadata
 from protocol.fleet import GatewayHeartbeat
@@ -113,15 +114,58 @@ def document() -> dict[str, Any]:
                 params=job,
             )
         },
-        "/v1/models": {"get": _op("model versions with lineage (?name=N)", None, errors=(400,))},
+        "/v1/models": {
+            "get": _op("model versions with stage and evaluation (?name=N, ?track=T)", None, errors=(400,))
+        },
+        "/v1/models/{name}/assignment": {
+            "get": _op(
+                "the version a gateway should run (?gateway=G)",
+                "gateway",
+                errors=(400, 404),
+                params=("name",),
+            )
+        },
+        "/v1/models/{name}/promote": {
+            "post": _op(
+                "candidate -> canary (gateways or share) or -> production",
+                "operator",
+                body="PromoteBody",
+                errors=(400, 404, 409),
+                params=("name",),
+            )
+        },
+        "/v1/models/{name}/rollback": {
+            "post": _op(
+                "end the canary, or restore an earlier production",
+                "operator",
+                body="RollbackBody",
+                errors=(400, 404, 409),
+                params=("name",),
+            )
+        },
+        "/v1/models/{name}/{version}/stage": {
+            "post": _op(
+                "set a version's stage (candidate, archived)",
+                "operator",
+                body="StageBody",
+                errors=(400, 404, 409),
+                params=("name", "version"),
+            )
+        },
         "/v1/models/{name}": {
+            "get": _op(
+                "a name's versions, aliases, rollout judgement and history",
+                "operator",
+                errors=(400, 404),
+                params=("name",),
+            ),
             "post": _op(
                 "upload a version: multipart parts metadata (ModelMetadata) + onnx",
                 "operator",
                 ok=201,
                 errors=(400, 409, 413),
                 params=("name",),
-            )
+            ),
         },
         "/v1/models/{name}/{version}": {
             "get": _op("a version's metadata", None, errors=(404,), params=("name", "version"))
@@ -137,7 +181,7 @@ def document() -> dict[str, Any]:
         },
         "/v1/openapi.json": {"get": _op("this document", None)},
     }
-    schemas = _schemas(JobSpec, GatewayHeartbeat, ModelMetadata)
+    schemas = _schemas(JobSpec, GatewayHeartbeat, ModelMetadata, PromoteBody, RollbackBody, StageBody)
     schemas["Error"] = {
         "type": "object",
         "required": ["error", "detail"],

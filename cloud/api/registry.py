@@ -5,16 +5,19 @@
                                               (401/403 otherwise). 201 stored, 200 same
                                               version+hash already there, 409 same version with
                                               other bytes, 400 invalid/hash
-    GET  /v1/models[?name=N]                  {"models": [entry, ...]} by name, then upload order;
-                                              open: gateways poll it
+    GET  /v1/models[?name=N][&track=T]        {"models": [entry, ...]} by name, then upload order;
+                                              track "central" (default), "federated" or "all";
+                                              open
     GET  /v1/models/{name}/{version}          the version's metadata.json
     GET  /v1/models/{name}/{version}/onnx     the bytes; headers X-Model-Sha256 and ETag
 
-An entry is ``{"name", "version", "sha256", "size", "seq", "uploaded_ts", "lineage"}``; ``seq``
-counts a name's uploads from 1, and "latest" means the highest seq. A version's lineage (which
-dataset, gateways and LSN ranges, or which job) is the ``notes["lineage"]`` of its metadata,
-written by the job that produced it and copied into the entry when the version is stored;
-versions uploaded by hand have ``lineage: null``.
+An entry is ``{"name", "version", "sha256", "size", "seq", "uploaded_ts", "lineage", "track",
+"evaluation", "factory", "stage"}`` (``cloud/registry.py``); ``seq`` counts a name's uploads from 1.
+A version uploaded here is a ``candidate`` without an evaluation: it runs on no gateway until an
+operator promotes it with ``force`` (stages and assignment: ``cloud/api/rollout.py``). A version's
+lineage (which dataset, gateways and LSN ranges, or which job) is the ``notes["lineage"]`` of its
+metadata, written by the job that produced it and copied into the entry when the version is
+stored; versions uploaded by hand have ``lineage: null``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from aiohttp import BodyPartReader, web
 
 from cloud.api.auth import operator_refusal
 from cloud.api.context import CONFIG, REGISTRY
-from cloud.registry import ModelRegistry, RegistryEntry
+from cloud.registry import TRACKS, ModelRegistry, RegistryEntry
 from models.artifact import ArtifactError, artifact_from_bytes
 from protocol.topics import check_id
 
@@ -95,7 +98,10 @@ def setup_model_routes(
         name = request.query.get("name")
         if name is not None:
             check_or_400(name)
-        return web.json_response({"models": registry.entries(name)})
+        track = request.query.get("track", "central")
+        if track not in (*TRACKS, "all"):
+            raise web.HTTPBadRequest(text=f"track: {track!r} is not one of {', '.join(TRACKS)}, all")
+        return web.json_response({"models": registry.entries(name, None if track == "all" else track)})
 
     def found(request: web.Request) -> tuple[str, str, RegistryEntry]:
         name, version = request.match_info["name"], request.match_info["version"]

@@ -14,8 +14,10 @@ import time
 from collections.abc import Sequence
 
 from cloud.ctl.datasets import add_datasets_parser, run_datasets
+from cloud.ctl.federated import add_federated_parser, run_federated
 from cloud.ctl.http import CtlError, call_json, get_json
-from cloud.ctl.text import format_fleet, format_job_detail, format_jobs, format_models, format_status
+from cloud.ctl.models import add_models_parser, run_models
+from cloud.ctl.text import format_fleet, format_job_detail, format_jobs, format_status
 from cloud.ctl.train import add_train_parser, spec_from_args, watch
 
 DEFAULT_URL = "http://127.0.0.1:8700"
@@ -33,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("status", parents=[common], help="gateways and per-device record counts")
     commands.add_parser("jobs", parents=[common], help="training jobs")
-    commands.add_parser("models", parents=[common], help="model versions and their lineage")
+    add_models_parser(commands, common)
+    add_federated_parser(commands, common)
     commands.add_parser("fleet", parents=[common], help="gateways: online, backlog, link, placement")
     add_datasets_parser(commands, common)
     for name in ("job", "cancel", "watch"):
@@ -69,12 +72,14 @@ def run(args: argparse.Namespace) -> int:
             return 0
         print(format_status(doc, now, get_json(base + "/v1/jobs", token, args.timeout)))
         return 0
-    simple = {"models": ("/v1/models", format_models), "fleet": ("/v1/fleet", format_fleet)}
-    if args.command in simple:
-        path, formatter = simple[args.command]
-        doc = get_json(base + path, token, args.timeout)
-        print(json.dumps(doc, indent=2) if args.json else formatter(doc, now))
+    if args.command == "fleet":
+        doc = get_json(base + "/v1/fleet", token, args.timeout)
+        print(json.dumps(doc, indent=2) if args.json else format_fleet(doc, now))
         return 0
+    if args.command == "models":
+        return run_models(args, base, now)
+    if args.command == "federated":
+        return run_federated(args, base)
     if args.command == "datasets":
         return run_datasets(args, base, now)
     if args.command == "jobs":

@@ -110,20 +110,32 @@ def _lineage_text(lineage: dict[str, Any] | None) -> str:
     return text
 
 
+def _evaluation_text(evaluation: dict[str, Any] | None) -> str:
+    if evaluation is None:
+        return "-"
+    value = "nan" if evaluation["value"] is None else f"{evaluation['value']:.3f}"
+    base = evaluation.get("baseline")
+    against = f" vs {base['version']} {base['value']:.3f}" if base else ""
+    verdict = "ok" if evaluation["promotable"] else "REFUSED"
+    return f"{evaluation['metric']} {value}{against} {verdict}"
+
+
 def format_models(doc: dict[str, Any], now: float) -> str:
-    return format_table(
-        ["MODEL", "VERSION", "SEQ", "BYTES", "STORED", "LINEAGE"],
+    rows = [
         [
-            [
-                m["name"],
-                m["version"],
-                m["seq"],
-                m["size"],
-                _when(m["uploaded_ts"], now),
-                _lineage_text(m.get("lineage")),
-            ]
-            for m in doc["models"]
-        ],
+            m["name"],
+            m["version"],
+            m["seq"],
+            m.get("track", "central"),
+            m.get("stage", "-"),
+            _evaluation_text(m.get("evaluation")),
+            _when(m["uploaded_ts"], now),
+            "factory model" if m.get("factory") else _lineage_text(m.get("lineage")),
+        ]
+        for m in doc["models"]
+    ]
+    return format_table(
+        ["MODEL", "VERSION", "SEQ", "TRACK", "STAGE", "EVALUATION", "STORED", "LINEAGE"], rows
     )
 
 

@@ -9,7 +9,9 @@ Each poll: read new update records (``UpdateFeed``), skip any (gateway, update_i
 or buffered (counted as duplicates), decode and validate (refusals counted by reason), let the
 aggregator admit or fail each, then aggregate while the aggregator is ready. Each aggregate is a
 new version: weights and the applied ids are saved together (state.py) and, every ``onnx_every``
-versions, exported to ONNX into the model registry (``cloud/registry.py``).
+versions, exported to ONNX, evaluated by the quality gate (``cloud/rollout/gate.py``: the digits
+test split, against the name's production) and stored in the model registry (``cloud/registry.py``)
+on track "federated", as a candidate.
 
 Invariant: an update id is applied at most once: it is added to ``applied`` in the same durable
 state write that makes the version it contributed to visible, and an id in ``applied`` or in the
@@ -35,8 +37,10 @@ from cloud.federated.layout import Layout, build_model
 from cloud.federated.state import FederatedState, load_state, save_state
 from cloud.federated.strategies import Aggregator, ClientUpdate, Failure, make_aggregator
 from cloud.registry import ModelRegistry
+from cloud.rollout.gate import HeldOut
+from cloud.rollout.verdict import GateConfig
 from models.architectures import input_shape, load_floating_state
-from models.artifact import ModelArtifact
+from models.artifact import ModelArtifact, load_artifact
 from protocol.errors import ProtocolError
 from protocol.federated import FederatedJob, GlobalModel, TensorEntry, pack_payload, parse_update
 from runtime.tasks import cancel_and_wait, wait_event
@@ -85,6 +89,8 @@ class FederatedCoordinator:
         self._exports: list[tuple[int, torch.Tensor]] = []
         self._on_version = on_version
         self.registry: ModelRegistry | None = None  # set by the route group (cloud/api/federated.py)
+        self.gate = GateConfig()  # set by the route group from cloudd's config
+        self._held_out: HeldOut | None = None  # the gate's rows, loaded at the first export
         self.model_document: tuple[int, bytes] | None = None
         self.status: dict[str, Any] = {"v": 1, "job": None}
 
@@ -127,7 +133,12 @@ class FederatedCoordinator:
             try:
                 artifact = await loop.run_in_executor(self._executor, self._export, version, weights)
                 if self.registry is not None:
-                    await self.registry.store(artifact)
+                    production = self.registry.lifecycle(artifact.name).production
+                    baseline = self.registry.folder(artifact.name, production) if production else None
+                    evaluation = await loop.run_in_executor(
+                        self._executor, self._evaluate, artifact, baseline
+                    )
+                    await self.registry.store(artifact, track="federated", evaluation=evaluation)
                 await loop.run_in_executor(self._executor, self._count, "onnx_exported")
             except Exception as exc:
                 await loop.run_in_executor(self._executor, self._count, "onnx_failed")
@@ -317,6 +328,23 @@ class FederatedCoordinator:
             labels=[str(i) for i in range(classes)],
             notes={"federated_version": version, "aggregator": self._state.job.aggregator},
         )
+
+    def _evaluate(self, artifact: ModelArtifact, baseline: Path | None) -> dict[str, Any]:
+        """The quality gate, as for a central job: on the digits test split, against production. An
+        architecture that does not take digits has no held-out rows here: not promotable, said so."""
+        import numpy as np
+
+        from cloud.rollout.gate import digits_held_out, evaluate
+
+        assert self._state is not None
+        if self._held_out is None:
+            self._held_out = digits_held_out(0)
+        held = self._held_out
+        arch = self._state.job.arch
+        shape = tuple(input_shape(arch))
+        if shape != tuple(held.x.shape[1:]):
+            held = HeldOut(np.empty((0, *shape), np.float32), None, f"no held-out data for {arch.kind}")
+        return evaluate(artifact, load_artifact(baseline) if baseline else None, held, self.gate)
 
     def _count(self, name: Literal["onnx_exported", "onnx_failed"]) -> None:
         if self._state is not None:

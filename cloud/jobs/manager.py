@@ -5,12 +5,15 @@ A job runs in ``<data_dir>/jobs/<id>/`` as a chain of processes, each with a dea
 dataset from gateways' uploads (sensor windows, camera frames: ``cloud.jobs.datasets`` writes the
 tensor file the job TOML names), prepare (``cloud.jobs.prepare``: an uploaded dataset file becomes
 that tensor file, the model is checked, the job TOML written), train (``torchrun ... -m
-cloud.training.run``), export (``cloud.jobs.export``); then the artifact is stored in the model
-registry as version ``<id>`` with the job's lineage. Each process gets the spec's ``pythonpath``
-on PYTHONPATH (a model factory's folder). The owner task tails ``progress.jsonl`` into the job's
-``JobEvents``, between the manager's own phase events (``queued``, ``starting``, ``exporting``).
+cloud.training.run``), export (``cloud.jobs.export``), gate (``cloud.rollout.gate``: the new
+version and the name's production on the job's held-out rows); then the artifact is stored in the
+model registry as version ``<id>``, a candidate, with the job's lineage and the gate's evaluation.
+Each process gets the spec's ``pythonpath`` on PYTHONPATH (a model factory's folder). The owner
+task tails ``progress.jsonl`` into the job's ``JobEvents``, between the manager's own phase events
+(``queued``, ``starting``, ``exporting``, ``evaluating``).
 
-Invariants: a job is ``succeeded`` only after its model version is in the registry; submissions
+Invariants: a job is ``succeeded`` only after its model version is in the registry with its
+evaluation (promotable or not: the gate decides where it may run, not whether it is kept); submissions
 beyond ``max_queued`` waiting jobs are refused (``QueueFull``, counted in ``refused``), never
 silently dropped; ``stop()`` leaves no torchrun behind (running jobs are stopped and go back to
 ``queued``, so the next cloudd resumes them from their last complete checkpoint).
@@ -35,6 +38,8 @@ from cloud.jobs.table import FINAL, JobRow, JobState, JobTable
 from cloud.jobs.torchrun import cancel_job, launch_job, python_path
 from cloud.jobs.uploads import UploadedDatasets
 from cloud.registry import ModelRegistry
+from cloud.rollout.gate import gate_command
+from cloud.rollout.verdict import GateConfig
 from models.artifact import ArtifactError, load_artifact
 from runtime.tasks import cancel_and_wait, wait_event
 
@@ -99,9 +104,11 @@ class JobManager:
         uploads: UploadedDatasets | None = None,
         max_running: int = 1,
         max_queued: int = 16,
+        gate: GateConfig | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.data_dir, self.root = data_dir, data_dir / "jobs"
+        self.gate = gate or GateConfig()
         self.registry, self.clock = registry, clock
         self.uploads = uploads or UploadedDatasets(data_dir / "uploads", max_bytes=0)
         self.max_running, self.max_queued = max_running, max_queued
@@ -356,27 +363,30 @@ class JobManager:
         await asyncio.to_thread(_complete_lineage, workdir, job_id, spec)
         events.extend([{"event": "phase", "phase": "exporting", "time": self.clock()}])
         out = workdir / "artifact"
-        await self._step(
-            "export",
-            [
-                sys.executable,
-                "-m",
-                "cloud.jobs.export",
-                "--workdir",
-                str(workdir),
-                "--version",
-                job_id,
-                "--out",
-                str(out),
-            ],
-            workdir,
-            spec,
-        )
+        export = [
+            "-m",
+            "cloud.jobs.export",
+            "--workdir",
+            str(workdir),
+            "--version",
+            job_id,
+            "--out",
+            str(out),
+        ]
+        await self._step("export", [sys.executable, *export], workdir, spec)
         try:
             artifact = await asyncio.to_thread(load_artifact, out)
         except ArtifactError as exc:
             raise JobFailure(f"export: {exc}") from None
-        status, entry = await self.registry.store(artifact)
+        # the quality gate: the new version and production, on the rows the job held out
+        events.extend([{"event": "phase", "phase": "evaluating", "time": self.clock()}])
+        production = self.registry.lifecycle(artifact.name).production
+        baseline = self.registry.folder(artifact.name, production) if production else None
+        verdict = workdir / "evaluation.json"
+        await self._step("gate", gate_command(workdir, out, baseline, self.gate, verdict), workdir, spec)
+        evaluation = json.loads(await asyncio.to_thread(verdict.read_text))
+        events.extend([{"event": "evaluated", "time": self.clock(), "evaluation": evaluation}])
+        status, entry = await self.registry.store(artifact, evaluation=evaluation)
         if status == 409:
             raise JobFailure(f"registry: {artifact.name}@{artifact.version} exists with other bytes")
         self.table.set_fields(job_id, model=entry, lineage=artifact.metadata.notes.get("lineage"))

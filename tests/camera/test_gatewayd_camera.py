@@ -18,6 +18,7 @@ import pytest
 
 from models.artifact import ModelArtifact, build_metadata, save_artifact
 from tests.harness.camera import DevicesimCamera, GroundTruth, relabel, scene_artifact
+from tests.harness.cloud_http import call
 from tests.harness.cloudd import OPERATOR_TOKEN, Cloudd, cloudd_token, make_cloudd
 from tests.harness.gatewayctl import broker_args, ctl_json
 from tests.harness.gatewayd import Gatewayd, write_config
@@ -139,8 +140,16 @@ def test_gatewayd_camera_inference_ota_and_reconnect(tmp_path: Path, mosquitto) 
 
         # (b) a new version through the registry is swapped in under load; the notice came over MQTT
         base = scene_artifact()
-        assert upload(cloud.url, relabel(base, "1")) == 201  # the version the gateway runs: no swap
+        # version 1 is the factory model, registered by cloudd at start: the same bytes are there
+        assert upload(cloud.url, relabel(base, "1")) == 200  # the version the gateway runs: no swap
         assert upload(cloud.url, relabel(base, "2")) == 201
+        promoted = call(
+            f"{cloud.url}/v1/models/scene/promote",
+            OPERATOR_TOKEN,
+            "POST",
+            {"version": "2", "production": True, "force": True},  # by hand: no evaluation, forced
+        )
+        assert promoted[0] == 200, promoted
         wait_until(lambda: cam()["engine"]["active_version"] == "2", 20, "version 2 swapped in")
         status = cam()
         assert status["updater"]["notices"] >= 1 and status["updater"]["installed"] == 1, status["updater"]

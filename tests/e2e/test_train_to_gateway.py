@@ -1,7 +1,8 @@
 """The whole loop, every part real: a running gatewayd infers camera frames and uploads the events and
 their JPEGs to cloudd; ``cloudctl train`` trains the scene model on those uploads under torchrun
-(2 processes, a few steps); the job registers a version; cloudd announces it over MQTT and the
-gateway's over-the-air path swaps it in and serves inference with it."""
+(2 processes, a few steps); the job registers a candidate version with the gate's evaluation; once
+the operator promotes it, cloudd announces it over MQTT and the gateway's over-the-air path swaps
+it in and serves inference with it."""
 
 from __future__ import annotations
 
@@ -88,8 +89,13 @@ def test_job_on_gateway_camera_uploads_reaches_the_gateway(tmp_path: Path, mosqu
 
         # the version knows what it learned from: frames of gw1's log, labelled by the gateway
         status, listing = call(f"{cloud.url}/v1/models?name=scene")
-        assert status == 200 and [m["version"] for m in listing["models"]] == ["job-00001"]
-        lineage = listing["models"][0]["lineage"]
+        versions = {m["version"]: m for m in listing["models"]}
+        assert status == 200 and sorted(versions) == ["1", "job-00001"]  # the factory version, kept
+        assert versions["1"]["factory"] and versions["1"]["stage"] == "production"
+        trained = versions["job-00001"]
+        assert trained["stage"] == "candidate" and trained["evaluation"]["rows"] >= 1
+        assert trained["evaluation"]["baseline"]["version"] == "1"  # judged against what it would replace
+        lineage = trained["lineage"]
         assert lineage["dataset"] == "camera_frames" and lineage["frames"] >= FRAMES
         assert list(lineage["sources"]) == ["gw1"] and lineage["job"] == "job-00001"
         status, metadata = call(f"{cloud.url}/v1/models/scene/job-00001")
@@ -115,7 +121,11 @@ def test_job_on_gateway_camera_uploads_reaches_the_gateway(tmp_path: Path, mosqu
             for line in shown.stdout.splitlines()
         ), shown.stdout
 
+        # a candidate runs nowhere; promoted (forced: a few steps of training need not pass the gate),
         # the gateway learns of it over MQTT (it polls only hourly), swaps it in, and infers with it
+        assert engine()["active_version"] == "1"
+        promoted = cloud.ctl("models", "promote", "scene", "job-00001", "--production", "--force")
+        assert promoted.returncode == 0, promoted.stderr
         wait_until(lambda: engine()["active_version"] == "job-00001", 60, "gateway runs scene@job-00001")
         updater = gateway.status()["camera"]["updater"]
         assert updater["notices"] >= 1 and updater["installed"] == 1, updater

@@ -317,8 +317,14 @@ async def test_ten_gateways_reach_centralised_accuracy(tmp_path: Path) -> None:
         assert final["updates"]["applied"] == before["updates"]["applied"]
         assert final["bytes"]["payload"] > 0 and final["rounds"] == final["version"] >= 12
         assert final["onnx"]["exported"] >= 1
-        listed = json.loads(http(cloudd, "GET", "/v1/models?name=digits")[1])["models"]
+        # federated rounds: their own track, hidden from the default listing, each evaluated
+        assert json.loads(http(cloudd, "GET", "/v1/models?name=digits")[1])["models"] == []
+        listed = json.loads(http(cloudd, "GET", "/v1/models?name=digits&track=federated")[1])["models"]
         assert any(e["version"] == "0" for e in listed)
+        assert all(e["track"] == "federated" and e["stage"] == "candidate" for e in listed)
+        first = next(e for e in listed if e["version"] == "0")["evaluation"]
+        assert first["metric"] == "accuracy" and first["rows"] > 0 and first["dataset"].startswith("digits")
+        assert first["promotable"] is False  # version 0 is the untrained initial model
     finally:
         for gateway in gateways:
             await gateway.stop_all()

@@ -6,8 +6,9 @@ than the shipped 48x48 scene CNN, which takes ~1 ms a frame here. ``cpu_limit`` 
 CFS quota (cgroups v1 or v2) of a fraction of one core; ``heavy_scene_artifact`` builds an untrained
 scene model at a larger input size and width (same labels, preprocessing and postprocessing, so the
 gateway and cloudd read its outputs as they read the shipped one's); ``install_in_registry`` uploads it
-through cloudd's real route, so the registry's invariants hold and gatewayd's OTA updater, which wants
-the registry's latest version, finds the version it already runs and swaps nothing.
+through cloudd's real route and makes it production, so the registry's invariants hold and gatewayd's
+OTA updater, which runs the version cloudd assigns it, finds the version it already runs and swaps
+nothing.
 ``python -m tests.harness.weak_edge --out DIR`` builds one and prints its cost per frame.
 
 Owner: whoever enters ``cpu_limit`` owns the cgroup it makes and removes it on exit
@@ -173,8 +174,9 @@ def per_frame_ms(artifact: ModelArtifact, frames: int = 20) -> float:
 
 
 async def install_in_registry(cloud_url: str, operator_token: str, artifact: ModelArtifact) -> dict[str, Any]:
-    """Upload ``artifact`` (POST /v1/models/<name>) and check it is the registry's latest version, the
-    one the gateway's OTA updater wants; returns its registry entry."""
+    """Upload ``artifact`` (POST /v1/models/<name>) and make it production (forced: a test stand-in
+    has no evaluation), then check it is what cloudd assigns a gateway, the version the gateway's
+    OTA updater is told to run; returns its registry entry."""
     import aiohttp
 
     form = aiohttp.FormData()
@@ -183,21 +185,24 @@ async def install_in_registry(cloud_url: str, operator_token: str, artifact: Mod
         "onnx", artifact.onnx_bytes, content_type="application/octet-stream", filename="model.onnx"
     )
     headers = {"Authorization": f"Bearer {operator_token}"}
+    base = f"{cloud_url}/v1/models/{artifact.name}"
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
-        async with http.post(
-            f"{cloud_url}/v1/models/{artifact.name}", data=form, headers=headers
-        ) as response:
+        async with http.post(base, data=form, headers=headers) as response:
             if response.status not in (200, 201):
                 raise RuntimeError(
                     f"upload of {artifact.name}@{artifact.version}: {response.status} {await response.text()}"
                 )
             entry: dict[str, Any] = await response.json()
-        async with http.get(f"{cloud_url}/v1/models", params={"name": artifact.name}) as response:
+        body = {"version": artifact.version, "production": True, "force": True, "reason": "weak edge"}
+        async with http.post(f"{base}/promote", json=body, headers=headers) as response:
+            if response.status != 200 and (await response.json())["error"] != "already_production":
+                raise RuntimeError(f"promote {artifact.name}@{artifact.version}: {await response.text()}")
+        async with http.get(f"{base}/assignment", params={"gateway": "gw1"}, headers=headers) as response:
             response.raise_for_status()
-            latest = max((await response.json())["models"], key=lambda e: e["seq"])
-    if latest["version"] != artifact.version:
+            assigned = (await response.json())["version"]
+    if assigned != artifact.version:
         raise RuntimeError(
-            f"the registry's latest {artifact.name} is {latest['version']}, not {artifact.version}: "
+            f"cloudd assigns {artifact.name}@{assigned}, not {artifact.version}: "
             "the gateway's OTA updater would swap the heavy model away"
         )
     return entry

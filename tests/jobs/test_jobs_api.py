@@ -199,8 +199,10 @@ def test_openapi_documents_every_v1_route(untouched):
 
 
 def test_models_listing_and_upload_refusals(untouched):
-    status, doc = call(f"{untouched.url}/v1/models")
-    assert status == 200 and doc == {"models": []}
+    status, doc = call(f"{untouched.url}/v1/models")  # the factory model, registered at start
+    assert status == 200 and [(m["name"], m["stage"], m["factory"]) for m in doc["models"]] == [
+        ("scene", "production", True)
+    ]
     status, doc = call(f"{untouched.url}/v1/models?name=bad%20name")
     assert status == 400
     status, doc = call(f"{untouched.url}/v1/models/digits", None, "POST", b"x")

@@ -71,13 +71,14 @@ def test_the_heavy_scene_model_runs_on_camera_frames_like_the_shipped_one(tmp_pa
     assert result.event.label in LABELS and result.event.model_version == "weak-64x4"
 
 
-async def test_the_heavy_model_goes_into_the_registry_only_as_its_latest(
+async def test_the_heavy_model_goes_into_the_registry_as_the_assigned_production(
     tmp_path: Path, cloudd: Cloudd
 ) -> None:
     heavy = heavy_scene_artifact(tmp_path / "heavy", input_size=64, width=4, version="weak-64x4")
     entry = await install_in_registry(cloudd.url, OPERATOR_TOKEN, heavy)
-    assert (entry["version"], entry["seq"], entry["sha256"]) == ("weak-64x4", 1, heavy.metadata.sha256)
+    # seq 2: the factory scene model, registered by cloudd at start, is seq 1
+    assert (entry["version"], entry["seq"], entry["sha256"]) == ("weak-64x4", 2, heavy.metadata.sha256)
     assert (cloudd.data_dir / "models" / "scene" / "weak-64x4" / "registry.json").exists()
     await install_in_registry(cloudd.url, OPERATOR_TOKEN, relabel(heavy, "newer"))
-    with pytest.raises(RuntimeError, match="OTA updater would swap"):  # stored already, but not the latest
-        await install_in_registry(cloudd.url, OPERATOR_TOKEN, heavy)
+    # stored already and no longer production: installing it again makes it production again
+    assert (await install_in_registry(cloudd.url, OPERATOR_TOKEN, heavy))["version"] == "weak-64x4"

@@ -106,10 +106,16 @@ def tensor_file_stream(data: DataSection, seed: int, batch_size: int) -> Minibat
         if data.loss == "mse" and not y.is_floating_point():
             raise JobError("data.loss: mse needs y as float targets")
         y = y.long() if data.loss == "cross_entropy" else y
-    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
-    n_test = int(len(x) * data.test_fraction)
-    test, train = order[:n_test], order[n_test:]
+    test, train = split_rows(len(x), data.test_fraction, seed)
     return MinibatchStream(x[train], y[train], x[test], y[test], seed, batch_size)
+
+
+def split_rows(rows: int, test_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(held-out row indices, training row indices) of a tensor file: the quality gate
+    (cloud/rollout/gate.py) evaluates on exactly the rows a job held out."""
+    order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed))
+    n_test = int(rows * test_fraction)
+    return order[:n_test], order[n_test:]
 
 
 def loss_function(data: DataSection) -> nn.Module:
