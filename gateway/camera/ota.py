@@ -263,6 +263,9 @@ class ModelUpdater:
             self.counters.factory_fallbacks += 1
             fallback = Target(factory, "factory", f"factory fallback: pinned {target.version}: {why}")
             await self._swap(await self.local.factory(), fallback)
+        elif self.stage != "factory":  # already running it (pinned before): it now runs as the fallback
+            self.stage = "factory"
+            await asyncio.to_thread(self.local.set_running, RunningNote(factory, self.stage))
         return outcome
 
     def _refuse(self, target: Target, reason: str, detail: str, sha256: str | None) -> None:

@@ -100,6 +100,10 @@ class AssignmentProxy:
             return web.Response(body=body, status=response.status, headers=out)
 
     def stop(self) -> None:
+        """Close the server (the gateway behind it sees connection refused); again: nothing."""
+        if not self._thread.is_alive():
+            return
+
         async def close() -> None:
             await self._runner.cleanup()
             await self._http.close()
