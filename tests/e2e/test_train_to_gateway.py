@@ -1,7 +1,8 @@
 """The whole loop, every part real: a running gatewayd infers camera frames and uploads the events and
 their JPEGs to cloudd; ``cloudctl train`` trains the scene model on those uploads under torchrun
-(2 processes, a few steps); the job registers a version; cloudd announces it over MQTT and the
-gateway's over-the-air path swaps it in and serves inference with it."""
+(2 processes, a few steps); the job registers a version; the gateway does not run it until cloudd
+assigns it (issue 22: never the newest; the assignment is served in front of this branch's cloudd by
+tests/harness/assignment.py), then its over-the-air path swaps it in and serves inference with it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.harness.assignment import AssignmentProxy
 from tests.harness.camera import DevicesimCamera
 from tests.harness.cloud_http import call
 from tests.harness.cloudd import cloudd_token, start_cloudd
@@ -23,13 +25,12 @@ FRAMES = 16  # committed frames wanted before training: a minibatch left after t
 
 
 def camera_config(camera_url: str, blob_dir: Path) -> str:
-    # A long poll interval: the new version can only arrive in time through cloudd's MQTT notice.
     return (
         f'blob_dir = "{blob_dir}"\n'  # still inside write_config's [uplink]
         "[log]\nflush_interval_ms = 50\n"
         "[placement]\nenabled = false\n"
         f'[camera]\nenabled = true\ncamera_id = "cam1"\nsource = "{camera_url}"\n'
-        "ota_poll_interval_s = 3600\nopen_timeout_s = 3.0\nread_timeout_s = 3.0\n"
+        "ota_poll_interval_s = 2.0\nopen_timeout_s = 3.0\nread_timeout_s = 3.0\n"
     )
 
 
@@ -47,11 +48,12 @@ def uploaded_frames(cloud) -> list[dict[str, Any]]:
 @pytest.mark.timeout(600)  # three daemons, a camera and torchrun on 2 shared cores
 def test_job_on_gateway_camera_uploads_reaches_the_gateway(tmp_path: Path, mosquitto) -> None:
     cloud = start_cloudd(tmp_path / "c", gateways=("gw1",), extra_args=("--broker", mosquitto.url))
+    proxy = AssignmentProxy(cloud.url)
     camera = DevicesimCamera(free_port(), tmp_path / "truth.jsonl", seed=3, fps=4.0)
     config, http_port = write_config(
         tmp_path,
         mosquitto.url,
-        cloud_url=cloud.url,
+        cloud_url=proxy.url,
         token=cloudd_token("gw1"),
         extra=camera_config(camera.url, tmp_path / "blobs"),
     )
@@ -115,10 +117,16 @@ def test_job_on_gateway_camera_uploads_reaches_the_gateway(tmp_path: Path, mosqu
             for line in shown.stdout.splitlines()
         ), shown.stdout
 
-        # the gateway learns of it over MQTT (it polls only hourly), swaps it in, and infers with it
+        # registered, announced, not assigned: the gateway keeps its model
+        polls = gateway.status()["camera"]["updater"]["polls"]
+        wait_until(lambda: gateway.status()["camera"]["updater"]["polls"] >= polls + 2, 30, "two more checks")
+        assert engine()["active_version"] == "1" and gateway.status()["camera"]["updater"]["notices"] >= 1
+        # assigned: it swaps it in, and infers with it
+        entry = listing["models"][0]
+        proxy.assignments.assign_version("scene", "job-00001", entry["sha256"], "canary", "trained on gw1")
         wait_until(lambda: engine()["active_version"] == "job-00001", 60, "gateway runs scene@job-00001")
         updater = gateway.status()["camera"]["updater"]
-        assert updater["notices"] >= 1 and updater["installed"] == 1, updater
+        assert updater["installed"] == 1 and updater["stage"] == "canary", updater
         wait_until(
             lambda: any(e.get("model_version") == "job-00001" for e in camera_events(cloud)),
             60,
@@ -127,4 +135,5 @@ def test_job_on_gateway_camera_uploads_reaches_the_gateway(tmp_path: Path, mosqu
     finally:
         gateway.kill()
         camera.stop()
+        proxy.stop()
         cloud.stop()

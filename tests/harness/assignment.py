@@ -33,11 +33,14 @@ class Assignments:
         self.asked: list[str] = []  # the gateway of each request, in order
 
     def assign(self, artifact: ModelArtifact, stage: str = "canary", reason: str = "test") -> None:
-        self.documents[artifact.name] = {
-            "name": artifact.name,
-            "version": artifact.version,
+        self.assign_version(artifact.name, artifact.version, artifact.metadata.sha256, stage, reason)
+
+    def assign_version(self, name: str, version: str, sha256: str, stage: str, reason: str) -> None:
+        self.documents[name] = {
+            "name": name,
+            "version": version,
             "stage": stage,
-            "sha256": artifact.metadata.sha256,
+            "sha256": sha256,
             "reason": reason,
         }
 
