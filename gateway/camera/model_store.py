@@ -82,6 +82,13 @@ class LocalModels:
         await asyncio.to_thread(save_artifact, self.folder / artifact.version, artifact)
 
 
+def default_artifact_dir(model: str) -> Path:
+    """The artifact shipped with the code: ``models/artifacts/<model>``."""
+    import models
+
+    return Path(models.__file__).resolve().parent / "artifacts" / model
+
+
 def _read(path: Path, key: str) -> str | None:
     try:
         value = json.loads(path.read_text()).get(key)

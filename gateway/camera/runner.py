@@ -33,15 +33,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.camera.change import ChangeConfig
 from gateway.camera.events import CameraEventRecorder
 from gateway.camera.health import camera_health
 from gateway.camera.inference import InferenceEngine
-from gateway.camera.model_store import LocalModels
+from gateway.camera.model_store import LocalModels, default_artifact_dir
 from gateway.camera.model_view import heartbeat_models, models_answer, running_label
 from gateway.camera.ota import ModelUpdater
 from gateway.camera.routing import route_frames
-from gateway.camera.source import CameraSource, CameraSourceConfig
+from gateway.camera.source import CameraSource, source_config
 from gateway.camera.traffic import CameraTraffic, camera_quantities
 from gateway.control.handlers import Applied
 from gateway.mqtt.adapter import MqttAdapter, MqttSettings
@@ -59,38 +58,6 @@ from runtime.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 
 STOP_FEED_S = 5.0  # the router task ends once the stopped source's queue is taken
-
-
-def default_artifact_dir(model: str) -> Path:
-    """The artifact shipped with the code: ``models/artifacts/<model>``."""
-    import models
-
-    return Path(models.__file__).resolve().parent / "artifacts" / model
-
-
-def source_config(config: CameraConfig, settings: CameraSettings) -> CameraSourceConfig:
-    """The capture settings: the file's knobs, the control plane's source and sample rate."""
-    assert settings.source is not None
-    source: str | int = int(settings.source) if settings.source.isdigit() else settings.source
-    if isinstance(source, str) and source.startswith("file://"):
-        source = source[len("file://") :]
-    change = ChangeConfig(
-        enabled=config.change_detection,
-        pixel_threshold=config.change_pixel_threshold,
-        min_changed_fraction=config.change_min_fraction,
-    )
-    return CameraSourceConfig(
-        config.camera_id,
-        source,
-        sample_fps=settings.sample_fps,
-        queue_size=config.queue_size,
-        change=change,
-        jpeg_quality=config.jpeg_quality,
-        backoff_initial_s=config.backoff_initial_s,
-        backoff_max_s=config.backoff_max_s,
-        open_timeout_s=config.open_timeout_s,
-        read_timeout_s=config.read_timeout_s,
-    )
 
 
 def _numbers(values: dict[str, Any]) -> dict[str, float]:
