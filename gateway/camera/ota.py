@@ -211,7 +211,6 @@ class ModelUpdater:
             if not outcome.ok:
                 self._refuse(target, outcome.reason, outcome.detail, artifact.metadata.sha256)
                 return await self._unavailable(target, outcome)
-            self._say("")
             return outcome
 
     async def _target(self) -> Target | SwapOutcome:
@@ -239,13 +238,16 @@ class ModelUpdater:
         self.assignment = document if isinstance(document, dict) else None
         return document
 
-    async def _swap(self, artifact: ModelArtifact, target: Target) -> SwapOutcome:
+    async def _swap(self, artifact: ModelArtifact, target: Target, note: str = "") -> SwapOutcome:
+        """Swap ``artifact`` in; once it runs, ``note`` is what to know about it (before ``on_swap``,
+        which shows it)."""
         was = self.engine.active_version
         outcome = await self.engine.swap(artifact)
         if not outcome.ok:
             return outcome
         self.counters.installed += 1
         self.stage = target.stage
+        self._say(note)
         await asyncio.to_thread(self.local.set_running, RunningNote(artifact.version, target.stage))
         swap = {"name": self.name, "from": was, "to": artifact.version, "reason": target.reason}
         await self._on_swap(ModelSwap.model_validate({**swap, "stage": target.stage, "ts": time.time()}))
@@ -262,7 +264,7 @@ class ModelUpdater:
         if self.engine.active_version != factory:
             self.counters.factory_fallbacks += 1
             fallback = Target(factory, "factory", f"factory fallback: pinned {target.version}: {why}")
-            await self._swap(await self.local.factory(), fallback)
+            await self._swap(await self.local.factory(), fallback, self.note)
         elif self.stage != "factory":  # already running it (pinned before): it now runs as the fallback
             self.stage = "factory"
             await asyncio.to_thread(self.local.set_running, RunningNote(factory, self.stage))

@@ -6,8 +6,9 @@ than the shipped 48x48 scene CNN, which takes ~1 ms a frame here. ``cpu_limit`` 
 CFS quota (cgroups v1 or v2) of a fraction of one core; ``heavy_scene_artifact`` builds an untrained
 scene model at a larger input size and width (same labels, preprocessing and postprocessing, so the
 gateway and cloudd read its outputs as they read the shipped one's); ``install_in_registry`` uploads it
-through cloudd's real route, so the registry's invariants hold and gatewayd's OTA updater, which wants
-the registry's latest version, finds the version it already runs and swaps nothing.
+through cloudd's real route, so the registry's invariants hold and cloudd infers with the same version.
+gatewayd's OTA updater follows cloudd's assignment (issue 22), not the latest version: with no
+assignment to be had it keeps the heavy model it started with (``artifact_dir``).
 ``python -m tests.harness.weak_edge --out DIR`` builds one and prints its cost per frame.
 
 Owner: whoever enters ``cpu_limit`` owns the cgroup it makes and removes it on exit
