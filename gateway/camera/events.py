@@ -15,6 +15,8 @@ markers and the frames sent to the cloud through ``append_marker``, ``append_for
 ``flush_routed``, and waits with ``settle`` for the consumer before a switch; the uplink's task
 appends the held frames for the cloud through ``release_held`` (``drain`` releases what is left).
 
+The runner appends each model swap's record (``append_swap``: a ``ModelSwap`` body), durable at once.
+
 Invariant: every inference result the consumer takes becomes exactly one event record appended to the
 log (a ``CameraEvent`` when its frame's ``summarise`` runs here, an ``InferenceResult`` otherwise), or
 is counted (``events_log_full``, ``events_log_failed``); its MQTT event is published or counted

@@ -5,6 +5,10 @@ updates, and the events they produce, started and stopped as one unit (docs/came
                              \--> FrameForCloud log record (infer placed in the cloud; routing.py)
     MQTT notice (edgefed/<gw>/models/<name>) --notice task--> ModelUpdater (+ polling) --swap--> engine
 
+What the engine runs is the updater's decision (pin, cloudd's assignment, factory model:
+gateway/camera/ota.py); at each swap this module writes the INFO line and the ``model_swap`` record and
+reports the camera and models services' new details (``scene@<version> (<stage>)``: model_view.py).
+
 This module is the lifecycle (start, stop, source switches, pins) and the numbers (``measurements()`` for
 placement: gateway/camera/traffic.py; ``health()``: gateway/camera/health.py); what becomes of each result
 (the consumer task: log, frame spool, MQTT event, flushes) is gateway/camera/events.py; where each frame goes
