@@ -151,10 +151,21 @@ class ModelUpdater:
                 return held, Target(last.version, last.stage, "restart")
         return await self.local.factory(), Target(self.local.factory_version, "factory", "factory model")
 
-    def started(self, target: Target) -> None:
-        """The engine runs ``target`` (``first_model``'s) from its start."""
-        self.stage = target.stage
-        self.local.set_running(RunningNote(target.version, target.stage))
+    async def start_engine(self) -> tuple[SwapOutcome, Target]:
+        """Start the engine on ``first_model``'s choice; one that does not load gives way to the
+        factory model (with a note). The outcome is the factory model's then."""
+        artifact, target = await self.first_model()
+        outcome = await self.engine.start(artifact)
+        if not outcome.ok and target.stage != "factory":
+            why = f"{outcome.reason}: {outcome.detail}"[:200]
+            self._say(f"{artifact.version} does not load ({why}); running the factory model")
+            self.counters.factory_fallbacks += 1
+            target = Target(self.local.factory_version, "factory", "factory model")
+            outcome = await self.engine.swap(await self.local.factory())
+        if outcome.ok:
+            self.stage = target.stage
+            await asyncio.to_thread(self.local.set_running, RunningNote(target.version, target.stage))
+        return outcome, target
 
     def on_notice(self, payload: bytes) -> None:
         """A retained notice arrived on ``edgefed/<gw>/models/<name>``: check now."""

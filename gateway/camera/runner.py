@@ -235,15 +235,13 @@ class CameraRunner:
         await updater.open()
         self.engine, self.updater = engine, updater  # _stop_all closes them if what follows fails
         try:
-            artifact, target = await updater.first_model()  # the pinned version, offline included
+            outcome, target = await updater.start_engine()  # the pinned version, offline included
         except ArtifactError as exc:
             self.counters["start_failures"] += 1
             return f"model artifact {folder}: {exc}"
-        outcome = await engine.start(artifact)
         if not outcome.ok:
             self.counters["start_failures"] += 1
-            return f"model {artifact.name}@{artifact.version}: {outcome.reason}: {outcome.detail}"
-        updater.started(target)
+            return f"model {config.model}@{outcome.version}: {outcome.reason}: {outcome.detail}"
         log.info(
             "models: %s starts with %s: %s",
             config.model,

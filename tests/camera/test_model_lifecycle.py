@@ -81,7 +81,8 @@ def test_gateway_follows_the_assignment_pins_survive_restarts_and_figures_reach_
         gw.wait_status(
             lambda s: s["camera"]["engine"]["active_version"] == "2", 30, "version 2 assigned, running"
         )
-        assert "models: scene swapped 1 -> 2 (stage canary): assignment: canary set gw1" in gw.output()
+        line = "models: scene swapped 1 -> 2 (stage canary): assignment: canary set gw1"
+        wait_until(lambda: line in gw.output(), 20, "the swap's INFO line")
         wait_until(lambda: swap_records(cloud), 30, "the swap record uploaded to cloudd")
         swap = swap_records(cloud)[0]
         assert (swap["name"], swap["from"], swap["to"], swap["stage"]) == ("scene", "1", "2", "canary"), swap
@@ -116,8 +117,11 @@ def test_gateway_follows_the_assignment_pins_survive_restarts_and_figures_reach_
 
         # restart, the cloud still assigning 2: the engine starts on the pin and never runs 2
         gw = Gatewayd(config, http_port).wait_ready()
-        status = cam()
-        assert (status["engine"]["active_version"], status["updater"]["pinned"]) == ("1", "1"), status
+        status = gw.wait_status(lambda s: s["camera"].get("engine") is not None, 30, "the camera started")
+        assert (status["camera"]["engine"]["active_version"], status["camera"]["updater"]["pinned"]) == (
+            "1",
+            "1",
+        )
         assert "models: scene starts with scene@1 (pinned): pin" in gw.output()
         gw.wait_status(
             lambda s: s["camera"]["engine"]["inferred"] >= 5, 30, "frames inferred after the restart"
@@ -142,7 +146,9 @@ def test_gateway_follows_the_assignment_pins_survive_restarts_and_figures_reach_
 
         # restart offline with that pin: the factory model, and it says why
         gw = Gatewayd(config, http_port).wait_ready()
-        status = cam()
+        status = gw.wait_status(lambda s: s["camera"].get("engine") is not None, 30, "the camera started")[
+            "camera"
+        ]
         assert (status["engine"]["active_version"], status["updater"]["stage"]) == ("1", "factory"), status
         assert "pinned 7 is not available" in status["updater"]["note"]
     finally:

@@ -13,10 +13,10 @@ import numpy as np
 from aiohttp import web
 
 from cloud.api.registry import setup_model_routes
-from gateway.camera.inference import InferenceEngine
+from gateway.camera.inference import InferenceEngine, SwapOutcome
 from gateway.camera.model_store import LocalModels
 from gateway.camera.ota import ModelUpdater
-from models.artifact import ModelArtifact, build_metadata, sha256_hex
+from models.artifact import ModelArtifact, build_metadata, save_artifact, sha256_hex
 from models.inference import InferenceInput
 from protocol.events import ModelNotice, ModelSwap
 from protocol.topics import model_notice_topic
@@ -128,10 +128,8 @@ async def test_ota_follows_the_assignment_pins_and_falls_back_to_the_factory(
     try:
         async with aiohttp.ClientSession() as http:
             await updater.open()
-            artifact, target = await updater.first_model()  # nothing ran before: the factory model
-            assert (artifact.version, target.stage) == ("1", "factory")
-            assert (await engine.start(artifact)).ok
-            updater.started(target)
+            outcome, target = await updater.start_engine()  # nothing ran before: the factory model
+            assert (outcome.ok, target.version, target.stage) == (True, "1", "factory")
             # no assignment (a cloudd without the route: 404): newer uploads are not followed
             v2 = scene_artifact("2")
             assert (await upload(http, url, v2))[0] == 201
@@ -151,7 +149,10 @@ async def test_ota_follows_the_assignment_pins_and_falls_back_to_the_factory(
             await asyncio.to_thread(
                 publish, mosquitto.port, [(model_notice_topic("gw1", "scene"), message)], retain=True
             )
-            await eventually(lambda: engine.active_version == "2", 10, "the updater swapping to version 2")
+            await eventually(
+                lambda: len(swaps) == 1, 10, "the updater swapping to version 2"
+            )  # and reporting it
+            assert engine.active_version == "2"
             assert (updater.stage, updater.note, updater.counters.notices) == ("canary", "", 1)
             assert swaps[-1].model_dump(by_alias=True, exclude={"ts"}) == {
                 "v": 1, "type": "model_swap", "name": "scene", "from": "1", "to": "2",
@@ -203,14 +204,26 @@ async def test_ota_follows_the_assignment_pins_and_falls_back_to_the_factory(
         await engine.stop()
 
     # a restart starts with the pin, offline: the engine never runs another version first
-    again = ModelUpdater(InferenceEngine(), LocalModels(tmp_path / "gw-models", "scene", SCENE_ARTIFACT),
-                         gateway_id="gw1", cloud_url=url, on_swap=on_swap)  # fmt: skip
-    await again.open()
-    try:
-        artifact, target = await again.first_model()
-        assert (artifact.version, target.stage, again.pinned) == ("1", "pinned", "1")
-    finally:
-        await again.stop()
+    async def restart() -> tuple[ModelUpdater, SwapOutcome]:
+        engine = InferenceEngine()
+        local = LocalModels(tmp_path / "gw-models", "scene", SCENE_ARTIFACT)
+        updater = ModelUpdater(engine, local, gateway_id="gw1", cloud_url=url, on_swap=on_swap)
+        await updater.open()
+        try:
+            outcome, _ = await updater.start_engine()
+        finally:
+            await updater.stop()
+            await engine.stop()
+        return updater, outcome
+
+    again, outcome = await restart()
+    assert (outcome.ok, outcome.version, again.stage, again.pinned) == (True, "1", "pinned", "1")
+    # a pinned version held here whose bytes (hash right) no longer load: the factory model, and why
+    save_artifact(tmp_path / "gw-models" / "scene" / "9", relabel(scene_artifact(), "9", b"not onnx" * 32))
+    LocalModels(tmp_path / "gw-models", "scene", SCENE_ARTIFACT).set_pin("9")
+    again, outcome = await restart()
+    assert (outcome.ok, outcome.version, again.stage, again.pinned) == (True, "1", "factory", "9")
+    assert "9 does not load (load_failed" in again.note and again.counters.factory_fallbacks == 1
 
 
 async def test_shadow_agreement_after_a_swap() -> None:
