@@ -99,7 +99,8 @@ def test_gateway_follows_the_assignment_pins_survive_restarts_and_figures_reach_
         assert (figures["version"], figures["stage"], figures["pinned"]) == ("2", "canary", None)
         assert figures["shadow_agreement"] == 1.0  # the same network under another version
         assert figures["frames"] > 0 and figures["error_rate"] == 0.0 and figures["latency_ms_p50"] > 0
-        GatewayHeartbeat(gateway="gw1", sent_ts=1.0, interval_s=0.5, models=status["camera"]["models"])
+        beat = {"gateway": "gw1", "sent_ts": 1.0, "interval_s": 0.5, "models": status["camera"]["models"]}
+        GatewayHeartbeat.model_validate(beat)  # what the heartbeat carries is valid as the protocol says
         metrics = gw.get("/metrics").decode()
         assert "edgefed_gateway_camera_model_shadow_agreement" in metrics
         # cloudd accepts heartbeats that carry them (it refuses a field it does not know: 400)
