@@ -1,6 +1,7 @@
 """Heartbeats to cloudd (``POST /v1/gateways/<gw>/heartbeat``): the gateway's backlog, its link
-estimate, where its tasks run and the state of each service (``degraded`` or ``failed`` with the
-error, as the control plane shows it), every ``interval_s``, for the cloud's fleet view.
+estimate, where its tasks run, the state of each service (``degraded`` or ``failed`` with the
+error, as the control plane shows it) and each model it runs with its live figures (``models``:
+gateway/camera/figures.py), every ``interval_s``, for the cloud's fleet view and rollout controller.
 
 Invariant: one owner task. A heartbeat that fails is counted and not retried: the next one, one
 interval later, carries newer figures, and cloudd calls the gateway offline only after three
@@ -65,7 +66,7 @@ class HeartbeatSender:
         timeout_s: float = 5.0,
     ) -> None:
         """``describe()`` returns the heartbeat's changing fields: backlog_records, backlog_bytes,
-        link, placement, services (see protocol/fleet.py)."""
+        link, placement, services, models (see protocol/fleet.py)."""
         self._url = f"{cloud_url.rstrip('/')}/v1/gateways/{gateway_id}/heartbeat"
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.gateway_id = gateway_id
@@ -86,7 +87,8 @@ class HeartbeatSender:
         beat = GatewayHeartbeat(
             gateway=self.gateway_id, sent_ts=time.time(), interval_s=self.interval_s, **self._describe()
         )
-        return beat.model_dump_json().encode()
+        # no models: the field is left out, so a cloudd that predates it accepts the heartbeat
+        return beat.model_dump_json(exclude=None if beat.models else {"models"}).encode()
 
     async def _run(self) -> None:
         async with aiohttp.ClientSession(timeout=self._timeout) as session:

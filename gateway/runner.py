@@ -211,6 +211,7 @@ class GatewayRunner:
             flush_interval_s=config.log.flush_interval_ms / 1000,
             on_fatal=self._on_fatal,
             sides=lambda: self._sides("camera"),
+            report=self.handlers.report,
         )
 
     def _sides(self, service: PlacedService) -> ServiceSides:
@@ -244,6 +245,7 @@ class GatewayRunner:
             "link": heartbeat_link(self.link_monitor.snapshot()),
             "placement": heartbeat_placement(plan),
             "services": heartbeat_services(self.control.states.all()),
+            "models": self.camera.model_figures() if self.camera is not None else {},
         }
 
     def _offline_now(self) -> Will:

@@ -233,6 +233,10 @@ class CameraConfig(_Section):
     inference_queue: int = Field(default=64, ge=1, le=4096)  # inputs waiting for the model, drop-oldest
     ota_poll_interval_s: float = Field(default=60.0, gt=0)
     ota_timeout_s: float = Field(default=10.0, gt=0)
+    # after a swap the replaced version stays loaded this long as the shadow, run on every
+    # shadow_every-th frame: the heartbeat's shadow_agreement (gateway/camera/figures.py); 0: no shadow
+    shadow_s: float = Field(default=600.0, ge=0)
+    shadow_every: int = Field(default=10, ge=1)
     upload_frames: bool = True  # spool changed frames' JPEGs in uplink.blob_dir (when set) and upload them
     spool_max_frames: int = Field(default=2000, ge=1)  # frames waiting in the spool; beyond: event only
     # A camera event is an alert (severity "alert", drained first) at or above alert_score, for the

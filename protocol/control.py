@@ -115,7 +115,7 @@ class ModelsSettings(_Model):
     pins: dict[Id, Version] = Field(
         default_factory=dict,
         max_length=256,
-        description="model name -> pinned version (absent: follow the latest)",
+        description="model name -> pinned version (absent: follow cloudd's assignment)",
     )
 
 

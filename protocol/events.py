@@ -4,6 +4,8 @@
                    labels and the sha256 of the ONNX bytes (registry upload, download, gateway load)
     ModelNotice    retained MQTT payload on ``edgefed/<gw>/models/<name>``: "version V is current"
     InferenceEvent the ``body`` of a Record of kind "event" that gateway inference produces
+    ModelSwap      the ``body`` of a Record of kind "event" that a gateway writes at each model swap
+                   or rollback (the uplink carries it to cloudd like any event)
 
 Example notice::
 
@@ -89,6 +91,24 @@ class InferenceEvent(_Payload):
     model_version: str
     label: str
     score: float
+
+
+class ModelSwap(_Payload):
+    """The model a camera runs changed: ``from_version`` (None: nothing ran) -> ``to``, and why
+    (``pin``, ``unpin``, ``assignment: <cloudd's reason>``, ``factory fallback: ...``, ``restart``);
+    ``stage`` is the new version's (the assignment's, ``pinned`` or ``factory``). Serialised by alias:
+    ``{"v": 1, "type": "model_swap", "name", "from", "to", "reason", "stage", "ts"}``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    v: Literal[1] = 1
+    type: Literal["model_swap"] = "model_swap"
+    name: str = Field(pattern=f"^{ID_PATTERN}$")
+    from_version: str | None = Field(None, alias="from", pattern=VERSION_PATTERN)
+    to: str = Field(pattern=VERSION_PATTERN)
+    reason: str = Field(max_length=300)
+    stage: str | None = Field(None, max_length=32)
+    ts: float
 
 
 def _parse(kind: type[BaseModel], what: str, data: bytes | str) -> Any:

@@ -11,12 +11,13 @@ every time finite); anything else is a ``ProtocolError`` naming the field.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
 from protocol.control import ServiceState
 from protocol.errors import ProtocolError
+from protocol.events import VERSION_PATTERN
 from protocol.telemetry import describe_validation_error
 from protocol.topics import ID_PATTERN
 
@@ -55,6 +56,32 @@ class ServiceHealth(_Strict):
     detail: str = Field("", max_length=300)
 
 
+class ModelFigures(_Strict):
+    """One model as the gateway runs it, and how it does: figures over the window since ``version``
+    started running here (``since_ts``; a swap starts a new window). ``pinned``: the operator's pin
+    (None: the gateway follows cloudd's assignment); ``stage``: the assignment's stage, ``pinned``,
+    ``factory``, or None (not known yet). ``shadow_agreement``: share of the ``shadow_frames`` sampled
+    frames on which the previously running version gave the same label (None: no shadow ran)."""
+
+    version: str = Field(pattern=VERSION_PATTERN)
+    pinned: str | None = Field(None, pattern=VERSION_PATTERN)
+    stage: str | None = Field(None, max_length=32)
+    frames: int = Field(0, ge=0)
+    confidence_mean: float | None = None
+    shadow_agreement: float | None = Field(None, ge=0, le=1)
+    shadow_frames: int = Field(0, ge=0)
+    error_rate: float | None = Field(None, ge=0, le=1)
+    latency_ms_p50: float | None = Field(None, ge=0)
+    since_ts: float
+
+    @field_validator("confidence_mean", "latency_ms_p50", "since_ts")
+    @classmethod
+    def _finite_figure(cls, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise ValueError("must be finite")
+        return value
+
+
 class GatewayHeartbeat(_Strict):
     v: Literal[1] = 1
     gateway: str = Field(pattern=f"^{ID_PATTERN}$")
@@ -66,6 +93,10 @@ class GatewayHeartbeat(_Strict):
     placement: list[PlacementDecision] = Field(default_factory=list, max_length=256)
     services: list[ServiceHealth] = Field(default_factory=list, max_length=32)
     software: str | None = Field(None, max_length=64)
+    # optional, so cloudd of any version parses a heartbeat without it (the sender leaves it out when empty)
+    models: dict[Annotated[str, StringConstraints(pattern=f"^{ID_PATTERN}$")], ModelFigures] | None = Field(
+        None, max_length=16
+    )
 
     @field_validator("sent_ts")
     @classmethod

@@ -15,6 +15,8 @@ markers and the frames sent to the cloud through ``append_marker``, ``append_for
 ``flush_routed``, and waits with ``settle`` for the consumer before a switch; the uplink's task
 appends the held frames for the cloud through ``release_held`` (``drain`` releases what is left).
 
+The runner appends each model swap's record (``append_swap``: a ``ModelSwap`` body), durable at once.
+
 Invariant: every inference result the consumer takes becomes exactly one event record appended to the
 log (a ``CameraEvent`` when its frame's ``summarise`` runs here, an ``InferenceResult`` otherwise), or
 is counted (``events_log_full``, ``events_log_failed``); its MQTT event is published or counted
@@ -42,6 +44,7 @@ from models.summarise import summarise
 from protocol.config import CameraConfig
 from protocol.control import Side
 from protocol.derived import FrameForCloud, InferenceResult, PlacementMarker
+from protocol.events import ModelSwap
 from protocol.records import event_record
 from runtime.tasks import wait_event
 
@@ -123,6 +126,8 @@ class CameraEventRecorder:
             "frames_for_cloud_log_full": 0,
             "frames_cloud_fallback": 0,
             "alerts": 0,
+            "swaps_logged": 0,
+            "swap_log_full": 0,
         }
 
     @property
@@ -193,6 +198,12 @@ class CameraEventRecorder:
         if what == "events":
             self.counters["events_logged"] += 1
         return 1
+
+    async def append_swap(self, swap: ModelSwap) -> None:
+        """The record of a model swap, durable before this returns (or counted)."""
+        if await self._append(swap.model_dump(mode="json", by_alias=True), "swap"):
+            self.counters["swaps_logged"] += 1
+            await self._flush()
 
     # --- the router's side (routing.py) ----------------------------------------------------------
 

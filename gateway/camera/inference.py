@@ -9,6 +9,12 @@ loop; only then is the active model replaced (one reference assignment on the lo
 flight finishes on the old model and the next batch uses the new one. A failed load or probe
 leaves the old model running and is reported (counter + last error + the returned value).
 
+Figures and shadow: each swap starts a new ``ModelWindow`` (gateway/camera/figures.py) for the
+version swapped in, and keeps the version it replaced loaded for ``shadow_s`` seconds as the shadow:
+every ``shadow_every``-th frame the new version infers is run on the shadow too, in the same
+executor, after its batch's results are out, so the shadow costs at most one inference in
+``shadow_every`` for ``shadow_s`` seconds; the window counts how often the two labels agree.
+
 Cost: the engine measures what one input costs here (docs/placement.md, "Measured costs"): the wall
 seconds of each batch (timed in the executor thread) divided by its size, as the median of the last
 ``COST_WINDOW`` batches of the active model. A model that has not run yet (just loaded or swapped in,
@@ -30,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.camera.figures import ModelWindow
 from gateway.taskgraphs.profile import RunningMedian, profile_edge_cost
 from models.artifact import ArtifactError, ModelArtifact
 from models.inference import InferenceInput, Inferred, LoadedModel, load_and_probe, probe_input, run_batch
@@ -41,10 +48,18 @@ MIN_COST_BATCHES = 3  # real batches before they replace the probe's figure
 
 
 @dataclass(frozen=True)
+class Shadow:
+    """The version a swap replaced, kept loaded until ``until`` (the engine's clock)."""
+
+    model: LoadedModel
+    until: float
+
+
+@dataclass(frozen=True)
 class SwapOutcome:
     ok: bool
     version: str
-    reason: str = ""  # "", pinned, hash_mismatch, load_failed, probe_failed, ...
+    reason: str = ""  # "", current, hash_mismatch, load_failed, probe_failed, download_failed, ...
     detail: str = ""
 
 
@@ -70,11 +85,18 @@ class InferenceEngine:
         queue_size: int = 64,
         results_size: int = 1024,
         threads: int = 1,
+        shadow_s: float = 600.0,
+        shadow_every: int = 10,
         clock: Callable[[], float] = time.time,
         timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.max_batch, self.queue_size, self.results_size = max_batch, queue_size, results_size
         self.threads = threads
+        if shadow_every < 1:
+            raise ValueError("shadow_every must be >= 1")
+        self.shadow_s, self.shadow_every = shadow_s, shadow_every
+        self.window: ModelWindow | None = None  # the running version's figures since it started
+        self._shadow: Shadow | None = None
         self.counters = InferenceCounters()
         self._clock = clock
         self._timer = timer
@@ -85,7 +107,6 @@ class InferenceEngine:
         self._input_ready = asyncio.Event()
         self._result_ready = asyncio.Event()
         self._active: LoadedModel | None = None
-        self._pinned: str | None = None
         self._swap_lock = asyncio.Lock()
         self._executor: ThreadPoolExecutor | None = None
         self._worker: asyncio.Task | None = None
@@ -100,8 +121,10 @@ class InferenceEngine:
         return self._active.artifact if self._active else None
 
     @property
-    def pinned(self) -> str | None:
-        return self._pinned
+    def shadow_version(self) -> str | None:
+        """The version kept loaded after the last swap, while it still runs as the shadow."""
+        self._expire_shadow()
+        return self._shadow.model.version if self._shadow else None
 
     def cost_per_input(self) -> tuple[float | None, str]:
         """Seconds one input costs here, and from what: ``"batches"`` or ``"probe"`` (None: no model)."""
@@ -172,16 +195,9 @@ class InferenceEngine:
                 return None
         return self._results.popleft()
 
-    def pin(self, version: str) -> None:
-        """Only ``version`` may be swapped in from now on (the OTA client fetches it)."""
-        self._pinned = version
-
-    def unpin(self) -> None:
-        self._pinned = None
-
     async def swap(self, artifact: ModelArtifact) -> SwapOutcome:
-        if self._pinned is not None and artifact.version != self._pinned:
-            return SwapOutcome(False, artifact.version, "pinned", f"pinned to version {self._pinned}")
+        """Load, probe and run ``artifact`` from the next batch on; which version is the caller's
+        business (gateway/camera/ota.py decides)."""
         async with self._swap_lock:
             loop = asyncio.get_running_loop()
             try:
@@ -192,7 +208,11 @@ class InferenceEngine:
                 self.counters.swap_failures += 1
                 self.counters.last_error = f"{artifact.name}@{artifact.version}: {exc}"
                 return SwapOutcome(False, artifact.version, exc.reason, exc.detail)
-            self._active = loaded  # the swap: one assignment on the loop thread
+            previous, self._active = self._active, loaded  # the swap: one assignment on the loop thread
+            now = self._clock()
+            self.window = ModelWindow(loaded.version, now)
+            keep = previous is not None and previous.version != loaded.version and self.shadow_s > 0
+            self._shadow = Shadow(previous, now + self.shadow_s) if keep and previous else None
             self._batch_costs.clear()  # the old model's cost says nothing about this one
             self._probe_cost_s = probe_cost_s
             self.counters.swaps += 1
@@ -218,12 +238,15 @@ class InferenceEngine:
                 results, seconds = await loop.run_in_executor(
                     self._executor, _timed_batch, model, batch, self._timer
                 )
-                if model is self._active:  # a batch that ended on a swapped-out model is not its cost
+                current = model is self._active  # a batch that ended on a swapped-out model is not its cost
+                if current:
                     self._batch_costs.add(seconds / len(batch))
             except Exception as exc:
                 self.counters.failed += len(batch)
                 self.counters.last_error = f"batch failed on {model.version}: {exc}"[:300]
-                results = []
+                results, current = [], False
+                if model is self._active and self.window is not None:
+                    self.window.add_failed(len(batch))
             finally:
                 self._in_flight = 0
             self.counters.batches += 1
@@ -235,6 +258,29 @@ class InferenceEngine:
                     self.counters.results_dropped += 1
                 self._results.append(result)
             self._result_ready.set()
+            if current and self.window is not None:
+                await self._observe(self.window, results, seconds)
+
+    async def _observe(self, window: ModelWindow, results: list[Inferred], seconds: float) -> None:
+        """Add a batch the running version ran to its window, and run the shadow on its sample."""
+        sample = window.shadow_sample(len(results), self.shadow_every) if self.shadow_version else []
+        window.add_batch([r.event.score for r in results], seconds)
+        if not sample or self._shadow is None:
+            return
+        items = [results[i].item for i in sample]
+        try:
+            shadowed = await asyncio.get_running_loop().run_in_executor(
+                self._executor, run_batch, self._shadow.model, items
+            )
+        except Exception:  # the shadow's trouble is not the running version's error rate
+            window.shadow_failures += len(items)
+            return
+        agreed = sum(s.event.label == results[i].event.label for s, i in zip(shadowed, sample, strict=True))
+        window.add_shadow(agreed, len(sample))
+
+    def _expire_shadow(self) -> None:
+        if self._shadow is not None and self._clock() >= self._shadow.until:
+            self._shadow = None  # its session is freed with it
 
 
 def _load_and_time(

@@ -5,6 +5,10 @@ updates, and the events they produce, started and stopped as one unit (docs/came
                              \--> FrameForCloud log record (infer placed in the cloud; routing.py)
     MQTT notice (edgefed/<gw>/models/<name>) --notice task--> ModelUpdater (+ polling) --swap--> engine
 
+What the engine runs is the updater's decision (pin, cloudd's assignment, factory model:
+gateway/camera/ota.py); at each swap this module writes the INFO line and the ``model_swap`` record and
+reports the camera and models services' new details (``scene@<version> (<stage>)``: model_view.py).
+
 This module is the lifecycle (start, stop, source switches, pins) and the numbers (``measurements()`` for
 placement: gateway/camera/traffic.py; ``health()``: gateway/camera/health.py); what becomes of each result
 (the consumer task: log, frame spool, MQTT event, flushes) is gateway/camera/events.py; where each frame goes
@@ -29,17 +33,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.camera.change import ChangeConfig
 from gateway.camera.events import CameraEventRecorder
 from gateway.camera.health import camera_health
 from gateway.camera.inference import InferenceEngine
+from gateway.camera.model_store import LocalModels, default_artifact_dir
+from gateway.camera.model_view import heartbeat_models, models_answer, running_label
 from gateway.camera.ota import ModelUpdater
 from gateway.camera.routing import route_frames
-from gateway.camera.source import CameraSource, CameraSourceConfig
+from gateway.camera.source import CameraSource, source_config
 from gateway.camera.traffic import CameraTraffic, camera_quantities
 from gateway.control.handlers import Applied
 from gateway.mqtt.adapter import MqttAdapter, MqttSettings
@@ -47,47 +52,16 @@ from gateway.placement.execution import ServiceSides
 from gateway.storage.interface import RecordLog
 from gateway.taskgraphs.measured import Quantity
 from gateway.uplink.blobs import BlobSpool
-from models.artifact import ArtifactError, load_artifact
+from models.artifact import ArtifactError
 from protocol.config import CameraConfig
 from protocol.control import CameraSettings, ModelsSettings, ServiceState
+from protocol.events import ModelSwap
 from protocol.topics import camera_events_topic, model_notice_topic
 from runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
 STOP_FEED_S = 5.0  # the router task ends once the stopped source's queue is taken
-
-
-def default_artifact_dir(model: str) -> Path:
-    """The artifact shipped with the code: ``models/artifacts/<model>``."""
-    import models
-
-    return Path(models.__file__).resolve().parent / "artifacts" / model
-
-
-def source_config(config: CameraConfig, settings: CameraSettings) -> CameraSourceConfig:
-    """The capture settings: the file's knobs, the control plane's source and sample rate."""
-    assert settings.source is not None
-    source: str | int = int(settings.source) if settings.source.isdigit() else settings.source
-    if isinstance(source, str) and source.startswith("file://"):
-        source = source[len("file://") :]
-    change = ChangeConfig(
-        enabled=config.change_detection,
-        pixel_threshold=config.change_pixel_threshold,
-        min_changed_fraction=config.change_min_fraction,
-    )
-    return CameraSourceConfig(
-        config.camera_id,
-        source,
-        sample_fps=settings.sample_fps,
-        queue_size=config.queue_size,
-        change=change,
-        jpeg_quality=config.jpeg_quality,
-        backoff_initial_s=config.backoff_initial_s,
-        backoff_max_s=config.backoff_max_s,
-        open_timeout_s=config.open_timeout_s,
-        read_timeout_s=config.read_timeout_s,
-    )
 
 
 def _numbers(values: dict[str, Any]) -> dict[str, float]:
@@ -110,9 +84,11 @@ class CameraRunner:
         flush_interval_s: float,
         on_fatal: Callable[[BaseException], None],
         sides: Callable[[], ServiceSides] = lambda: ServiceSides.edge("camera"),
+        report: Callable[[str, Applied], Awaitable[None]] | None = None,
     ) -> None:
         self.config = config
         self._sides = sides
+        self._report = report  # the control plane hears of the states a swap brings
         self.gateway_id = gateway_id
         self._mqtt_settings = mqtt_settings
         self._cloud_url, self._token, self._store_dir = cloud_url, token, store_dir
@@ -129,7 +105,7 @@ class CameraRunner:
         self.state: ServiceState = "stopped"
         self.detail = "not started"
         self._settings: CameraSettings | None = None
-        self._pins: dict[str, str] = {}
+        self._pins: dict[str, str] | None = None  # None: not applied yet, so pin.json stands
         self.engine: InferenceEngine | None = None
         self.updater: ModelUpdater | None = None
         self.source: CameraSource | None = None
@@ -160,6 +136,7 @@ class CameraRunner:
                     await self._stop_all()  # never half-started: undo what did start, then report
                     raise
                 if failure is not None:
+                    await self._stop_all()  # what did start (the updater's session) is closed
                     self.state, self.detail = "failed", failure
                     return Applied("failed", False, failure)
             elif self._settings is None or (
@@ -167,43 +144,56 @@ class CameraRunner:
             ):
                 await self._switch_source(settings)
             self._settings = settings
-            self.state = "running"
-            self.detail = (
-                f"camera {self.config.camera_id} reading {settings.source} "
-                f"(sample_fps {settings.sample_fps or 'all'}); model {self.config.model}@"
-                f"{self.engine.active_version if self.engine else None}"
-            )
+            self.state, self.detail = "running", self._camera_detail()
             return Applied("running", True, self.detail)
 
     async def apply_pins(self, settings: ModelsSettings) -> Applied:
-        """The models service: pin (or follow the latest of) this camera's model."""
+        """The models service: pin this camera's model, or follow cloudd's assignment for it."""
         async with self._lock:
             self._pins = dict(settings.pins)
-            name = self.config.model
-            want = self._pins.get(name)
-            others = sorted(set(self._pins) - {name})
-            note = f"; no model {', '.join(others)} on this gateway (ignored)" if others else ""
-            if self.engine is None or self.updater is None:
-                return Applied(
-                    "stopped",
-                    False,
-                    f"stored; the camera is off, so {name} "
-                    f"{'pin ' + want if want else 'follows the latest'} applies "
-                    f"when it starts{note}",
-                )
-            why = ""
-            if want != self.engine.pinned:  # unchanged pins cost no registry request (e.g. at startup)
-                outcome = await (self.updater.pin(want) if want is not None else self.updater.unpin())
-                why = f"{outcome.reason}: {outcome.detail}"
-            active = self.engine.active_version
-            if want is None:
-                return Applied("running", True, f"{name}: following the latest; running {active}{note}")
-            if active == want:
-                return Applied("running", True, f"{name}: pinned to {want}, running it{note}")
-            why = why or self.updater.counters.last_error or "the updater has not fetched it yet"
+            return await self._models_state(changed=True)
+
+    async def _models_state(self, *, changed: bool) -> Applied:
+        """The models service's answer; with ``changed``, the updater follows the desired pin first."""
+        pins = self._pins or {}
+        name = self.config.model
+        want = pins.get(name)
+        others = sorted(set(pins) - {name})
+        note = f"; no model {', '.join(others)} on this gateway (ignored)" if others else ""
+        if self.engine is None or self.updater is None:
+            follows = f"pin {want}" if want else "following the assignment"
             return Applied(
-                "pending", False, f"{name}: pinned to {want}, still running {active} ({why}){note}"
+                "stopped",
+                False,
+                f"stored; the camera is off, so {name} {follows} applies when it starts{note}",
             )
+        if changed and want != self.updater.pinned:  # unchanged pins cost no request (e.g. at startup)
+            await self.updater.pin(want)
+        return models_answer(name, want, self.engine, self.updater, note)
+
+    async def _swapped(self, swap: ModelSwap) -> None:
+        """A swap (or rollback): an INFO line, its record in the log, the services' new details."""
+        log.info(
+            "models: %s swapped %s -> %s (stage %s): %s",
+            swap.name,
+            swap.from_version,
+            swap.to,
+            swap.stage,
+            swap.reason,
+        )
+        await self.events.append_swap(swap)
+        if self._report is None or self.engine is None:
+            return
+        if self.state == "running":
+            self.detail = self._camera_detail()
+            await self._report("camera", Applied("running", True, self.detail))
+        await self._report("models", await self._models_state(changed=False))
+
+    def _camera_detail(self) -> str:
+        settings = self._settings
+        source, fps = (settings.source, settings.sample_fps) if settings else (None, None)
+        model = running_label(self.config.model, self.engine, self.updater)
+        return f"camera {self.config.camera_id} reading {source} (sample_fps {fps or 'all'}); model {model}"
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -215,51 +205,57 @@ class CameraRunner:
     async def _start_all(self, settings: CameraSettings) -> str | None:
         """Engine, updater, MQTT, source, tasks; the failure (everything undone) or None."""
         self.counters["starts"] += 1
-        folder = self.config.artifact_dir or default_artifact_dir(self.config.model)
+        config = self.config
+        folder = config.artifact_dir or default_artifact_dir(config.model)
         try:
-            artifact = await asyncio.to_thread(load_artifact, folder)
+            local = await asyncio.to_thread(LocalModels, self._store_dir, config.model, folder)
         except ArtifactError as exc:
             self.counters["start_failures"] += 1
             return f"model artifact {folder}: {exc}"
-        engine = InferenceEngine(max_batch=self.config.max_batch, queue_size=self.config.inference_queue)
-        outcome = await engine.start(artifact)
-        if not outcome.ok:
-            await engine.stop()
-            self.counters["start_failures"] += 1
-            return (
-                f"model {artifact.name}@{artifact.version} from {folder}: {outcome.reason}: {outcome.detail}"
-            )
-        self.engine = engine
+        engine = InferenceEngine(
+            max_batch=config.max_batch,
+            queue_size=config.inference_queue,
+            shadow_s=config.shadow_s,
+            shadow_every=config.shadow_every,
+        )
         updater = ModelUpdater(
             engine,
-            name=self.config.model,
+            local,
+            gateway_id=self.gateway_id,
             cloud_url=self._cloud_url,
-            store_dir=self._store_dir,
+            on_swap=self._swapped,
             token=self._token,
-            poll_interval_s=self.config.ota_poll_interval_s,
-            timeout_s=self.config.ota_timeout_s,
-        )  # reads pin.json: pins the engine
-        want = self._pins.get(self.config.model)
-        persist = want != engine.pinned
-        if persist:  # the desired pin changed while the camera was off: the first check must see it
-            engine.pin(want) if want is not None else engine.unpin()
+            poll_interval_s=config.ota_poll_interval_s,
+            timeout_s=config.ota_timeout_s,
+        )  # reads pin.json
+        want = (self._pins or {}).get(config.model)
+        if self._pins is not None and want != updater.pinned:  # the pin changed while the camera was off
+            updater.pinned = want
+            await asyncio.to_thread(local.set_pin, want)
+        await updater.open()
+        self.engine, self.updater = engine, updater  # _stop_all closes them if what follows fails
+        try:
+            outcome, target = await updater.start_engine()  # the pinned version, offline included
+        except ArtifactError as exc:
+            self.counters["start_failures"] += 1
+            return f"model artifact {folder}: {exc}"
+        if not outcome.ok:
+            self.counters["start_failures"] += 1
+            return f"model {config.model}@{outcome.version}: {outcome.reason}: {outcome.detail}"
+        log.info(
+            "models: %s starts with %s: %s",
+            config.model,
+            running_label(config.model, engine, updater),
+            target.reason,
+        )
         await updater.start()
-        self.updater = updater
-        if persist:
-            await (updater.pin(want) if want is not None else updater.unpin())  # persists pin.json
         self._adapter = MqttAdapter(self._mqtt_settings)
         self._adapter.subscribe(model_notice_topic(self.gateway_id, self.config.model), qos=1)
         await self._adapter.start()
         self._notices = asyncio.create_task(self._notice_loop(), name="camera-notices")
         self.events.start(engine, self._adapter)
         await self._start_source(settings)
-        log.info(
-            "camera %s: reading %s, model %s@%s",
-            self.config.camera_id,
-            settings.source,
-            artifact.name,
-            artifact.version,
-        )
+        log.info("camera %s: reading %s", config.camera_id, settings.source)
         return None
 
     async def _start_source(self, settings: CameraSettings) -> None:
@@ -331,6 +327,10 @@ class CameraRunner:
         self._traffic.observe(self.source.counters)
         return camera_quantities(self.engine.cost_per_input()[0], self._traffic.figures())
 
+    def model_figures(self) -> dict[str, Any]:
+        """The heartbeat's ``models``: the running version, pin, stage, live figures; empty when off."""
+        return heartbeat_models(self.config.model, self.engine, self.updater)
+
     def health(self) -> Applied | None:  # what is wrong with the running camera now, or None
         return camera_health(self.config.camera_id, self.source, self._router)  # no source: not running
 
@@ -344,12 +344,13 @@ class CameraRunner:
             if engine is None
             else {
                 "active_version": engine.active_version,
-                "pinned": engine.pinned,
+                "shadow_version": engine.shadow_version,
                 "pending": engine.pending(),
                 **engine.cost_status(),
                 **dataclasses.asdict(engine.counters),
             },
-            "updater": None if updater is None else dataclasses.asdict(updater.counters),
+            "updater": None if updater is None else updater.status(),
+            "models": self.model_figures(),
         }
 
     def _event_counters(self) -> dict[str, int]:
@@ -383,11 +384,21 @@ class CameraRunner:
             ("capture", parts.get("capture")),
             ("inference", parts.get("engine")),
             ("ota", parts.get("updater")),
+            ("model", (parts.get("models") or {}).get(self.config.model)),
         ):
             out.update({f"{prefix}_{k}": v for k, v in _numbers(values or {}).items()})
         return out
 
 
+MODEL_FIGURES = (
+    "frames",
+    "confidence_mean",
+    "shadow_agreement",
+    "shadow_frames",
+    "error_rate",
+    "latency_ms_p50",
+    "since_ts",
+)
 METRIC_GAUGES = {
     "running",
     "capture_queued",
@@ -396,4 +407,6 @@ METRIC_GAUGES = {
     "frames_waiting_for_uplink",
     "inference_cost_s_per_input",
     "inference_cost_batches",
+    # the running version's figures: a swap starts them again (gateway/camera/figures.py)
+    *(f"model_{k}" for k in MODEL_FIGURES),
 }

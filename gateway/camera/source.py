@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from gateway.camera.change import ChangeConfig, ChangeDetector
+from protocol.config import CameraConfig
+from protocol.control import CameraSettings
 from runtime.backoff import Backoff
 
 if TYPE_CHECKING:  # OpenCV loads in the capture thread, when a camera actually runs
@@ -246,3 +248,28 @@ class CameraSource:
                 self._loop.call_soon_threadsafe(self._ready.set)
             except RuntimeError:
                 pass  # the loop closed between the check and the call: nobody is waiting
+
+
+def source_config(config: CameraConfig, settings: CameraSettings) -> CameraSourceConfig:
+    """The capture settings: the file's knobs, the control plane's source and sample rate."""
+    assert settings.source is not None
+    source: str | int = int(settings.source) if settings.source.isdigit() else settings.source
+    if isinstance(source, str) and source.startswith("file://"):
+        source = source[len("file://") :]
+    change = ChangeConfig(
+        enabled=config.change_detection,
+        pixel_threshold=config.change_pixel_threshold,
+        min_changed_fraction=config.change_min_fraction,
+    )
+    return CameraSourceConfig(
+        config.camera_id,
+        source,
+        sample_fps=settings.sample_fps,
+        queue_size=config.queue_size,
+        change=change,
+        jpeg_quality=config.jpeg_quality,
+        backoff_initial_s=config.backoff_initial_s,
+        backoff_max_s=config.backoff_max_s,
+        open_timeout_s=config.open_timeout_s,
+        read_timeout_s=config.read_timeout_s,
+    )

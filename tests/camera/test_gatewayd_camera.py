@@ -1,8 +1,9 @@
 """The camera path through the REAL gatewayd process: `devicesim camera` serves MJPEG, gatewayd ingests,
-change-detects and infers it, the events (with their frames as blobs) reach a real cloudd; a new model
-version uploaded to cloudd reaches the gateway (retained MQTT notice from `cloudd --broker`, polling as
+change-detects and infers it, the events (with their frames as blobs) reach a real cloudd; a model
+version assigned to the gateway reaches it (retained MQTT notice from `cloudd --broker`, polling as
 fallback) and is swapped in under load without losing a frame; a corrupted and a broken version are
-refused while the old one keeps running; a camera that goes away is reconnected."""
+refused while the old one keeps running; a camera that goes away is reconnected. The assignment is
+served in front of cloudd by tests/harness/assignment.py (this branch's cloudd has no such route)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ import aiohttp
 import pytest
 
 from models.artifact import ModelArtifact, build_metadata, save_artifact
+from tests.harness.assignment import AssignmentProxy
 from tests.harness.camera import DevicesimCamera, GroundTruth, relabel, scene_artifact
-from tests.harness.cloud_http import call
 from tests.harness.cloudd import OPERATOR_TOKEN, Cloudd, cloudd_token, make_cloudd
 from tests.harness.gatewayctl import broker_args, ctl_json
 from tests.harness.gatewayd import Gatewayd, write_config
@@ -106,10 +107,11 @@ def test_gatewayd_camera_inference_ota_and_reconnect(tmp_path: Path, mosquitto) 
     truth = tmp_path / "truth1.jsonl"
     camera = DevicesimCamera(camera_port, truth, seed=3, fps=FPS)
     cloud.start()
+    proxy = AssignmentProxy(cloud.url)
     config, http_port = write_config(
         tmp_path,
         mosquitto.url,
-        cloud_url=cloud.url,
+        cloud_url=proxy.url,
         token=cloudd_token("gw1"),
         extra=camera_config(camera.url, tmp_path / "blobs"),
     )
@@ -138,18 +140,12 @@ def test_gatewayd_camera_inference_ota_and_reconnect(tmp_path: Path, mosquitto) 
         assert "edgefed_gateway_camera_inference_inferred_total" in metrics
         assert "edgefed_gateway_camera_capture_reconnects_total" in metrics
 
-        # (b) a new version through the registry is swapped in under load; the notice came over MQTT
+        # (b) a new version assigned to the gateway is swapped in under load; the notice came over MQTT
         base = scene_artifact()
         # version 1 is the factory model, registered by cloudd at start: the same bytes are there
         assert upload(cloud.url, relabel(base, "1")) == 200  # the version the gateway runs: no swap
+        proxy.assignments.assign(relabel(base, "2"))
         assert upload(cloud.url, relabel(base, "2")) == 201
-        promoted = call(
-            f"{cloud.url}/v1/models/scene/promote",
-            OPERATOR_TOKEN,
-            "POST",
-            {"version": "2", "production": True, "force": True},  # by hand: no evaluation, forced
-        )
-        assert promoted[0] == 200, promoted
         wait_until(lambda: cam()["engine"]["active_version"] == "2", 20, "version 2 swapped in")
         status = cam()
         assert status["updater"]["notices"] >= 1 and status["updater"]["installed"] == 1, status["updater"]
@@ -162,6 +158,7 @@ def test_gatewayd_camera_inference_ota_and_reconnect(tmp_path: Path, mosquitto) 
         # (c) a corrupted version (bytes no longer match the listed sha256) and a version that does not
         # load are refused; version 2 keeps running and frames keep flowing
         corrupt_in_registry(cloud, relabel(base, "3"), seq=3)
+        proxy.assignments.assign(relabel(base, "3"))
         wait_until(lambda: cam()["updater"]["refused"] >= 1, 20, "corrupted version 3 refused")
         assert "hash_mismatch" in cam()["updater"]["last_error"]
         broken = build_metadata(
@@ -170,6 +167,7 @@ def test_gatewayd_camera_inference_ota_and_reconnect(tmp_path: Path, mosquitto) 
             version="4",
         )
         assert upload(cloud.url, ModelArtifact(broken, b"not an onnx model" * 64)) == 201
+        proxy.assignments.assign(ModelArtifact(broken, b"not an onnx model" * 64))
         wait_until(lambda: cam()["engine"]["swap_failures"] >= 1, 20, "version 4 failed to load")
         inferred = cam()["engine"]["inferred"]
         wait_until(lambda: cam()["engine"]["inferred"] > inferred + 3, 20, "frames flow after refusals")
@@ -182,8 +180,8 @@ def test_gatewayd_camera_inference_ota_and_reconnect(tmp_path: Path, mosquitto) 
         view = ctl_json(*ctl, "model", "pin", "scene", "1")["data"]["services"]["models"]
         assert view["applied"] is True and cam()["engine"]["active_version"] == "1", view
         view = ctl_json(*ctl, "model", "unpin", "scene")["data"]["services"]["models"]
-        assert view["applied"] is True and cam()["engine"]["pinned"] is None, view
-        # the latest (4) and 3 were refused before: the updater does not fetch them again
+        assert view["applied"] is True and cam()["updater"]["pinned"] is None, view
+        # the assigned version (4) was refused before: the updater does not fetch it again
         assert cam()["engine"]["active_version"] == "1"
         maps = Path(f"/proc/{gw.proc.pid}/maps").read_text()
         assert "onnxruntime" in maps and "libtorch" not in maps  # inference without torch
@@ -223,4 +221,5 @@ def test_gatewayd_camera_inference_ota_and_reconnect(tmp_path: Path, mosquitto) 
     finally:
         gw.kill()
         camera.stop()
+        proxy.stop()
         cloud.stop()

@@ -110,17 +110,3 @@ async def test_bad_models_are_refused_and_the_old_one_keeps_running(tmp_path: Pa
         assert result is not None and result.event.model_version == "1"
     finally:
         await engine.stop()
-
-
-async def test_pinned_engine_refuses_other_versions() -> None:
-    engine = InferenceEngine()
-    engine.pin("1")
-    assert (await engine.start(scene_artifact("1"))).ok
-    try:
-        outcome = await engine.swap(scene_artifact("2"))
-        assert (outcome.ok, outcome.reason) == (False, "pinned")
-        engine.unpin()
-        assert (await engine.swap(scene_artifact("2"))).ok
-        assert engine.active_version == "2"
-    finally:
-        await engine.stop()
