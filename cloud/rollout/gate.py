@@ -103,9 +103,17 @@ def evaluate(
     labels = held.labels or candidate.metadata.labels
     truth = [labels[i] for i in held.y] if held.y is not None else None
     rows = len(held.x)
-    metric, value = score(candidate, held, truth) if rows else ("accuracy", math.nan)
-    compared: tuple[str, float] | None = None
     note = None
+    try:
+        metric, value = score(candidate, held, truth) if rows else ("accuracy", math.nan)
+    except ArtifactError as exc:
+        if exc.reason != "probe_failed":
+            raise
+        # A model whose outputs are not finite (a diverged job) is a verdict, not a gate failure: it is
+        # registered, never promotable (verdict.py: a value that is not finite never is).
+        metric = "accuracy" if candidate.metadata.postprocess == "softmax_labels" else "loss"
+        value, note = math.nan, f"the candidate cannot run: {exc.detail}"
+    compared: tuple[str, float] | None = None
     if baseline is not None and rows:
         try:
             base_metric, base_value = score(baseline, held, truth)

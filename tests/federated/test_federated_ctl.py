@@ -17,7 +17,8 @@ def test_start_status_stop_and_a_stopped_job_stays_stopped(tmp_path):
         again = cloudd.ctl("federated", "start", "--model", "digits", "--arch", "digits_mlp", "--width", "16")
         assert again.returncode == 0 and "already running" in again.stdout
         status = json.loads(cloudd.ctl("federated", "status", "--json").stdout)
-        assert status["job"]["arch"] == {"kind": "digits_mlp", "width": 16} and status["version"] == 0
+        assert status["job"]["arch"] == {"kind": "digits_mlp", "width": 16, "input_shape": None}
+        assert status["version"] == 0
         assert "digits (fedbuff): version 0" in cloudd.ctl("federated", "status").stdout
         bad = cloudd.ctl("federated", "start", "--buffer-k", "0")
         assert bad.returncode == 1 and "buffer_k" in bad.stderr
