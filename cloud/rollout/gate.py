@@ -75,6 +75,15 @@ def job_held_out(workdir: Path) -> HeldOut:
     return HeldOut(x[test].numpy().astype(np.float32), y, what, labels)
 
 
+def balanced_accuracy(predicted: list[str], truth: list[str]) -> float:
+    """The mean over the classes present in ``truth`` of the share of their rows predicted right: a
+    camera that sees mostly one scene would otherwise pass a model that always answers it."""
+    rows_of: dict[str, list[bool]] = {}
+    for label, want in zip(predicted, truth, strict=True):
+        rows_of.setdefault(want, []).append(label == want)
+    return sum(sum(hits) / len(hits) for hits in rows_of.values()) / len(rows_of) if rows_of else math.nan
+
+
 def score(artifact: ModelArtifact, held: HeldOut, truth: list[str] | None) -> tuple[Metric, float]:
     """(metric, value) of ``artifact`` on ``held``: accuracy against ``truth`` (label names per row),
     or the mean reconstruction error."""
@@ -88,8 +97,7 @@ def score(artifact: ModelArtifact, held: HeldOut, truth: list[str] | None) -> tu
     if metadata.postprocess == "softmax_labels":
         if truth is None:
             raise ArtifactError("no_labels", "a classifier needs labelled held-out rows")
-        hits = sum(label == want for (label, _), want in zip(verdicts, truth, strict=True))
-        return "accuracy", hits / max(len(truth), 1)
+        return "accuracy", balanced_accuracy([label for label, _ in verdicts], truth)
     errors = [error for _, error in verdicts]
     return "loss", float(np.mean(errors)) if errors else math.nan
 

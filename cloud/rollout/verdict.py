@@ -1,9 +1,10 @@
 """The quality gate's arithmetic: a candidate's held-out figure against the version it would replace.
 
-Pure: figures in, verdict out. ``accuracy`` is better higher and ties within ``tolerance`` (absolute:
-0.02 = two points); ``loss`` is better lower and ties within ``tolerance`` relative to the baseline.
-With no version to replace, an accuracy must beat chance (1 / classes) by ``floor_over_chance`` and a
-loss need only be finite.
+Pure: figures in, verdict out. ``accuracy`` (balanced: the mean recall of the classes in the
+held-out rows, so answering the commonest class always scores chance) is better higher and ties
+within ``tolerance`` (absolute: 0.02 = two points); ``loss`` is better lower and ties within
+``tolerance`` relative to the baseline. With no version to replace, an accuracy must beat chance
+(1 / classes) by ``floor_over_chance`` and a loss need only be finite.
 
 Invariant: a value that is not finite is never promotable.
 """
