@@ -13,9 +13,15 @@ from cloud.training.compression.controller import (
     Decision,
 )
 from cloud.training.compression.gist import GistPair, GistPlan, ReluMaxPoolBinarized, gist_transform
-from cloud.training.compression.hooks import OUTSIDE_LAYERS, ActivationCompressor, LayerBytes
+from cloud.training.compression.hooks import OUTSIDE_LAYERS, ActivationCompressor, LayerBytes, leaf_names
 from cloud.training.compression.layer_formats import LayerPolicy
-from cloud.training.compression.trainer import TrainResult, count_saved_bytes, train_compressed
+from cloud.training.compression.trainer import (
+    TrainResult,
+    count_saved_bytes,
+    fit_compressed,
+    shuffled_batches,
+    train_compressed,
+)
 
 __all__ = [
     "DEFAULT_LADDER",
@@ -31,6 +37,9 @@ __all__ = [
     "ReluMaxPoolBinarized",
     "TrainResult",
     "count_saved_bytes",
+    "fit_compressed",
     "gist_transform",
+    "leaf_names",
+    "shuffled_batches",
     "train_compressed",
 ]
