@@ -8,8 +8,9 @@ Five families, each on data the bench generates (seeded, so every run sees the s
 - ``gru`` (one GRU of 32 units, its last state classified) on the same series;
 - ``transformer`` (one ``TransformerEncoderLayer``, d_model 32, 4 heads, over 16 patches of 4
   samples) on the same series.
-Settings per family: ``fp32``; fixed formats (``bfp8``, ``bfp4``); ``adaptive`` (Gist pass where
-the model traces, then the adaptive controller with its default settings, as a job would run it).
+Settings per family: ``fp32``; fixed formats (``bfp8``, ``bfp4``, every layer); ``adaptive`` (what
+a user's model gets: recurrent layers recomputed in backward, the Gist pass where the model traces,
+then the adaptive controller with its default settings).
 Each setting trains with the same seeds (initialisation and batch order paired with fp32's), Adam,
 ``fit_compressed``; accuracy is on a held-out split, saved bytes are counted on one step of a
 fixed batch, step time is the per-step CPU time as bench/compression.py measures it.
@@ -183,17 +184,19 @@ def _setup(case: str, model: nn.Module):  # -> (model, compressor | None, contro
         LayerPolicy,
         gist_transform,
         leaf_names,
+        recompute_recurrent,
     )
     from models.numerics import BfpFormat
 
     if case == "fp32":
         return model, None, None
     if case == "adaptive":
+        model = recompute_recurrent(model)  # the rule for recurrent layers (recompute.py)
         ssdc: frozenset[str] = frozenset()
         try:
             model, plan = gist_transform(model)
             ssdc = plan.ssdc_layers
-        except torch.fx.proxy.TraceError:  # control flow on tensor values: no Gist, DPR only
+        except (torch.fx.proxy.TraceError, TypeError):  # not traceable: no Gist, DPR only
             pass
         controller = AdaptiveController(leaf_names(model), ControllerSettings())
         return model, ActivationCompressor(model, controller.policy, ssdc_layers=ssdc), controller

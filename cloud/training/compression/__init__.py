@@ -15,6 +15,7 @@ from cloud.training.compression.controller import (
 from cloud.training.compression.gist import GistPair, GistPlan, ReluMaxPoolBinarized, gist_transform
 from cloud.training.compression.hooks import OUTSIDE_LAYERS, ActivationCompressor, LayerBytes, leaf_names
 from cloud.training.compression.layer_formats import LayerPolicy
+from cloud.training.compression.recompute import RecomputedLayer, recompute_recurrent
 from cloud.training.compression.trainer import (
     TrainResult,
     count_saved_bytes,
@@ -34,12 +35,14 @@ __all__ = [
     "GistPlan",
     "LayerBytes",
     "LayerPolicy",
+    "RecomputedLayer",
     "ReluMaxPoolBinarized",
     "TrainResult",
     "count_saved_bytes",
     "fit_compressed",
     "gist_transform",
     "leaf_names",
+    "recompute_recurrent",
     "shuffled_batches",
     "train_compressed",
 ]

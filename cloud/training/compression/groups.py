@@ -32,7 +32,7 @@ class SavedGroup:
         "shapes",
         "offsets",
         "packed",
-        "decoded",
+        "views",
         "users",
         "nbytes",
         "owner",
@@ -44,7 +44,7 @@ class SavedGroup:
         self.shapes: list[torch.Size] = []
         self.offsets: list[int] = [0]
         self.packed: Packed | None = None
-        self.decoded: torch.Tensor | None = None
+        self.views: list[torch.Tensor] | None = None  # the decoded tensors, while users remain
         self.users = 0
         self.nbytes = 0
         self.owner = None  # the compressor whose live_bytes count this group
@@ -86,11 +86,19 @@ class SavedGroup:
         self.nbytes = self.packed.nbytes
         self.tensors = None
 
-    def decode_with(self, codec: BfpCodec) -> torch.Tensor:
+    def decode_with(self, codec: BfpCodec) -> list[torch.Tensor]:
+        """The decoded tensors (one decode of the buffer, one split into views of it)."""
         assert self.packed is not None
-        if self.decoded is None:
-            self.decoded = codec.decode(self.packed)
-        return self.decoded
+        if self.views is None:
+            sizes = [b - a for a, b in zip(self.offsets, self.offsets[1:], strict=False)]
+            pieces = codec.decode(self.packed).split(sizes)
+            self.views = [
+                piece.view(shape)
+                if piece.numel() == math.prod(shape)
+                else piece[: math.prod(shape)].view(shape)
+                for piece, shape in zip(pieces, self.shapes, strict=True)
+            ]
+        return self.views
 
     def get(self, index: int, codec: BfpCodec | None) -> torch.Tensor:
         """The ``index``-th tensor, as backward reads it; counts one user done."""
@@ -98,12 +106,10 @@ class SavedGroup:
             tensor = self.tensors[index]
         else:
             assert codec is not None
-            start = self.offsets[index]
-            shape = self.shapes[index]
-            tensor = self.decode_with(codec)[start : start + math.prod(shape)].view(shape)
+            tensor = self.decode_with(codec)[index]
         self.users -= 1
         if self.users <= 0:
-            self.decoded = None
+            self.views = None
         return tensor
 
 

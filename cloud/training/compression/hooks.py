@@ -21,7 +21,9 @@ smaller), or as-is. The unpack hook decodes it in backward.
 - The model's own inputs (the batch, found by a forward pre-hook on the model) are kept as they
   are (counted): the caller holds the batch through backward, so an encoded copy would add
   memory, not save it.
-- Non-float tensors (max-pool indices, Gist masks) are kept as they are and counted.
+- Dropout masks (bool tensors, and the float mask of 0 and 1/(1-p) a CPU ``nn.Dropout`` saves)
+  are stored as one bit per element plus the one non-zero value (lossless); other non-float tensors (max-pool
+  indices, Gist codes) are kept as they are; both counted.
 - A tensor saved by two ops (a ReLU's output is saved by the ReLU and by the next conv) is stored
   once and shared; the cache holds only weak references, so it never keeps memory alive. Its
   decoded form is shared too: a group's decoded buffer is kept until the last of its users has
@@ -47,15 +49,16 @@ from typing import Literal
 
 import torch
 from torch import nn
+from torch.nn.modules.dropout import _DropoutNd
 
 from cloud.training.compression.groups import GroupSlot, SavedGroup, measured_min_numel
 from cloud.training.compression.layer_formats import LayerPolicy
 from cloud.training.compression.sparse import SparsePacked, count_nonzero_bits, decode_sparse, encode_sparse
-from models.numerics import BfpCodec, BfpFormat, Packed, error_stats, packed_nbytes
+from models.numerics import BfpCodec, BfpFormat, Packed, error_stats, pack_bits, packed_nbytes, unpack_bits
 
 OUTSIDE_LAYERS = "<outside>"  # saved by ops that run outside any leaf module (e.g. the loss)
 _CACHE_PRUNE_AT = 1024
-StoredKind = Literal["raw", "bfp", "sparse"]  # as-is (a tensor), Packed, SparsePacked
+StoredKind = Literal["raw", "bfp", "sparse", "bits"]  # as-is, Packed, SparsePacked, a bool tensor as bits
 
 
 @dataclass
@@ -68,10 +71,17 @@ class LayerBytes:
 class _Stored:
     """What the pack hook hands autograd: an encoded (or raw) saved tensor."""
 
-    __slots__ = ("kind", "payload", "nbytes", "users", "decoded", "owner", "__weakref__")
+    __slots__ = ("kind", "payload", "nbytes", "shape", "scale", "users", "decoded", "owner", "__weakref__")
 
-    def __init__(self, kind: StoredKind, payload: torch.Tensor | Packed | SparsePacked, nbytes: int) -> None:
-        self.kind, self.payload, self.nbytes = kind, payload, nbytes
+    def __init__(
+        self,
+        kind: StoredKind,
+        payload: torch.Tensor | Packed | SparsePacked,
+        nbytes: int,
+        shape: torch.Size | None = None,  # "bits": the mask's shape
+        scale: float | None = None,  # "bits" of a float mask: its one non-zero value (None: bool)
+    ) -> None:
+        self.kind, self.payload, self.nbytes, self.shape, self.scale = kind, payload, nbytes, shape, scale
         self.users = 1  # saved-tensor slots that hold this encoding and have not unpacked it yet
         self.decoded: torch.Tensor | None = None
         self.owner: ActivationCompressor | None = None  # whose live_bytes count it
@@ -101,6 +111,22 @@ def leaf_names(module: nn.Module) -> list[str]:
     ]
 
 
+def _as_bits(tensor: torch.Tensor) -> _Stored | None:
+    """A bool tensor, or a float32 one whose elements are all 0 or one value (the scaled mask a
+    CPU dropout saves), as one bit per element; ``None`` for anything else."""
+    if tensor.dtype == torch.bool:
+        mask, scale = tensor, None
+    elif tensor.dtype == torch.float32:
+        scale = float(tensor.max())
+        mask = tensor != 0
+        if not scale > 0 or not torch.equal(mask * scale, tensor):
+            return None
+    else:
+        return None
+    bits = pack_bits(mask.reshape(-1).view(torch.uint8), 1)
+    return _Stored("bits", bits, bits.numel(), tensor.shape, scale)
+
+
 def _tensor_nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
@@ -127,7 +153,7 @@ class ActivationCompressor:
         self.measure_errors = False
         self.layer_errors: dict[str, float] = {}
         self.counters: dict[str, LayerBytes] = {}
-        self.kinds: dict[StoredKind, int] = {"raw": 0, "bfp": 0, "sparse": 0}
+        self.kinds: dict[StoredKind, int] = {"raw": 0, "bfp": 0, "sparse": 0, "bits": 0}
         self.live_bytes = 0
         self.peak_live_bytes = 0
         # CPU seconds spent encoding (at each group's close) and decoding since reset_counters.
@@ -137,6 +163,7 @@ class ActivationCompressor:
         self._outside: dict[torch.dtype, SavedGroup] = {}
         self._recording = False
         self._leaves = [(name, model.get_submodule(name)) for name in leaf_names(model)]
+        self._dropout_layers = {name for name, m in self._leaves if isinstance(m, _DropoutNd)}
         self._layer_hooks: list = []
         self._params = list(model.parameters())
         self._input_storages: set[int] = set()
@@ -263,12 +290,16 @@ class ActivationCompressor:
             return stored
         if isinstance(stored, GroupSlot):
             group = stored.group
-            started = time.process_time() if group.decoded is None and group.packed is not None else None
+            started = time.process_time() if group.views is None and group.packed is not None else None
             tensor = group.get(stored.index, self._codec(group.fmt) if group.packed is not None else None)
             if started is not None:
                 self.decode_s += time.process_time() - started
             return tensor
         payload = stored.payload
+        if stored.kind == "bits":
+            assert isinstance(payload, torch.Tensor) and stored.shape is not None
+            mask = unpack_bits(payload, 1, math.prod(stored.shape)).view(torch.bool).view(stored.shape)
+            return mask if stored.scale is None else mask.float().mul_(stored.scale)
         if isinstance(payload, torch.Tensor):  # kept as it was ("raw")
             return payload
         tensor = stored.decoded
@@ -294,6 +325,10 @@ class ActivationCompressor:
     def _encode(
         self, tensor: torch.Tensor, layer: str, groups: dict[torch.dtype, SavedGroup]
     ) -> _Stored | GroupSlot:
+        if tensor.numel() >= 64 and (tensor.dtype == torch.bool or layer in self._dropout_layers):
+            mask = _as_bits(tensor)  # a dropout mask: one bit per element, lossless
+            if mask is not None:
+                return mask
         if not tensor.is_floating_point():
             return _Stored("raw", tensor, _tensor_nbytes(tensor))
         fmt = self._format(layer)
@@ -330,11 +365,8 @@ class ActivationCompressor:
             if codec is not None and self.measure_errors:
                 # The probe's decode is the one backward would make: keep it for backward (probe
                 # steps hold the decoded buffer from forward on, as fp32 would hold the originals).
-                decoded = group.decode_with(codec)
                 reference = torch.cat([t.detach().reshape(-1) for t in tensors])
-                approx = torch.cat(
-                    [decoded[o : o + t.numel()] for o, t in zip(group.offsets, tensors, strict=False)]
-                )
+                approx = torch.cat([t.reshape(-1) for t in group.decode_with(codec)])
                 error = _relative_error(reference, approx)
                 self.layer_errors[group.layer] = max(error, self.layer_errors.get(group.layer, 0.0))
             self.encode_s += time.process_time() - started
