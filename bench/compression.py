@@ -172,7 +172,7 @@ def run_case(task: str, case: str, quick: bool, device: str = "cpu") -> dict:
         wall.append(step_time(result.step_wall_s, result.probe_steps, WARMUP, window))
         decisions += len(controller.decisions) if controller else 0
     peak = _rss_kb("VmHWM") if measured_rss else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    counter = compressor or ActivationCompressor(model, LayerPolicy())
+    counter = compressor or ActivationCompressor(model, LayerPolicy(), mask_bits=False)
     if controller is not None:
         counter.policy = controller.policy
     count_saved_bytes(model, counter, split.train_x[:batch], split.train_y[:batch])

@@ -240,7 +240,7 @@ def run_family_case(family: str, case: str, data: Dataset, quick: bool, step_tim
         window = controller.settings.window if controller else 1
         cpu.append(step_time(result.step_cpu_s, result.probe_steps, warmup, window))
         decisions += len(controller.decisions) if controller else 0
-    counter = compressor or ActivationCompressor(model, LayerPolicy())
+    counter = compressor or ActivationCompressor(model, LayerPolicy(), mask_bits=False)
     if controller is not None:
         counter.policy = controller.policy
     count_saved_bytes(model, counter, data.train_x[:batch], data.train_y[:batch])

@@ -18,7 +18,7 @@ per decision at most):
   and this is the layer with the largest ``a``. Loosening goes **at once to the last rung at
   which the layer was measured good** (not one rung per window); with no such rung looser than the
   current one, one rung; a layer already at the loosest rung whose own errors (``a`` or ``g``)
-  are bad goes to fp32 (its saved tensors kept as they are);
+  are bad in two decisions in a row goes to fp32 (its saved tensors kept as they are);
 - tighten (``tighten_rungs`` rungs) if the step is good (gradient error < ``grad_tighten_below``
   and the loss is not rising), ``a < act_tighten_below`` and ``g < grad_tighten_below``, but never
   past ``tightest_rung`` nor past a rung that failed its confirmation (below).
@@ -116,6 +116,7 @@ class AdaptiveController:
         self._safe: dict[str, int] = {}  # the tightest rung each layer was last measured good at
         self._ceiling = dict.fromkeys(layers, settings.tightest_rung)  # lowered by failed confirmations
         self._confirm_at: int | None = None  # the step after a tightening: its probe confirms it
+        self._strikes = dict.fromkeys(layers, 0)  # consecutive bad decisions at the loosest rung
         self.decisions: deque[Decision] = deque(maxlen=settings.max_decisions)
         self.dropped_decisions = 0
         self.last_metrics: dict[str, object] = {}
@@ -185,12 +186,14 @@ class AdaptiveController:
             own_bad = error > s.act_loosen_above or (own is not None and own > s.grad_loosen_above)
             own_good = own is None or own < s.grad_tighten_below
             if own_bad or (bad and layer == worst):
-                target = self._loosened(layer, rung, own_bad)
+                self._strikes[layer] = self._strikes[layer] + 1 if rung == 0 and own_bad else 0
+                target = self._loosened(layer, rung, self._strikes[layer] >= 2)
                 if confirming:
                     self._ceiling[layer] = min(self._ceiling[layer], rung - 1)
                 if target != rung:
                     made.append(self._move(step, layer, target, f"loosen: {metrics}"))
                 continue
+            self._strikes[layer] = 0
             if not bad:
                 self._safe[layer] = rung
             ceiling = self._ceiling[layer]
@@ -201,15 +204,16 @@ class AdaptiveController:
                 self._confirm_at = step + 1
         return made
 
-    def _loosened(self, layer: str, rung: int, own_bad: bool) -> int:
+    def _loosened(self, layer: str, rung: int, to_fp32: bool) -> int:
         """The rung a damaged layer moves to: the last one it was good at, if looser; else one
-        rung looser; fp32 from the loosest rung when its own errors are bad."""
+        rung looser; fp32 from the loosest rung when ``to_fp32`` (its own errors bad twice in a row
+        there: one bad gradient error at m8 is mostly noise on a near-zero gradient)."""
         safe = self._safe.get(layer)
         if safe is not None and safe < rung:
             return safe
         if rung > 0:
             return rung - 1
-        return FP32 if own_bad else rung
+        return FP32 if to_fp32 else rung
 
     def _move(self, step: int, layer: str, rung: int, reason: str) -> Decision:
         decision = Decision(

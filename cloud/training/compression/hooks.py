@@ -142,9 +142,11 @@ class ActivationCompressor:
         ssdc_layers: Collection[str] = (),
         generator: torch.Generator | None = None,
         min_numel: int | None = None,
+        mask_bits: bool = True,
     ) -> None:
         """``min_numel``: groups (one layer call's tensors) smaller than this stay as they are;
-        ``None``: ``measured_min_numel`` for the model's device, measured on the first ``active()``."""
+        ``None``: ``measured_min_numel`` for the model's device, measured on the first ``active()``.
+        ``mask_bits``: store dropout masks as bits (False: as they are, to count fp32's bytes)."""
         self.model = model
         self.policy = policy
         self.ssdc_layers = frozenset(ssdc_layers)
@@ -164,6 +166,7 @@ class ActivationCompressor:
         self._recording = False
         self._leaves = [(name, model.get_submodule(name)) for name in leaf_names(model)]
         self._dropout_layers = {name for name, m in self._leaves if isinstance(m, _DropoutNd)}
+        self.mask_bits = mask_bits
         self._layer_hooks: list = []
         self._params = list(model.parameters())
         self._input_storages: set[int] = set()
@@ -325,7 +328,11 @@ class ActivationCompressor:
     def _encode(
         self, tensor: torch.Tensor, layer: str, groups: dict[torch.dtype, SavedGroup]
     ) -> _Stored | GroupSlot:
-        if tensor.numel() >= 64 and (tensor.dtype == torch.bool or layer in self._dropout_layers):
+        if (
+            self.mask_bits
+            and tensor.numel() >= 64
+            and (tensor.dtype == torch.bool or layer in self._dropout_layers)
+        ):
             mask = _as_bits(tensor)  # a dropout mask: one bit per element, lossless
             if mask is not None:
                 return mask
