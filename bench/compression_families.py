@@ -184,6 +184,7 @@ def _setup(case: str, model: nn.Module):  # -> (model, compressor | None, contro
         LayerPolicy,
         gist_transform,
         leaf_names,
+        propagating_layers,
         recompute_recurrent,
     )
     from models.numerics import BfpFormat
@@ -198,7 +199,10 @@ def _setup(case: str, model: nn.Module):  # -> (model, compressor | None, contro
             ssdc = plan.ssdc_layers
         except (torch.fx.proxy.TraceError, TypeError):  # not traceable: no Gist, DPR only
             pass
-        controller = AdaptiveController(leaf_names(model), ControllerSettings())
+        layers = leaf_names(model)
+        controller = AdaptiveController(
+            layers, ControllerSettings(), propagating=propagating_layers(model, layers)
+        )
         return model, ActivationCompressor(model, controller.policy, ssdc_layers=ssdc), controller
     bits = {"bfp8": 8, "bfp4": 4}[case]
     return model, ActivationCompressor(model, LayerPolicy.uniform(BfpFormat(mantissa_bits=bits))), None

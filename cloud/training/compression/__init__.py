@@ -11,6 +11,7 @@ from cloud.training.compression.controller import (
     AdaptiveController,
     ControllerSettings,
     Decision,
+    propagating_layers,
 )
 from cloud.training.compression.gist import GistPair, GistPlan, ReluMaxPoolBinarized, gist_transform
 from cloud.training.compression.hooks import OUTSIDE_LAYERS, ActivationCompressor, LayerBytes, leaf_names
@@ -42,6 +43,7 @@ __all__ = [
     "fit_compressed",
     "gist_transform",
     "leaf_names",
+    "propagating_layers",
     "recompute_recurrent",
     "shuffled_batches",
     "train_compressed",

@@ -22,6 +22,10 @@ per decision at most):
 - tighten (``tighten_rungs`` rungs) if the step is good (gradient error < ``grad_tighten_below``
   and the loss is not rising), ``a < act_tighten_below`` and ``g < grad_tighten_below``, but never
   past ``tightest_rung`` nor past a rung that failed its confirmation (below).
+- **Propagating layers** (normalizations, attention, smooth activations: ``propagating_layers``)
+  stop at ``propagating_tightest_rung`` (m8): their backward reads the saved input for the
+  input's own gradient, so their error reaches every earlier layer (on the suite's transformer,
+  LayerNorm inputs at m4 cost ~2 pp that m8 did not).
 - **Confirmation**: the step right after a tightening also runs the probe (``probe_due``), and its
   decision (``decide`` at that step) only loosens: a format that ruins a layer's gradient (a
   GRU's at m4) is caught on its first step, not a window later. A rung that fails its
@@ -50,8 +54,10 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass
+
+from torch import nn
 
 from cloud.training.compression.layer_formats import LayerPolicy
 from models.numerics import BfpFormat
@@ -85,6 +91,7 @@ class ControllerSettings:
     grad_loosen_above: float = 0.3
     loss_rise_tolerance: float = 0.1
     max_decisions: int = 256
+    propagating_tightest_rung: int = 0  # m8: the floor of layers whose error reaches every earlier layer
 
 
 @dataclass(frozen=True)
@@ -102,7 +109,10 @@ class AdaptiveController:
         layers: Sequence[str],
         settings: ControllerSettings = ControllerSettings(),
         ladder: Sequence[BfpFormat] = DEFAULT_LADDER,
+        propagating: Collection[str] = (),
     ) -> None:
+        """``propagating``: layers whose backward reads their saved input to compute the gradient
+        of that input (``propagating_layers``), kept at ``propagating_tightest_rung`` or looser."""
         if not 0 <= settings.start_rung <= settings.tightest_rung < len(ladder):
             raise ValueError(
                 f"need 0 <= start_rung ({settings.start_rung}) <= tightest_rung "
@@ -114,7 +124,12 @@ class AdaptiveController:
         self.ladder = tuple(ladder)
         self.rungs = dict.fromkeys(layers, settings.start_rung)
         self._safe: dict[str, int] = {}  # the tightest rung each layer was last measured good at
-        self._ceiling = dict.fromkeys(layers, settings.tightest_rung)  # lowered by failed confirmations
+        self._ceiling = {  # lowered by failed confirmations
+            layer: min(settings.tightest_rung, settings.propagating_tightest_rung)
+            if layer in propagating
+            else settings.tightest_rung
+            for layer in layers
+        }
         self._confirm_at: int | None = None  # the step after a tightening: its probe confirms it
         self._strikes = dict.fromkeys(layers, 0)  # consecutive bad decisions at the loosest rung
         self.decisions: deque[Decision] = deque(maxlen=settings.max_decisions)
@@ -234,6 +249,29 @@ class AdaptiveController:
             "decisions": [asdict(d) for d in self.decisions],
             "dropped_decisions": self.dropped_decisions,
         }
+
+
+# Layers whose backward reads the saved input to compute the input's own gradient: an error there
+# reaches the gradients of every earlier layer, not only the layer's own weight gradient (a conv's
+# or linear's input gradient reads the weight; ReLU's, only the sign; max-pool's, the indices).
+_PROPAGATING = (
+    nn.modules.batchnorm._NormBase,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.MultiheadAttention,
+    nn.Softmax,
+    nn.LogSoftmax,
+    nn.Tanh,
+    nn.Sigmoid,
+    nn.GELU,
+    nn.SiLU,
+)
+
+
+def propagating_layers(model: nn.Module, layers: Collection[str]) -> list[str]:
+    """Those of ``layers`` (names in ``model``) that are normalizations, attention or smooth
+    activations: the controller keeps them at ``propagating_tightest_rung`` or looser."""
+    return [name for name in layers if isinstance(model.get_submodule(name), _PROPAGATING)]
 
 
 def _name(fmt: BfpFormat | None) -> str:

@@ -265,7 +265,7 @@ def gist_transform(
             binarize
             and node.op == "call_module"
             and len(users) == 1
-            and consumer_modules[0] is not None
+            and isinstance(consumer_modules[0], nn.MaxPool1d | nn.MaxPool2d)
             and binarizable(consumer_modules[0])
         ):
             pool_node = users[0]

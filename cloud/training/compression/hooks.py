@@ -305,15 +305,15 @@ class ActivationCompressor:
             return mask if stored.scale is None else mask.float().mul_(stored.scale)
         if isinstance(payload, torch.Tensor):  # kept as it was ("raw")
             return payload
-        tensor = stored.decoded
-        if tensor is None:
+        decoded = stored.decoded
+        if decoded is None:
             started = time.process_time()
             assert isinstance(payload, SparsePacked)
-            tensor = decode_sparse(payload)
+            decoded = decode_sparse(payload)
             self.decode_s += time.process_time() - started
         stored.users -= 1
-        stored.decoded = tensor if stored.users > 0 else None
-        return tensor
+        stored.decoded = decoded if stored.users > 0 else None
+        return decoded
 
     # Encoding choice ---------------------------------------------------------------------------
 
@@ -367,7 +367,7 @@ class ActivationCompressor:
             original = sum(_tensor_nbytes(t) for t in tensors)
             encode = group.numel >= (self.min_numel or 0)
             codec = self._codec(group.fmt) if encode else None
-            started = time.process_time()
+            started = time.process_time() if encode else 0.0  # a raw group costs no clock read
             group.close(codec, original)
             if codec is not None and self.measure_errors:
                 # The probe's decode is the one backward would make: keep it for backward (probe
@@ -376,7 +376,8 @@ class ActivationCompressor:
                 approx = torch.cat([t.reshape(-1) for t in group.decode_with(codec)])
                 error = _relative_error(reference, approx)
                 self.layer_errors[group.layer] = max(error, self.layer_errors.get(group.layer, 0.0))
-            self.encode_s += time.process_time() - started
+            if encode:
+                self.encode_s += time.process_time() - started
             self.counters[group.layer].stored += group.nbytes
             self.kinds["bfp" if encode else "raw"] += 1 if encode else len(tensors)
             self._hold(group, group.nbytes)
