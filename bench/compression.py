@@ -14,8 +14,8 @@ is its own):
   ``accuracies_per_seed``);
 - step_ms: CPU time per training step (one thread, so it is the compute, not the time other jobs
   on the shared machine take): median of the ordinary steps after the first WARMUP, plus the
-  adaptive controller's probe steps amortized (their extra time / window). step_wall_ms is the
-  same in wall-clock time.
+  adaptive controller's probe steps amortized (their extra time times their share of the steps,
+  confirmation probes included). step_wall_ms is the same in wall-clock time.
 The adaptive cases use the controller's default settings (window of 20 steps, tightening no
 further than m4: see cloud/training/compression/controller.py), as a job would.
 Torch runs with one thread: on the 2 shared cores, two OpenMP threads contend badly.
@@ -125,13 +125,15 @@ def _reset_peak_rss() -> bool:
         return False
 
 
-def step_time(times: list[float], probe_steps: list[int], warmup: int, window: int) -> float:
-    """Median ordinary step plus the probes' extra time spread over their window (steps per probe)."""
+def step_time(times: list[float], probe_steps: list[int], warmup: int) -> float:
+    """Median ordinary step plus the probes' extra time spread over all steps: the probes' share of
+    the timed steps (one per window, plus the controller's confirmation probes) times their extra."""
     probes = set(probe_steps)
     ordinary = [t for i, t in enumerate(times) if i >= warmup and i not in probes]
     probed = [t for i, t in enumerate(times) if i >= warmup and i in probes]
     base = statistics.median(ordinary)
-    return base + (statistics.median(probed) - base) / window if probed else base
+    share = len(probed) / (len(probed) + len(ordinary))
+    return base + (statistics.median(probed) - base) * share if probed else base
 
 
 def run_case(task: str, case: str, quick: bool, device: str = "cpu") -> dict:
@@ -167,9 +169,8 @@ def run_case(task: str, case: str, quick: bool, device: str = "cpu") -> dict:
             seed=seed,
         )
         accuracies.append(accuracy(model, split.test_x, split.test_y))
-        window = controller.settings.window if controller else 1
-        cpu.append(step_time(result.step_cpu_s, result.probe_steps, WARMUP, window))
-        wall.append(step_time(result.step_wall_s, result.probe_steps, WARMUP, window))
+        cpu.append(step_time(result.step_cpu_s, result.probe_steps, WARMUP))
+        wall.append(step_time(result.step_wall_s, result.probe_steps, WARMUP))
         decisions += len(controller.decisions) if controller else 0
     peak = _rss_kb("VmHWM") if measured_rss else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     counter = compressor or ActivationCompressor(model, LayerPolicy(), mask_bits=False)

@@ -241,8 +241,7 @@ def run_family_case(family: str, case: str, data: Dataset, quick: bool, step_tim
             evaluate=lambda m, _: _accuracy(m, data.test_x, data.test_y),
         )
         accuracies.append(result.evaluations[-1])
-        window = controller.settings.window if controller else 1
-        cpu.append(step_time(result.step_cpu_s, result.probe_steps, warmup, window))
+        cpu.append(step_time(result.step_cpu_s, result.probe_steps, warmup))
         decisions += len(controller.decisions) if controller else 0
     counter = compressor or ActivationCompressor(model, LayerPolicy(), mask_bits=False)
     if controller is not None:

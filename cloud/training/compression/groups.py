@@ -38,7 +38,7 @@ class SavedGroup:
         "owner",
     )
 
-    def __init__(self, layer: str, fmt: BfpFormat, dtype: torch.dtype) -> None:
+    def __init__(self, layer: str, fmt: BfpFormat) -> None:
         self.layer, self.fmt = layer, fmt
         self.tensors: list[torch.Tensor] | None = []  # until close; kept when the group stays raw
         self.shapes: list[torch.Size] = []

@@ -360,7 +360,7 @@ class ActivationCompressor:
             return _Stored("raw", tensor, _tensor_nbytes(tensor))
         group = groups.get(tensor.dtype)
         if group is None:
-            group = groups[tensor.dtype] = SavedGroup(layer, fmt, tensor.dtype)
+            group = groups[tensor.dtype] = SavedGroup(layer, fmt)
         return GroupSlot(group, group.add(tensor))
 
     def _close_groups(self, groups: dict[torch.dtype, SavedGroup]) -> None:
