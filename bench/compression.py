@@ -28,7 +28,8 @@ GRU, transformer encoder on generated tabular, image and series data; 3 seeds) r
 the same way and adds per family ``family_<name>_accuracy_drop_pp`` (adaptive against fp32, mean of
 3 seeds), ``..._saved_bytes_reduction`` and ``..._step_time_vs_fp32``, and the summaries
 ``worst_family_accuracy_drop_pp``, ``median_family_saved_bytes_reduction`` and
-``median_family_step_time_vs_fp32``. ``--suite families`` runs it alone (its ratios only).
+``median_family_step_time_vs_fp32``. ``--suite families`` runs it alone (its ratios only). The
+family suite trains on the CPU whatever ``--device`` says (only digits and the scene CNN move).
 
     python -m bench.compression [--quick] [--device cpu|cuda] [--suite all|models|families]
         -> bench/results/compression.json

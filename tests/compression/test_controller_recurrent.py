@@ -59,4 +59,4 @@ def test_controller_loosens_within_one_window_when_a_recurrent_gradient_is_ruine
     grad_error = float(loosened.reason.split("layer_grad_err=")[1].split()[0])
     assert grad_error > settings.grad_loosen_above
     # The rung failed its confirmation: the GRU is not put back on it for the rest of training.
-    assert len(gru) == 2 and controller.status()["formats"]["gru"] == str(SAFE)
+    assert len(gru) == 2 and controller.policy.format_for("gru") == SAFE

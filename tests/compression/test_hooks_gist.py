@@ -190,7 +190,8 @@ def test_default_min_numel_is_measured_in_whole_blocks() -> None:
     assert compressor.min_numel is None  # measured on the first active()
     with compressor.active():
         model(torch.randn(16, 64)).sum().backward()
-    assert compressor.min_numel == measured_min_numel("cpu") and compressor.min_numel % 32 == 0
+    threshold = compressor.min_numel
+    assert threshold is not None and threshold == measured_min_numel("cpu") and threshold % 32 == 0
 
 
 class _Recurrent(nn.Module):
@@ -223,4 +224,4 @@ def grads_of_sum(
     with compressor.active() if compressor else contextlib.nullcontext():
         loss = model(x).square().sum()
     loss.backward()
-    return [p.grad.clone() for p in model.parameters()]
+    return [torch.zeros(0) if p.grad is None else p.grad.clone() for p in model.parameters()]
