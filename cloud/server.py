@@ -23,7 +23,21 @@ from pathlib import Path
 from aiohttp import web
 
 import models
-from cloud.api import blobs, federated, fleet, health, ingest, jobs, openapi, probe, registry, status, uploads
+from cloud.api import (
+    alerts,
+    blobs,
+    devices,
+    federated,
+    fleet,
+    health,
+    ingest,
+    jobs,
+    openapi,
+    probe,
+    registry,
+    status,
+    uploads,
+)
 from cloud.api.blobs import BLOBS
 from cloud.api.context import CONFIG, METRICS, REGISTRY, STORE, TASKS
 from cloud.api.errors import json_errors
@@ -48,6 +62,8 @@ ROUTE_GROUPS: tuple[Callable[[web.Application], None], ...] = (
     uploads.setup,
     jobs.setup,
     fleet.setup,
+    devices.setup,
+    alerts.setup,
     openapi.setup,
     web_routes.setup,
     federated.setup,

@@ -1,0 +1,211 @@
+"""Device telemetry as series: the rows a device chart reads, kept at batch commit.
+
+Tables (SQLite; every query a device page makes lives in this module, so another backend
+reimplements these functions and nothing else):
+
+    samples           one row per stored telemetry message: (gateway, device, ts, seq, status,
+                      readings JSON); the raw tier, read for short windows
+    rollups           per (gateway, device, width, name, bucket): count, sum, min, max of one
+                      reading in the bucket ``[bucket*width, (bucket+1)*width)``; widths 1 s, 60 s
+    message_rollups   per (gateway, device, width, bucket): messages, faults, lowest and highest seq
+
+``ts`` is the gateway's receive time of the message (``Record.received_ts``), the clock every
+stored record shares; the device's own ``ts`` may run on simulated time.
+
+Invariant: the three tables describe exactly the telemetry records stored, each once: ``collect``
+sees only the records a batch stores for the first time (duplicates never reach it) and ``apply``
+runs inside the batch's metadata transaction (``meta.commit_batch``). A window query therefore
+reads at most ``points`` buckets' worth of a coarse tier, never the raw rows of a long window:
+a week at 10 Hz is 10,080 minute rows per reading.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+ROLLUP_WIDTHS = (1, 60)  # seconds; the raw tier has width 0
+MAX_RAW_ROWS = 20_000  # a raw window longer than this is cut (its answer says so)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS samples (
+    gateway TEXT NOT NULL, device TEXT NOT NULL, ts REAL NOT NULL, seq INTEGER NOT NULL,
+    status TEXT NOT NULL, readings TEXT NOT NULL,
+    PRIMARY KEY (gateway, device, ts, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS rollups (
+    gateway TEXT NOT NULL, device TEXT NOT NULL, width INTEGER NOT NULL, name TEXT NOT NULL,
+    bucket INTEGER NOT NULL, n INTEGER NOT NULL, total REAL NOT NULL, lo REAL NOT NULL, hi REAL NOT NULL,
+    PRIMARY KEY (gateway, device, width, name, bucket)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS message_rollups (
+    gateway TEXT NOT NULL, device TEXT NOT NULL, width INTEGER NOT NULL, bucket INTEGER NOT NULL,
+    n INTEGER NOT NULL, faults INTEGER NOT NULL, seq_lo INTEGER NOT NULL, seq_hi INTEGER NOT NULL,
+    PRIMARY KEY (gateway, device, width, bucket)) WITHOUT ROWID;
+"""
+
+
+@dataclass
+class SeriesBatch:
+    """What one batch adds to the series tables (built by ``collect``, written by ``apply``)."""
+
+    samples: list[tuple[str, str, float, int, str, str]] = field(default_factory=list)
+    rollups: dict[tuple[str, int, str, int], list[float]] = field(default_factory=dict)
+    messages: dict[tuple[str, int, int], list[int]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.samples)
+
+
+def collect(gateway: str, records: Iterable[dict[str, Any]]) -> SeriesBatch:
+    """The series rows of the telemetry among ``records`` (Record dicts; other kinds are skipped)."""
+    out = SeriesBatch()
+    for record in records:
+        body = record["body"]
+        if record["kind"] != "telemetry" or not isinstance(body.get("seq"), int):
+            continue
+        device, ts, seq = record["device"], float(record["received_ts"]), body["seq"]
+        readings = body.get("readings") or {}
+        fault = body.get("status") == "fault"
+        out.samples.append((gateway, device, ts, seq, "fault" if fault else "ok", json.dumps(readings)))
+        for width in ROLLUP_WIDTHS:
+            bucket = math.floor(ts / width)
+            m = out.messages.setdefault((device, width, bucket), [0, 0, seq, seq])
+            m[0] += 1
+            m[1] += fault
+            m[2], m[3] = min(m[2], seq), max(m[3], seq)
+            for name, value in readings.items():
+                if value is None:
+                    continue
+                r = out.rollups.setdefault((device, width, name, bucket), [0, 0.0, value, value])
+                r[0] += 1
+                r[1] += value
+                r[2], r[3] = min(r[2], value), max(r[3], value)
+    return out
+
+
+def apply(conn: sqlite3.Connection, gateway: str, batch: SeriesBatch) -> None:
+    """Add ``batch`` to the tables; the caller holds the transaction."""
+    conn.executemany("INSERT OR IGNORE INTO samples VALUES (?, ?, ?, ?, ?, ?)", batch.samples)
+    conn.executemany(
+        "INSERT INTO rollups VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (gateway, device, width, name, bucket) DO UPDATE SET n=n+excluded.n, "
+        "total=total+excluded.total, lo=min(lo, excluded.lo), hi=max(hi, excluded.hi)",
+        [(gateway, d, w, name, b, *v) for (d, w, name, b), v in batch.rollups.items()],
+    )
+    conn.executemany(
+        "INSERT INTO message_rollups VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (gateway, device, width, bucket) DO UPDATE SET n=n+excluded.n, "
+        "faults=faults+excluded.faults, seq_lo=min(seq_lo, excluded.seq_lo), "
+        "seq_hi=max(seq_hi, excluded.seq_hi)",
+        [(gateway, d, w, b, *v) for (d, w, b), v in batch.messages.items()],
+    )
+
+
+def tier_for(step_s: float) -> int:
+    """The coarsest stored width no wider than one chart point (0: raw rows)."""
+    fitting = [w for w in ROLLUP_WIDTHS if w <= step_s]
+    return max(fitting) if fitting else 0
+
+
+def window(
+    conn: sqlite3.Connection, gateway: str, device: str, start: float, end: float, points: int
+) -> dict[str, Any]:
+    """The readings of one device in [start, end) as at most about ``points`` buckets per reading.
+
+    Answer: ``{"width", "step", "series": {name: [[t, mean, min, max, n], ...]}, "seq"}``; ``t``
+    is the bucket's start. For the raw tier (``width`` 0) each point is one message, ``min`` and
+    ``max`` equal its value and ``seq`` lists each message's seq in point order; ``cut`` is true
+    when the window held more than MAX_RAW_ROWS messages and only the first were returned."""
+    step = (end - start) / points
+    width = tier_for(step)
+    if width == 0:
+        return _raw(conn, gateway, device, start, end, step)
+    rows = conn.execute(
+        "SELECT name, CAST((bucket * ? - ?) / ? AS INTEGER) AS b, sum(n), sum(total), min(lo), max(hi) "
+        "FROM rollups WHERE gateway=? AND device=? AND width=? AND bucket>=? AND bucket<? "
+        "GROUP BY name, b ORDER BY name, b",
+        (width, start, step, gateway, device, width, math.floor(start / width), math.ceil(end / width)),
+    )
+    series: dict[str, list[list[float]]] = {}
+    for name, b, n, total, lo, hi in rows:
+        series.setdefault(name, []).append([start + b * step, total / n, lo, hi, n])
+    return {"width": width, "step": step, "series": series, "seq": None, "cut": False}
+
+
+def _raw(
+    conn: sqlite3.Connection, gateway: str, device: str, start: float, end: float, step: float
+) -> dict[str, Any]:
+    rows = conn.execute(
+        "SELECT ts, seq, readings FROM samples WHERE gateway=? AND device=? AND ts>=? AND ts<? "
+        "ORDER BY ts, seq LIMIT ?",
+        (gateway, device, start, end, MAX_RAW_ROWS + 1),
+    ).fetchall()
+    cut = len(rows) > MAX_RAW_ROWS
+    series: dict[str, list[list[float]]] = {}
+    seqs: dict[str, list[int]] = {}
+    for ts, seq, readings in rows[:MAX_RAW_ROWS]:
+        for name, value in json.loads(readings).items():
+            if value is not None:
+                series.setdefault(name, []).append([ts, value, value, value, 1])
+                seqs.setdefault(name, []).append(seq)
+    return {"width": 0, "step": step, "series": series, "seq": seqs, "cut": cut}
+
+
+def messages(conn: sqlite3.Connection, gateway: str, device: str, start: float, end: float) -> dict[str, Any]:
+    """Messages, faults and gaps (seq numbers never stored) of one device in [start, end), counted
+    on minute buckets (whole minutes around the window); ``gap_buckets`` lists the worst ones.
+
+    A gap is a seq missing between the lowest and highest seq of a bucket, or between one bucket's
+    highest and the next one's lowest; a seq that goes down (the device restarted) is no gap."""
+    rows = conn.execute(
+        "SELECT bucket, n, faults, seq_lo, seq_hi FROM message_rollups "
+        "WHERE gateway=? AND device=? AND width=60 AND bucket>=? AND bucket<? ORDER BY bucket",
+        (gateway, device, math.floor(start / 60), math.ceil(end / 60)),
+    ).fetchall()
+    total = faults = gaps = 0
+    worst: list[tuple[int, float]] = []
+    previous_hi: int | None = None
+    for bucket, n, f, lo, hi in rows:
+        missing = max(0, hi - lo + 1 - n) + (max(0, lo - previous_hi - 1) if previous_hi is not None else 0)
+        total, faults, gaps, previous_hi = total + n, faults + f, gaps + missing, hi
+        if missing:
+            worst.append((missing, bucket * 60.0))
+    worst.sort(reverse=True)
+    return {
+        "messages": total,
+        "faults": faults,
+        "gaps": gaps,
+        "gap_buckets": [{"ts": ts, "missing": m} for m, ts in worst[:20]],
+    }
+
+
+def rate(conn: sqlite3.Connection, gateway: str, device: str, now: float, over_s: int = 60) -> float:
+    """Messages per second over the last ``over_s`` seconds (whole seconds up to ``now``)."""
+    (n,) = conn.execute(
+        "SELECT coalesce(sum(n), 0) FROM message_rollups WHERE gateway=? AND device=? AND width=1 "
+        "AND bucket>=? AND bucket<?",
+        (gateway, device, math.floor(now) - over_s, math.floor(now)),
+    ).fetchone()
+    return float(n) / over_s
+
+
+def last_message(conn: sqlite3.Connection, gateway: str, device: str) -> dict[str, Any] | None:
+    row = conn.execute(
+        "SELECT ts, seq, status, readings FROM samples WHERE gateway=? AND device=? "
+        "ORDER BY ts DESC, seq DESC LIMIT 1",
+        (gateway, device),
+    ).fetchone()
+    if row is None:
+        return None
+    return {"ts": row[0], "seq": row[1], "status": row[2], "readings": json.loads(row[3])}
+
+
+def reading_names(conn: sqlite3.Connection, gateway: str, device: str) -> list[str]:
+    rows = conn.execute(
+        "SELECT DISTINCT name FROM rollups WHERE gateway=? AND device=? AND width=60 ORDER BY name",
+        (gateway, device),
+    )
+    return [name for (name,) in rows]
