@@ -37,7 +37,10 @@ def _alert(url: str, lsn: int, score: float) -> None:
         "sensor-000", 1000.0 + lsn, {"type": "sensor_detection", "severity": "alert", "score": score}
     )
     _upload(
-        url, "gw1", encode_batch("gw1", "bbbb0002", [(lsn, record)]), idempotency_key("gw1", "bbbb0002", lsn, lsn)
+        url,
+        "gw1",
+        encode_batch("gw1", "bbbb0002", [(lsn, record)]),
+        idempotency_key("gw1", "bbbb0002", lsn, lsn),
     )
 
 

@@ -1,0 +1,81 @@
+/* The gateway page (#/gateways/<id>, GET /v1/gateways/<id>): state, services, models, placement
+ * and its recent changes, link and backlog over time, uplink counters, devices and alerts. Every
+ * panel shows something: a chart, a table, or a line saying why there is nothing yet. */
+"use strict";
+
+function kv(pairs) {
+  return `<table class="kv">${pairs.map(([k, v]) => `<tr><th>${k}</th><td>${v}</td></tr>`).join("")}</table>`;
+}
+
+function when(ts) {
+  return ts ? new Date(ts * 1000).toISOString().slice(0, 19).replace("T", " ") + "Z" : "never";
+}
+
+const GATEWAY_PANELS = [
+  ["status", "Status"], ["services", "Services"], ["models", "Models"], ["rtt", "Link RTT"],
+  ["goodput", "Link goodput"], ["up", "Link up-fraction"], ["backlog", "Backlog"],
+  ["uplink", "Uplink (stored in the cloud)"], ["devices", "Devices"], ["placement", "Placement"],
+  ["decisions", "Recent placement changes"], ["alerts", "Alerts"],
+];
+const WIDE_PANELS = new Set(["placement", "decisions", "alerts"]);
+const SHOWN_CHANGES = 12;
+
+function gatewayPage(page, id) {
+  page.innerHTML = `<h1>Gateway ${pages.esc(id)} <span id="gw-state"></span></h1><div class="grid">` +
+    GATEWAY_PANELS.map(([key, title]) => `<div class="panel${WIDE_PANELS.has(key) ? " wide" : ""}" id="panel-${key}">` +
+      `<h2>${title}</h2><div class="body" id="gw-${key}"></div></div>`).join("") + "</div>";
+  const alerts = fleet.alertList(page.querySelector("#gw-alerts"), id);
+  const body = key => document.getElementById(`gw-${key}`);
+  function history(doc, pick, opts) {
+    const points = doc.history.filter(h => pick(h) !== null && pick(h) !== undefined);
+    const t0 = doc.history.length ? doc.history[0].ts : 0;
+    charts.lineChart(body(opts.key), [{name: opts.name, color: opts.color, points: points.map(h => [h.ts - t0, pick(h)])}],
+      {xTime: true, xLabel: "since the first heartbeat shown", zero: true, height: 150,
+       empty: doc.history.length ? "the heartbeats carry no link estimate" : "no heartbeat since cloudd started"});
+  }
+  let last = null;
+  function drawCharts(doc) {
+    history(doc, h => h.rtt_ms, {key: "rtt", name: "RTT ms", color: charts.PALETTE[0]});
+    history(doc, h => h.bandwidth_bps, {key: "goodput", name: "goodput bit/s", color: charts.PALETTE[1]});
+    history(doc, h => (h.availability !== null ? h.availability : h.up === null ? null : Number(h.up)), {key: "up", name: "up fraction", color: charts.PALETTE[3]});
+    history(doc, h => h.backlog_records, {key: "backlog", name: "records", color: charts.PALETTE[2]});
+  }
+  const redraw = () => { if (last) drawCharts(last); };
+  window.addEventListener("resize", redraw);
+  async function refresh() {
+    const doc = last = await api.apiGet(`/v1/gateways/${encodeURIComponent(id)}`);
+    const beat = doc.heartbeat;
+    document.getElementById("gw-state").innerHTML = fleet.stateHtml(doc.state);
+    body("status").innerHTML = kv([
+      ["state", fleet.stateHtml(doc.state)], ["last heartbeat", `${pages.ago(doc.last_heartbeat, Date.now() / 1000)} (${when(doc.last_heartbeat)})`],
+      ["interval", doc.interval_s ? `${doc.interval_s} s` : "-"], ["software", pages.esc(doc.software)],
+      ["backlog", `${fleet.int(doc.backlog_records)} records, ${charts.fmt(doc.backlog_bytes)}B`],
+      ["link", pages.esc(pages.linkText(doc.link))]]);
+    body("services").innerHTML = doc.services.length ? `<table class="fixed"><thead><tr><th>service</th><th>state</th><th>last error</th></tr></thead><tbody>` +
+      doc.services.map(s => `<tr><td>${pages.esc(s.service)}</td><td class="svc-${s.state}">${s.state}</td><td>${pages.esc(s.detail || "-")}</td></tr>`).join("") +
+      "</tbody></table>" : `<div class="nodata">${beat ? "the heartbeat lists no services" : "no heartbeat since cloudd started"}</div>`;
+    const models = doc.models;
+    body("models").innerHTML = models && models.length ? `<table class="fixed"><thead><tr><th>model</th><th>version</th><th>stage</th></tr></thead><tbody>` +
+      models.map(m => `<tr><td>${pages.esc(m.name || m.model)}</td><td>${pages.esc(m.version)}</td><td>${pages.esc(m.stage)}</td></tr>`).join("") + "</tbody></table>" :
+      `<div class="nodata">${beat ? "this gateway's heartbeat reports no models" : "no heartbeat since cloudd started"}</div>`;
+    body("placement").innerHTML = doc.placement.length ? `<p>${fleet.placementSummary(doc)}</p><table class="fixed placement"><thead><tr><th>service</th><th>task</th><th>where</th><th>why</th></tr></thead><tbody>` +
+      doc.placement.map(p => `<tr><td>${pages.esc(p.service)}</td><td>${pages.esc(p.task)}</td><td>${p.where}</td><td>${pages.esc(p.reason || "-")}</td></tr>`).join("") +
+      "</tbody></table>" : `<div class="nodata">no placement reported</div>`;
+    body("decisions").innerHTML = doc.placement_changes.length ? `<table class="fixed placement"><thead><tr><th>when</th><th>task</th><th>to</th><th>why</th></tr></thead><tbody>` +
+      doc.placement_changes.slice(0, SHOWN_CHANGES).map(c => `<tr><td>${pages.ago(c.ts, Date.now() / 1000)}</td><td>${pages.esc(c.service + "." + c.task)}</td><td>${c.where}</td><td>${pages.esc(c.reason || "-")}</td></tr>`).join("") +
+      "</tbody></table>" : `<div class="nodata">no placement decisions seen yet</div>`;
+    drawCharts(doc);
+    const u = doc.uplink;
+    body("uplink").innerHTML = kv([["records stored", fleet.int(u.records)], ["batches", fleet.int(u.batches)],
+      ["duplicates (resent, stored once)", fleet.int(u.duplicates)], ["last upload", `${pages.ago(u.last_upload, Date.now() / 1000)}`]]);
+    body("devices").innerHTML = doc.devices.length ? pages.sortableTable([
+      {key: "device", label: "device", html: r => `<a href="#/devices/${encodeURIComponent(id)}/${encodeURIComponent(r.device)}">${pages.esc(r.device)}</a>`},
+      {key: "records", label: "records", num: true, html: r => fleet.int(r.records)},
+      {key: "last_ts", label: "last message", html: r => pages.ago(r.last_ts, Date.now() / 1000)}], {sort: "device"}, doc.devices) :
+      `<div class="nodata">no device data stored from this gateway</div>`;
+    await alerts.refresh();
+  }
+  return {refresh, stop() { window.removeEventListener("resize", redraw); }};
+}
+
+window.gateway = {gatewayPage, kv, when};
