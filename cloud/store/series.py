@@ -6,7 +6,7 @@ reimplements these functions and nothing else):
     samples           one row per stored telemetry message: (gateway, device, ts, seq, status,
                       readings JSON); the raw tier, read for short windows
     rollups           per (gateway, device, width, name, bucket): count, sum, min, max of one
-                      reading in the bucket ``[bucket*width, (bucket+1)*width)``; widths 1 s, 60 s
+                      reading in the bucket ``[bucket*width, (bucket+1)*width)``; widths 1 s to 1 h
     message_rollups   per (gateway, device, width, bucket): messages, faults, lowest and highest seq
 
 ``ts`` is the gateway's receive time of the message (``Record.received_ts``), the clock every
@@ -15,8 +15,8 @@ stored record shares; the device's own ``ts`` may run on simulated time.
 Invariant: the three tables describe exactly the telemetry records stored, each once: ``collect``
 sees only the records a batch stores for the first time (duplicates never reach it) and ``apply``
 runs inside the batch's metadata transaction (``meta.commit_batch``). A window query therefore
-reads at most ``points`` buckets' worth of a coarse tier, never the raw rows of a long window:
-a week at 10 Hz is 10,080 minute rows per reading.
+reads about ``points`` to ten times ``points`` rows per reading, never the raw rows of a long
+window: a week at 10 Hz in 600 points is 1,008 ten-minute rows per reading.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-ROLLUP_WIDTHS = (1, 60)  # seconds; the raw tier has width 0
+# Seconds; the raw tier has width 0. Neighbours are at most 10x apart, so a window read from the
+# widest tier not wider than its step scans at most about 10 rows per chart point and reading.
+ROLLUP_WIDTHS = (1, 10, 60, 600, 3600)
 MAX_RAW_ROWS = 20_000  # a raw window longer than this is cut (its answer says so)
 
 SCHEMA = """
@@ -60,8 +62,12 @@ class SeriesBatch:
 
 
 def collect(gateway: str, records: Iterable[dict[str, Any]]) -> SeriesBatch:
-    """The series rows of the telemetry among ``records`` (Record dicts; other kinds are skipped)."""
+    """The series rows of the telemetry among ``records`` (Record dicts; other kinds are skipped).
+
+    Each message is added to its 1 s bucket only; the wider buckets are merged from those (a batch
+    of 10 Hz data touches a few hundred seconds, so this is what keeps ingest cheap)."""
     out = SeriesBatch()
+    finest = ROLLUP_WIDTHS[0]
     for record in records:
         body = record["body"]
         if record["kind"] != "telemetry" or not isinstance(body.get("seq"), int):
@@ -70,19 +76,33 @@ def collect(gateway: str, records: Iterable[dict[str, Any]]) -> SeriesBatch:
         readings = body.get("readings") or {}
         fault = body.get("status") == "fault"
         out.samples.append((gateway, device, ts, seq, "fault" if fault else "ok", json.dumps(readings)))
-        for width in ROLLUP_WIDTHS:
-            bucket = math.floor(ts / width)
-            m = out.messages.setdefault((device, width, bucket), [0, 0, seq, seq])
+        bucket = math.floor(ts / finest)
+        m = out.messages.get((device, finest, bucket))
+        if m is None:
+            out.messages[(device, finest, bucket)] = [1, int(fault), seq, seq]
+        else:
             m[0] += 1
             m[1] += fault
             m[2], m[3] = min(m[2], seq), max(m[3], seq)
-            for name, value in readings.items():
-                if value is None:
-                    continue
-                r = out.rollups.setdefault((device, width, name, bucket), [0, 0.0, value, value])
+        for name, value in readings.items():
+            if value is None:
+                continue
+            r = out.rollups.get((device, finest, name, bucket))
+            if r is None:
+                out.rollups[(device, finest, name, bucket)] = [1, value, value, value]
+            else:
                 r[0] += 1
                 r[1] += value
                 r[2], r[3] = min(r[2], value), max(r[3], value)
+    for width in ROLLUP_WIDTHS[1:]:
+        for (device, w, bucket), (n, faults, lo, hi) in list(out.messages.items()):
+            if w == finest:
+                m = out.messages.setdefault((device, width, bucket * finest // width), [0, 0, lo, hi])
+                m[0], m[1], m[2], m[3] = m[0] + n, m[1] + faults, min(m[2], lo), max(m[3], hi)
+        for (device, w, name, bucket), (n, total, lo, hi) in list(out.rollups.items()):
+            if w == finest:
+                r = out.rollups.setdefault((device, width, name, bucket * finest // width), [0, 0.0, lo, hi])
+                r[0], r[1], r[2], r[3] = r[0] + n, r[1] + total, min(r[2], lo), max(r[3], hi)
     return out
 
 
@@ -201,11 +221,3 @@ def last_message(conn: sqlite3.Connection, gateway: str, device: str) -> dict[st
     if row is None:
         return None
     return {"ts": row[0], "seq": row[1], "status": row[2], "readings": json.loads(row[3])}
-
-
-def reading_names(conn: sqlite3.Connection, gateway: str, device: str) -> list[str]:
-    rows = conn.execute(
-        "SELECT DISTINCT name FROM rollups WHERE gateway=? AND device=? AND width=60 ORDER BY name",
-        (gateway, device),
-    )
-    return [name for (name,) in rows]

@@ -71,7 +71,7 @@ def test_device_window_gaps_and_csv(tmp_path):
             assert temperature[seq][0] == 1000.0 + seq
 
         week = _device(server.url, f"start=0&end={7 * 86400}&points=600")
-        assert week["chart"]["width"] == 60  # a week is read from the minute rows
+        assert week["chart"]["width"] == 600  # a week is read from the 10-minute rows
         points = week["chart"]["series"]["humidity_pct"]
         assert 1 <= len(points) <= 600
         assert sum(p[4] for p in points) == 390  # every humidity reading, each once

@@ -187,9 +187,9 @@ def test_fleet_gateway_and_device_pages(tmp_path):
                 assert drawn[seq][1] == heard.readings[(DEVICE, seq)]["temperature_c"], seq
             assert empty_panels(page) == []
             page.screenshot(path=str(shots / "dashboard-device.png"), full_page=True)
-            page.select_option("#dev-window", "604800")  # a week: drawn from the minute rollups
+            page.select_option("#dev-window", "604800")  # a week: drawn from the 10-minute rollups
             page.wait_for_function(
-                "document.getElementById('dev-resolution').innerText.includes('minute')", timeout=30_000
+                "document.getElementById('dev-resolution').innerText.includes('from 10m')", timeout=30_000
             )
             assert_fits(page, "the device page")
             page.goto(f"{server.url}/#/alerts")

@@ -48,7 +48,7 @@ function devicePage(page, gatewayId, deviceId) {
   function drawCharts(doc) {
     const chart = doc.chart, box = document.getElementById("dev-charts");
     document.getElementById("dev-resolution").textContent = chart.width === 0 ? "every message" :
-      `one point per ${scales.fmtDuration(chart.step)} (from ${chart.width === 1 ? "second" : "minute"} rollups)`;
+      `one point per ${scales.fmtDuration(chart.step)} (from ${scales.fmtDuration(chart.width)} rollups)`;
     const names = Object.keys(chart.series).sort();
     if (!names.length) { box.innerHTML = `<div class="panel" id="panel-chart-none"><h2>Readings</h2><div class="nodata">no readings in this window</div></div>`; return; }
     for (const [i, name] of names.entries()) {
