@@ -31,6 +31,7 @@ import math
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench._common import Results, parse_args
@@ -82,7 +83,7 @@ def generate(data_dir: Path, start: float, seconds: float) -> tuple[int, float]:
     return stored, time.perf_counter() - began
 
 
-def p95_ms(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
+def p95_ms(fn: Callable[[], object], repeats: int) -> float:
     fn()  # warm-up: the first call opens files and fills caches
     times = []
     for _ in range(repeats):

@@ -14,8 +14,9 @@ import time
 from collections.abc import Sequence
 
 from cloud.ctl.datasets import add_datasets_parser, run_datasets
+from cloud.ctl.fleet import add_fleet_parsers, run_fleet
 from cloud.ctl.http import CtlError, call_json, get_json
-from cloud.ctl.text import format_fleet, format_job_detail, format_jobs, format_models, format_status
+from cloud.ctl.text import format_job_detail, format_jobs, format_models, format_status
 from cloud.ctl.train import add_train_parser, spec_from_args, watch
 
 DEFAULT_URL = "http://127.0.0.1:8700"
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("status", parents=[common], help="gateways and per-device record counts")
     commands.add_parser("jobs", parents=[common], help="training jobs")
     commands.add_parser("models", parents=[common], help="model versions and their lineage")
-    commands.add_parser("fleet", parents=[common], help="gateways: online, backlog, link, placement")
+    add_fleet_parsers(commands, common)
     add_datasets_parser(commands, common)
     for name in ("job", "cancel", "watch"):
         sub = commands.add_parser(name, parents=[common], help=f"{name} one job")
@@ -69,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
             return 0
         print(format_status(doc, now, get_json(base + "/v1/jobs", token, args.timeout)))
         return 0
-    simple = {"models": ("/v1/models", format_models), "fleet": ("/v1/fleet", format_fleet)}
+    if args.command in ("fleet", "gateway"):
+        return run_fleet(args, base, now)
+    simple = {"models": ("/v1/models", format_models)}
     if args.command in simple:
         path, formatter = simple[args.command]
         doc = get_json(base + path, token, args.timeout)

@@ -99,10 +99,12 @@ def collect(gateway: str, records: Iterable[dict[str, Any]]) -> SeriesBatch:
             if w == finest:
                 m = out.messages.setdefault((device, width, bucket * finest // width), [0, 0, lo, hi])
                 m[0], m[1], m[2], m[3] = m[0] + n, m[1] + faults, min(m[2], lo), max(m[3], hi)
-        for (device, w, name, bucket), (n, total, lo, hi) in list(out.rollups.items()):
+        for (device, w, name, bucket), (count, total, low, high) in list(out.rollups.items()):
             if w == finest:
-                r = out.rollups.setdefault((device, width, name, bucket * finest // width), [0, 0.0, lo, hi])
-                r[0], r[1], r[2], r[3] = r[0] + n, r[1] + total, min(r[2], lo), max(r[3], hi)
+                r = out.rollups.setdefault(
+                    (device, width, name, bucket * finest // width), [0, 0.0, low, high]
+                )
+                r[0], r[1], r[2], r[3] = r[0] + count, r[1] + total, min(r[2], low), max(r[3], high)
     return out
 
 

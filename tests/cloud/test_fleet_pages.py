@@ -14,7 +14,7 @@ from protocol.batch import encode_batch, idempotency_key
 from protocol.records import event_record
 from tests.harness.cloud_http import call, heartbeat, post, telemetry_batch
 from tests.harness.cloudd import OPERATOR_TOKEN as OP
-from tests.harness.cloudd import cloudd_token, start_cloudd
+from tests.harness.cloudd import cloudctl, cloudd_token, start_cloudd
 
 
 def _upload(url: str, gateway: str, body: bytes, key: str) -> dict:
@@ -153,5 +153,19 @@ def test_fleet_pages_sorts_and_gateway_document(tmp_path):
         assert len(gw["history"]) == 2 and gw["history"][-1]["rtt_ms"] == 40.0
         assert gw["placement_changes"][0]["task"] == "aggregate"  # newest first
         assert call(f"{server.url}/v1/gateways/nobody", OP)[0] == 404
+
+        ctl = cloudctl("--url", server.url, "--token", OP, "gateway", "gw02")
+        assert ctl.returncode == 0, ctl.stderr
+        assert "gateway gw02: online" in ctl.stdout and "placement: 2 of 3 tasks in the cloud" in ctl.stdout
+        ctl = cloudctl(
+            "--url", server.url, "--token", OP, "fleet", "--sort", "backlog_records", "--desc", "--limit", "3"
+        )
+        assert ctl.returncode == 0, ctl.stderr
+        assert [line.split()[0] for line in ctl.stdout.splitlines()[1:4]] == ["gw20", "gw19", "gw18"]
+        assert (
+            "rows 1-3 of 30; 19 online, 1 degraded, 10 offline of 30; 1890 records in backlogs"
+            in ctl.stdout  # gw02 reported 0 since
+        )
+        assert cloudctl("--url", server.url, "--token", OP, "gateway", "nobody").returncode == 1
     finally:
         server.stop()
