@@ -56,6 +56,7 @@ class FleetView:
                 "rtt_ms": link.rtt_ms if link else None,
                 "bandwidth_bps": link.bandwidth_bps if link else None,
                 "availability": link.availability if link else None,
+                "log_bytes": heartbeat.counters.log_bytes if heartbeat.counters else None,
             }
         )
         before = {(p.service, p.task): p.where for p in previous.heartbeat.placement} if previous else {}
@@ -184,6 +185,7 @@ def gateway_document(
         **row,
         "heartbeat": beat.model_dump() if beat else None,
         "models": (beat.model_dump().get("models") if beat else None),  # once heartbeats carry them
+        "counters": beat.counters.model_dump() if beat and beat.counters else None,
         "history": list(history.points),
         "placement_changes": list(reversed(history.placement_changes)),
         "uplink": {

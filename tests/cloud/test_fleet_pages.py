@@ -146,11 +146,19 @@ def test_fleet_pages_sorts_and_gateway_document(tmp_path):
         assert call(f"{server.url}/v1/fleet?sort=nope", OP)[0] == 400
 
         moved = heartbeat("gw02", cloud_tasks=("detect", "aggregate"), sent_ts=3.0)
+        moved["counters"] = {
+            "log_bytes": 5000,
+            "log_budget_bytes": 20000,
+            "rejected": {"schema": 3},
+            "uplink": {"batches_sent": 7.0},
+        }
         call(f"{server.url}/v1/gateways/gw02/heartbeat", cloudd_token("gw02"), "POST", moved)
         status, gw = call(f"{server.url}/v1/gateways/gw02", OP)
         assert status == 200
         assert (gw["cloud_tasks"], gw["tasks"]) == (2, 3)
         assert len(gw["history"]) == 2 and gw["history"][-1]["rtt_ms"] == 40.0
+        assert gw["history"][-1]["log_bytes"] == 5000 and gw["history"][0]["log_bytes"] is None
+        assert gw["counters"]["rejected"] == {"schema": 3} and gw["counters"]["log_budget_bytes"] == 20000
         assert gw["placement_changes"][0]["task"] == "aggregate"  # newest first
         assert call(f"{server.url}/v1/gateways/nobody", OP)[0] == 404
 

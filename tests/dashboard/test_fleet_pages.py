@@ -159,6 +159,8 @@ def test_fleet_gateway_and_device_pages(tmp_path):
             )  # not a wait before an assert: the alert list's own fetch, for the picture
             assert empty_panels(page) == []
             assert "tasks in the cloud" in page.inner_text("#gw-placement")
+            assert page.query_selector("#gw-disk .bar") is not None  # site-a's log against its budget
+            assert "the gateway's counters" in page.inner_text("#gw-uplink")
             page.screenshot(path=str(shots / "dashboard-gateway.png"), full_page=True)
             assert_fits(page, "the gateway page")
 

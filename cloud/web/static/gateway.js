@@ -13,8 +13,8 @@ function when(ts) {
 
 const GATEWAY_PANELS = [
   ["status", "Status"], ["services", "Services"], ["models", "Models"], ["rtt", "Link RTT"],
-  ["goodput", "Link goodput"], ["up", "Link up-fraction"], ["backlog", "Backlog"],
-  ["uplink", "Uplink (stored in the cloud)"], ["devices", "Devices"], ["placement", "Placement"],
+  ["goodput", "Link goodput"], ["up", "Link up-fraction"], ["backlog", "Backlog"], ["disk", "Log disk"],
+  ["rejected", "Rejected messages"], ["uplink", "Uplink"], ["devices", "Devices"], ["placement", "Placement"],
   ["decisions", "Recent placement changes"], ["alerts", "Alerts"],
 ];
 const WIDE_PANELS = new Set(["placement", "decisions", "alerts"]);
@@ -39,6 +39,14 @@ function gatewayPage(page, id) {
     history(doc, h => h.bandwidth_bps, {key: "goodput", name: "goodput bit/s", color: charts.PALETTE[1]});
     history(doc, h => (h.availability !== null ? h.availability : h.up === null ? null : Number(h.up)), {key: "up", name: "up fraction", color: charts.PALETTE[3]});
     history(doc, h => h.backlog_records, {key: "backlog", name: "records", color: charts.PALETTE[2]});
+    const c = doc.counters;
+    const budget = c && c.log_budget_bytes ? `<div class="bar" title="log disk use of its budget"><div style="width:${
+      Math.min(100, 100 * c.log_bytes / c.log_budget_bytes).toFixed(1)}%"></div></div>` +
+      `<p>${charts.fmt(c.log_bytes)}B of ${charts.fmt(c.log_budget_bytes)}B (${(100 * c.log_bytes / c.log_budget_bytes).toFixed(1)}%)</p>` :
+      `<p>${c ? charts.fmt(c.log_bytes) + "B, no budget set" : ""}</p>`;
+    body("disk").innerHTML = c ? budget + '<div id="gw-disk-chart"></div>' :
+      `<div class="nodata">${doc.heartbeat ? "this gateway's heartbeat reports no log figures" : "no heartbeat since cloudd started"}</div>`;
+    if (c) history(doc, h => h.log_bytes, {key: "disk-chart", name: "log bytes", color: charts.PALETTE[5]});
   }
   const redraw = () => { if (last) drawCharts(last); };
   window.addEventListener("resize", redraw);
@@ -65,9 +73,15 @@ function gatewayPage(page, id) {
       doc.placement_changes.slice(0, SHOWN_CHANGES).map(c => `<tr><td>${pages.ago(c.ts, Date.now() / 1000)}</td><td>${pages.esc(c.service + "." + c.task)}</td><td>${c.where}</td><td>${pages.esc(c.reason || "-")}</td></tr>`).join("") +
       "</tbody></table>" : `<div class="nodata">no placement decisions seen yet</div>`;
     drawCharts(doc);
-    const u = doc.uplink;
-    body("uplink").innerHTML = kv([["records stored", fleet.int(u.records)], ["batches", fleet.int(u.batches)],
-      ["duplicates (resent, stored once)", fleet.int(u.duplicates)], ["last upload", `${pages.ago(u.last_upload, Date.now() / 1000)}`]]);
+    const u = doc.uplink, c = doc.counters;
+    const reasons = c ? Object.entries(c.rejected).sort((a, b) => b[1] - a[1]) : [];
+    body("rejected").innerHTML = reasons.length ? `<table class="fixed"><thead><tr><th>reason</th><th class="num">messages</th></tr></thead><tbody>` +
+      reasons.map(([r, n]) => `<tr><td>${pages.esc(r)}</td><td class="num">${fleet.int(n)}</td></tr>`).join("") + "</tbody></table>" :
+      `<div class="nodata">${c ? "none refused since the gateway started" : doc.heartbeat ? "this gateway's heartbeat reports no refusals" : "no heartbeat since cloudd started"}</div>`;
+    const sent = c ? Object.entries(c.uplink).filter(([, v]) => v).map(([k, v]) => [pages.esc(k.replace(/_/g, " ")), fleet.int(v)]) : [];
+    body("uplink").innerHTML = "<h3>stored in the cloud</h3>" + kv([["records", fleet.int(u.records)], ["batches", fleet.int(u.batches)],
+      ["duplicates (resent, stored once)", fleet.int(u.duplicates)], ["last upload", `${pages.ago(u.last_upload, Date.now() / 1000)}`]]) +
+      (sent.length ? "<h3>the gateway's counters</h3>" + kv(sent) : "");
     body("devices").innerHTML = doc.devices.length ? pages.sortableTable([
       {key: "device", label: "device", html: r => `<a href="#/devices/${encodeURIComponent(id)}/${encodeURIComponent(r.device)}">${pages.esc(r.device)}</a>`},
       {key: "records", label: "records", num: true, html: r => fleet.int(r.records)},
