@@ -17,6 +17,8 @@ import sqlite3
 from collections.abc import Iterable
 from typing import Any
 
+from protocol.records import Record
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS alerts (
     id INTEGER PRIMARY KEY, gateway TEXT NOT NULL, log_id TEXT NOT NULL, lsn INTEGER NOT NULL,
@@ -29,20 +31,20 @@ CREATE INDEX IF NOT EXISTS alerts_open ON alerts (acked_ts, gateway);
 AlertRow = tuple[str, str, int, str, float, str, str]
 
 
-def collect(gateway: str, log_id: str, records: Iterable[tuple[int, dict[str, Any]]]) -> list[AlertRow]:
-    """The alert rows among (lsn, Record dict) pairs: event records with severity "alert"."""
+def collect(gateway: str, log_id: str, records: Iterable[tuple[int, Record]]) -> list[AlertRow]:
+    """The alert rows among (lsn, record) pairs: event records with severity "alert"."""
     return [
         (
             gateway,
             log_id,
             lsn,
-            r["device"],
-            float(r["received_ts"]),
-            str(r["body"].get("type", "event")),
-            json.dumps(r["body"]),
+            r.device,
+            float(r.received_ts),
+            str(r.body.get("type", "event")),
+            json.dumps(r.body),
         )
         for lsn, r in records
-        if r["kind"] == "event" and r["body"].get("severity") == "alert"
+        if r.kind == "event" and r.body.get("severity") == "alert"
     ]
 
 

@@ -185,7 +185,6 @@ class DatasetStore:
             for e in fresh:
                 n, ts = devices.get(e.data.device, (0, e.data.received_ts))
                 devices[e.data.device] = (n + 1, max(ts, e.data.received_ts))
-        dicts = [(e.lsn, e.data.model_dump()) for e in fresh]
         change = meta.BatchCommit(
             gateway=gw,
             log_id=log_id,
@@ -196,8 +195,8 @@ class DatasetStore:
             old_ranges=old,
             new_ranges=merge(old, runs(new_lsns)),
             devices=devices,
-            series=series.collect(gw, (d for _, d in dicts)),
-            alerts=alerts.collect(gw, log_id, dicts),
+            series=series.collect(gw, (e.data for e in fresh)),
+            alerts=alerts.collect(gw, log_id, ((e.lsn, e.data) for e in fresh)),
         )
         meta.commit_batch(conn, change)
         return BatchAck(

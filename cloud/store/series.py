@@ -28,6 +28,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from protocol.records import Record
+
 # Seconds; the raw tier has width 0. Neighbours are at most 10x apart, so a window read from the
 # widest tier not wider than its step scans at most about 10 rows per chart point and reading.
 ROLLUP_WIDTHS = (1, 10, 60, 600, 3600)
@@ -61,18 +63,19 @@ class SeriesBatch:
         return bool(self.samples)
 
 
-def collect(gateway: str, records: Iterable[dict[str, Any]]) -> SeriesBatch:
-    """The series rows of the telemetry among ``records`` (Record dicts; other kinds are skipped).
+def collect(gateway: str, records: Iterable[Record]) -> SeriesBatch:
+    """The series rows of the telemetry among ``records`` (other kinds are skipped).
 
     Each message is added to its 1 s bucket only; the wider buckets are merged from those (a batch
     of 10 Hz data touches a few hundred seconds, so this is what keeps ingest cheap)."""
     out = SeriesBatch()
     finest = ROLLUP_WIDTHS[0]
     for record in records:
-        body = record["body"]
-        if record["kind"] != "telemetry" or not isinstance(body.get("seq"), int):
+        body = record.body
+        seq = body.get("seq")
+        if record.kind != "telemetry" or not isinstance(seq, int):
             continue
-        device, ts, seq = record["device"], float(record["received_ts"]), body["seq"]
+        device, ts = record.device, float(record.received_ts)
         readings = body.get("readings") or {}
         fault = body.get("status") == "fault"
         out.samples.append((gateway, device, ts, seq, "fault" if fault else "ok", json.dumps(readings)))
@@ -83,17 +86,31 @@ def collect(gateway: str, records: Iterable[dict[str, Any]]) -> SeriesBatch:
         else:
             m[0] += 1
             m[1] += fault
-            m[2], m[3] = min(m[2], seq), max(m[3], seq)
+            if seq < m[2]:
+                m[2] = seq
+            elif seq > m[3]:
+                m[3] = seq
         for name, value in readings.items():
             if value is None:
                 continue
-            r = out.rollups.get((device, finest, name, bucket))
+            key = (device, finest, name, bucket)
+            r = out.rollups.get(key)
             if r is None:
-                out.rollups[(device, finest, name, bucket)] = [1, value, value, value]
+                out.rollups[key] = [1, value, value, value]
             else:
                 r[0] += 1
                 r[1] += value
-                r[2], r[3] = min(r[2], value), max(r[3], value)
+                if value < r[2]:
+                    r[2] = value
+                elif value > r[3]:
+                    r[3] = value
+    _widen(out)
+    return out
+
+
+def _widen(out: SeriesBatch) -> None:
+    """Add the buckets of every wider width to ``out``, merged from its 1 s buckets."""
+    finest = ROLLUP_WIDTHS[0]
     for width in ROLLUP_WIDTHS[1:]:
         for (device, w, bucket), (n, faults, lo, hi) in list(out.messages.items()):
             if w == finest:
@@ -105,7 +122,6 @@ def collect(gateway: str, records: Iterable[dict[str, Any]]) -> SeriesBatch:
                     (device, width, name, bucket * finest // width), [0, 0.0, low, high]
                 )
                 r[0], r[1], r[2], r[3] = r[0] + count, r[1] + total, min(r[2], low), max(r[3], high)
-    return out
 
 
 def apply(conn: sqlite3.Connection, gateway: str, batch: SeriesBatch) -> None:
