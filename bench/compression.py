@@ -14,8 +14,8 @@ is its own):
   ``accuracies_per_seed``);
 - step_ms: CPU time per training step (one thread, so it is the compute, not the time other jobs
   on the shared machine take): median of the ordinary steps after the first WARMUP, plus the
-  adaptive controller's probe steps amortized (their extra time / window). step_wall_ms is the
-  same in wall-clock time.
+  adaptive controller's probe steps amortized (their extra time times their share of the steps,
+  confirmation probes included). step_wall_ms is the same in wall-clock time.
 The adaptive cases use the controller's default settings (window of 20 steps, tightening no
 further than m4: see cloud/training/compression/controller.py), as a job would.
 Torch runs with one thread: on the 2 shared cores, two OpenMP threads contend badly.
@@ -23,7 +23,16 @@ Torch runs with one thread: on the 2 shared cores, two OpenMP threads contend ba
 the forked children can): step_ms is then the host's CPU time, which says little; read the
 ``_wall`` figures.
 
-    python -m bench.compression [--quick] [--device cpu|cuda]   -> bench/results/compression.json
+The model-family suite (bench/compression_families.py: MLP, 2-D CNN with BatchNorm, 1-D conv,
+GRU, transformer encoder on generated tabular, image and series data; 3 seeds) runs after them in
+the same way and adds per family ``family_<name>_accuracy_drop_pp`` (adaptive against fp32, mean of
+3 seeds), ``..._saved_bytes_reduction`` and ``..._step_time_vs_fp32``, and the summaries
+``worst_family_accuracy_drop_pp``, ``median_family_saved_bytes_reduction`` and
+``median_family_step_time_vs_fp32``. ``--suite families`` runs it alone (its ratios only). The
+family suite trains on the CPU whatever ``--device`` says (only digits and the scene CNN move).
+
+    python -m bench.compression [--quick] [--device cpu|cuda] [--suite all|models|families]
+        -> bench/results/compression.json
 """
 
 from __future__ import annotations
@@ -117,13 +126,15 @@ def _reset_peak_rss() -> bool:
         return False
 
 
-def step_time(times: list[float], probe_steps: list[int], warmup: int, window: int) -> float:
-    """Median ordinary step plus the probes' extra time spread over their window (steps per probe)."""
+def step_time(times: list[float], probe_steps: list[int], warmup: int) -> float:
+    """Median ordinary step plus the probes' extra time spread over all steps: the probes' share of
+    the timed steps (one per window, plus the controller's confirmation probes) times their extra."""
     probes = set(probe_steps)
     ordinary = [t for i, t in enumerate(times) if i >= warmup and i not in probes]
     probed = [t for i, t in enumerate(times) if i >= warmup and i in probes]
     base = statistics.median(ordinary)
-    return base + (statistics.median(probed) - base) / window if probed else base
+    share = len(probed) / (len(probed) + len(ordinary))
+    return base + (statistics.median(probed) - base) * share if probed else base
 
 
 def run_case(task: str, case: str, quick: bool, device: str = "cpu") -> dict:
@@ -159,12 +170,11 @@ def run_case(task: str, case: str, quick: bool, device: str = "cpu") -> dict:
             seed=seed,
         )
         accuracies.append(accuracy(model, split.test_x, split.test_y))
-        window = controller.settings.window if controller else 1
-        cpu.append(step_time(result.step_cpu_s, result.probe_steps, WARMUP, window))
-        wall.append(step_time(result.step_wall_s, result.probe_steps, WARMUP, window))
+        cpu.append(step_time(result.step_cpu_s, result.probe_steps, WARMUP))
+        wall.append(step_time(result.step_wall_s, result.probe_steps, WARMUP))
         decisions += len(controller.decisions) if controller else 0
     peak = _rss_kb("VmHWM") if measured_rss else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    counter = compressor or ActivationCompressor(model, LayerPolicy())
+    counter = compressor or ActivationCompressor(model, LayerPolicy(), mask_bits=False)
     if controller is not None:
         counter.policy = controller.policy
     count_saved_bytes(model, counter, split.train_x[:batch], split.train_y[:batch])
@@ -180,9 +190,16 @@ def run_case(task: str, case: str, quick: bool, device: str = "cpu") -> dict:
     }
 
 
+def run_family(family: str, case: str, quick: bool) -> dict:
+    from bench.compression_families import FAMILIES, run_family_case
+
+    return run_family_case(family, case, _DATA[FAMILIES[family][0]], quick, step_time, WARMUP)
+
+
 def _load_data(quick: bool) -> None:
     import torch
 
+    from bench.compression_families import load_datasets
     from models.digits import DigitsSplit, load_digits_split
     from models.scene import scene_dataset
 
@@ -191,6 +208,7 @@ def _load_data(quick: bool) -> None:
     data = scene_dataset(0, frames, width=width, height=height)
     n_test = len(data.y) // 4
     _DATA["scene"] = DigitsSplit(data.x[n_test:], data.y[n_test:], data.x[:n_test], data.y[:n_test])
+    _DATA.update(load_datasets(quick))
     torch.set_num_threads(1)
     # Pay the lazy imports once, here, not in every forked case: an optimizer's first construction
     # imports torch._dynamo (seconds of CPU), the compression package imports torch.fx, and the
@@ -205,35 +223,13 @@ def _load_data(quick: bool) -> None:
         codec.decode(codec.encode(torch.ones(64)))
 
 
-def main() -> int:
-    options = parser(__doc__.splitlines()[0])
-    options.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where every case trains")
-    args = options.parse_args()
-    os.environ["OMP_NUM_THREADS"] = "1"
-    started = time.perf_counter()
-    import torch
+def _in_child(function, *args):
+    """Runs ``function(*args)`` in a forked child (it inherits torch and the data)."""
+    with multiprocessing.get_context("fork").Pool(1, maxtasksperchild=1) as pool:
+        return pool.apply_async(function, args).get(timeout=900)
 
-    torch.set_num_threads(1)
-    _load_data(args.quick)
-    print(f"data ready in {time.perf_counter() - started:.1f}s", flush=True)
-    results = Results("compression", args.quick)
-    measured: dict[tuple[str, str], dict] = {}
-    context = multiprocessing.get_context("fork")  # children inherit torch and the data
-    for task in ("digits", "scene"):
-        for case in CASES:
-            with context.Pool(1, maxtasksperchild=1) as pool:
-                row = pool.apply_async(run_case, (task, case, args.quick, args.device)).get(timeout=900)
-            measured[task, case] = row
-            print(f"{task}/{case}: {json.dumps(row)} ({time.perf_counter() - started:.0f}s)", flush=True)
-            for metric in (
-                "saved_bytes",
-                "peak_saved_bytes",
-                "peak_rss_delta_mb",
-                "accuracy",
-                "step_ms",
-                "step_wall_ms",
-            ):
-                results.add(f"{task}/{case}", "fp32" if case == "fp32" else "ours", metric, row[metric])
+
+def _model_ratios(results: Results, measured: dict[tuple[str, str], dict]) -> None:
     for task in ("digits", "scene"):
         base, ours = measured[task, "fp32"], measured[task, "gist+adaptive"]
         results.ratios[f"{task}_saved_bytes_reduction"] = base["saved_bytes"] / ours["saved_bytes"]
@@ -254,6 +250,61 @@ def main() -> int:
         "setting": "gist+adaptive",
         "note": f"unprefixed ratios are the {HEADLINE} CNN's; digits_* and scene_* are both reported",
     }
+
+
+def main() -> int:
+    options = parser(__doc__.splitlines()[0])
+    options.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where every case trains")
+    options.add_argument(
+        "--suite",
+        choices=("all", "models", "families"),
+        default="all",
+        help="digits+scene, families, or both",
+    )
+    args = options.parse_args()
+    os.environ["OMP_NUM_THREADS"] = "1"
+    started = time.perf_counter()
+    import torch
+
+    from bench.compression_families import FAMILIES, FAMILY_CASES, family_ratios
+
+    torch.set_num_threads(1)
+    _load_data(args.quick)
+    print(f"data ready in {time.perf_counter() - started:.1f}s", flush=True)
+    results = Results("compression" if args.suite == "all" else f"compression-{args.suite}", args.quick)
+    measured: dict[tuple[str, str], dict] = {}
+    if args.suite in ("all", "models"):
+        for task in ("digits", "scene"):
+            for case in CASES:
+                row = _in_child(run_case, task, case, args.quick, args.device)
+                measured[task, case] = row
+                print(f"{task}/{case}: {json.dumps(row)} ({time.perf_counter() - started:.0f}s)", flush=True)
+                for metric in (
+                    "saved_bytes",
+                    "peak_saved_bytes",
+                    "peak_rss_delta_mb",
+                    "accuracy",
+                    "step_ms",
+                    "step_wall_ms",
+                ):
+                    results.add(f"{task}/{case}", "fp32" if case == "fp32" else "ours", metric, row[metric])
+        _model_ratios(results, measured)
+    if args.suite in ("all", "families"):
+        families: dict[tuple[str, str], dict] = {}
+        for family in FAMILIES:
+            for case in FAMILY_CASES:
+                row = _in_child(run_family, family, case, args.quick)
+                families[family, case] = row
+                print(
+                    f"{family}/{case}: {json.dumps(row)} ({time.perf_counter() - started:.0f}s)", flush=True
+                )
+                for metric in ("saved_bytes", "accuracy", "step_ms"):
+                    results.add(
+                        f"family/{family}/{case}", "fp32" if case == "fp32" else "ours", metric, row[metric]
+                    )
+        results.ratios.update(family_ratios(families))
+        results.extra["family_formats"] = {f: families[f, "adaptive"]["formats"] for f in FAMILIES}
+        measured.update({(f"family/{f}", c): row for (f, c), row in families.items()})
     results.extra["device"] = args.device
     results.extra["accuracies_per_seed"] = {
         f"{task}/{case}": row["accuracies"] for (task, case), row in measured.items()

@@ -24,7 +24,9 @@ from aiohttp import web
 
 import models
 from cloud.api import (
+    alerts,
     blobs,
+    devices,
     federated,
     fleet,
     health,
@@ -66,6 +68,8 @@ ROUTE_GROUPS: tuple[Callable[[web.Application], None], ...] = (
     uploads.setup,
     jobs.setup,
     fleet.setup,
+    devices.setup,
+    alerts.setup,
     openapi.setup,
     web_routes.setup,
     federated.setup,

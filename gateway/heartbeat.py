@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -21,7 +21,7 @@ import aiohttp
 from gateway.control.handlers import Applied
 from gateway.placement.link import LinkEstimate
 from gateway.placement.plan import Plan
-from protocol.fleet import GatewayHeartbeat, PlacementDecision, ServiceHealth
+from protocol.fleet import GatewayCounters, GatewayHeartbeat, PlacementDecision, ServiceHealth
 from protocol.fleet import LinkEstimate as HeartbeatLink
 from runtime.tasks import cancel_and_wait
 
@@ -55,6 +55,20 @@ def heartbeat_services(states: dict[str, Applied]) -> list[ServiceHealth]:
     return [ServiceHealth(service=s, state=a.state, detail=a.detail[:300]) for s, a in states.items()]
 
 
+def heartbeat_counters(
+    log_stats: dict[str, Any], rejected: Mapping[str, int], uplink: Mapping[str, float]
+) -> GatewayCounters:
+    """The log's disk use and budget, refusals by reason and the uplink's counters, as sent (the
+    64 of each a heartbeat may carry; numbers only)."""
+    numbers = {k: float(v) for k, v in uplink.items() if isinstance(v, int | float) and v >= 0}
+    return GatewayCounters(
+        log_bytes=int(log_stats["bytes_used"]),
+        log_budget_bytes=log_stats.get("max_bytes"),
+        rejected=dict(list(rejected.items())[:64]),
+        uplink=dict(list(numbers.items())[:64]),
+    )
+
+
 class HeartbeatSender:
     def __init__(
         self,
@@ -66,7 +80,7 @@ class HeartbeatSender:
         timeout_s: float = 5.0,
     ) -> None:
         """``describe()`` returns the heartbeat's changing fields: backlog_records, backlog_bytes,
-        link, placement, services, models (see protocol/fleet.py)."""
+        link, placement, services, models, counters (see protocol/fleet.py)."""
         self._url = f"{cloud_url.rstrip('/')}/v1/gateways/{gateway_id}/heartbeat"
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.gateway_id = gateway_id

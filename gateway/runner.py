@@ -46,7 +46,13 @@ from gateway.control.store import ControlStore
 from gateway.control.wiring import base_from_file, known_models, task_catalog
 from gateway.datadir import DataDirLock, StartupError, open_record_log, record_log_dir
 from gateway.extras import NeedsExtraHandler, extra_installed, missing_extras
-from gateway.heartbeat import HeartbeatSender, heartbeat_link, heartbeat_placement, heartbeat_services
+from gateway.heartbeat import (
+    HeartbeatSender,
+    heartbeat_counters,
+    heartbeat_link,
+    heartbeat_placement,
+    heartbeat_services,
+)
 from gateway.ingest.sensors import SensorIngest
 from gateway.metrics import make_registry
 from gateway.mqtt.adapter import MqttAdapter, Will, settings_from_config
@@ -246,6 +252,7 @@ class GatewayRunner:
             "placement": heartbeat_placement(plan),
             "services": heartbeat_services(self.control.states.all()),
             "models": self.camera.model_figures() if self.camera is not None else {},
+            "counters": heartbeat_counters(self.log.stats(), self.ingest.rejected, self.uplink.figures),
         }
 
     def _offline_now(self) -> Will:

@@ -82,6 +82,24 @@ class ModelFigures(_Strict):
         return value
 
 
+class GatewayCounters(_Strict):
+    """The gateway's own figures for the fleet pages: its log's disk use against its budget, the
+    device messages it refused by reason, and its uplink's counters (all since it started)."""
+
+    log_bytes: int = Field(ge=0)
+    log_budget_bytes: int | None = Field(None, ge=0)
+    rejected: dict[str, int] = Field(default_factory=dict, max_length=64)
+    uplink: dict[str, float] = Field(default_factory=dict, max_length=64)
+
+    @field_validator("rejected", "uplink")
+    @classmethod
+    def _counts(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, count in value.items():
+            if len(name) > 64 or not math.isfinite(count) or count < 0:
+                raise ValueError(f"{name[:64]!r}: a name of at most 64 characters and a finite count >= 0")
+        return value
+
+
 class GatewayHeartbeat(_Strict):
     v: Literal[1] = 1
     gateway: str = Field(pattern=f"^{ID_PATTERN}$")
@@ -97,6 +115,7 @@ class GatewayHeartbeat(_Strict):
     models: dict[Annotated[str, StringConstraints(pattern=f"^{ID_PATTERN}$")], ModelFigures] | None = Field(
         None, max_length=16
     )
+    counters: GatewayCounters | None = None  # absent from gateways older than issue 27
 
     @field_validator("sent_ts")
     @classmethod

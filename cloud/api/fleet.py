@@ -1,7 +1,9 @@
 """The fleet and its data: gateway heartbeats in, fleet and dataset documents out.
 
     POST /v1/gateways/{gateway_id}/heartbeat   gateway token; body protocol.fleet.GatewayHeartbeat
-    GET  /v1/fleet                             operator; cloud.fleet.fleet_document
+    GET  /v1/fleet                             operator; cloud.fleet.fleet_page: the summary and one
+                                               page (?sort=&desc=1&q=&state=&offset=&limit=)
+    GET  /v1/gateways/{gateway_id}             operator; cloud.fleet.gateway_document + its devices
     GET  /v1/datasets                          operator; record counts per gateway and device
 
 Heartbeat checks, in order, each refusal a JSON error and nothing kept: auth (401/403) -> body
@@ -17,10 +19,12 @@ from typing import Any
 
 from aiohttp import web
 
+from cloud.api import params
 from cloud.api.auth import gateway_refusal, operator_refusal
 from cloud.api.context import CONFIG, FLEET, STORE
-from cloud.api.errors import reject, reject_invalid
-from cloud.fleet import FleetView, fleet_document
+from cloud.api.errors import error_response, reject, reject_invalid
+from cloud.fleet import SORT_KEYS, FleetView, fleet_page, fleet_rows, gateway_document
+from cloud.store import alerts
 from protocol.errors import ProtocolError
 from protocol.fleet import MAX_HEARTBEAT_BYTES, OFFLINE_AFTER_INTERVALS, parse_heartbeat
 
@@ -31,6 +35,7 @@ def setup(app: web.Application) -> None:
     app[FLEET] = FleetView()
     app.router.add_post(HEARTBEAT_PATH, post_heartbeat)
     app.router.add_get("/v1/fleet", get_fleet)
+    app.router.add_get("/v1/gateways/{gateway_id}", get_gateway)
     app.router.add_get("/v1/datasets", get_datasets)
 
 
@@ -56,15 +61,58 @@ async def post_heartbeat(request: web.Request) -> web.Response:
     return web.json_response({"ok": True, "offline_after_s": OFFLINE_AFTER_INTERVALS * heartbeat.interval_s})
 
 
+async def _rows(request: web.Request) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]], float]:
+    store = request.app[STORE]
+    counts = await store.counts()
+    open_alerts = await store.read(alerts.open_counts)
+    uploads = {g.id: dataclasses.asdict(g) for g in counts.gateways}
+    now = time.time()
+    configured = sorted(request.app[CONFIG].gateway_tokens)
+    return fleet_rows(configured, request.app[FLEET].latest(), uploads, open_alerts, now), uploads, now
+
+
 async def get_fleet(request: web.Request) -> web.Response:
     refusal = operator_refusal(request)
     if refusal is not None:
         return refusal
-    counts = await request.app[STORE].counts()
-    uploads = {g.id: dataclasses.asdict(g) for g in counts.gateways}
-    doc = fleet_document(
-        sorted(request.app[CONFIG].gateway_tokens), request.app[FLEET].latest(), uploads, time.time()
+    try:
+        sort = params.choice(request, "sort", "id", SORT_KEYS) or "id"
+        state = params.choice(request, "state", None, ("online", "degraded", "offline"))
+        offset = params.integer(request, "offset", 0, 0, 10**9)
+        limit = params.integer(request, "limit", 100, 1, 1000)
+    except params.BadParam as exc:
+        return params.bad_param(exc)
+    rows, _, now = await _rows(request)
+    page = fleet_page(
+        rows,
+        now,
+        sort=sort,
+        desc=params.flag(request, "desc"),
+        query=request.query.get("q", ""),
+        state=state,
+        offset=offset,
+        limit=limit,
     )
+    return web.json_response(page)
+
+
+async def get_gateway(request: web.Request) -> web.Response:
+    refusal = operator_refusal(request)
+    if refusal is not None:
+        return refusal
+    gateway = request.match_info["gateway_id"]
+    rows, uploads, _ = await _rows(request)
+    row = next((r for r in rows if r["id"] == gateway), None)
+    if row is None:
+        return error_response(404, "not_found", f"gateway_id: no gateway {gateway!r}")
+    fleet = request.app[FLEET]
+    doc = gateway_document(row, fleet.latest().get(gateway), fleet.history(gateway), uploads.get(gateway, {}))
+    counts = await request.app[STORE].counts()
+    doc["devices"] = [
+        {"device": d.device, "records": d.records, "last_ts": d.last_ts}
+        for d in counts.devices
+        if d.gateway == gateway
+    ]
     return web.json_response(doc)
 
 

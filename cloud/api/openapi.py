@@ -86,7 +86,42 @@ def document() -> dict[str, Any]:
             "get": _op("a blob's stored offset as JSON", "gateway", params=(*gw, "blob_id"))
         },
         "/v1/probe": {"post": _op("goodput probe: the body is read and discarded", None)},
-        "/v1/fleet": {"get": _op("gateways: online/offline, backlog, link, placement", "operator")},
+        "/v1/fleet": {
+            "get": _op(
+                "the fleet's summary and one page of gateways (?sort=&desc=1&q=&state=&offset=&limit=)",
+                "operator",
+                errors=(400,),
+            )
+        },
+        "/v1/gateways/{gateway_id}": {
+            "get": _op(
+                "one gateway: services, placement, link and backlog history, devices",
+                "operator",
+                errors=(404,),
+                params=gw,
+            )
+        },
+        "/v1/devices/{gateway_id}/{device}": {
+            "get": _op(
+                "one device: last message, rate, gaps, faults, readings (?start=&end=&points=)",
+                "operator",
+                errors=(400, 404),
+                params=(*gw, "device"),
+            )
+        },
+        "/v1/devices/{gateway_id}/{device}/series.csv": {
+            "get": _op(
+                "the device window's readings as CSV",
+                "operator",
+                ok_type="text/csv",
+                errors=(400, 404),
+                params=(*gw, "device"),
+            )
+        },
+        "/v1/alerts": {
+            "get": _op("alerts, newest first (?gateway=&open=1&limit=&before=)", "operator", errors=(400,))
+        },
+        "/v1/alerts/ack": {"post": _op('acknowledge alerts: {"ids": [...]}', "operator", errors=(400,))},
         "/v1/datasets": {"get": _op("record counts per gateway and device", "operator")},
         "/v1/datasets/files": {"get": _op("datasets uploaded for jobs", "operator")},
         "/v1/datasets/files/{name}": {

@@ -15,9 +15,10 @@ from collections.abc import Sequence
 
 from cloud.ctl.datasets import add_datasets_parser, run_datasets
 from cloud.ctl.federated import add_federated_parser, run_federated
+from cloud.ctl.fleet import add_fleet_parsers, run_fleet
 from cloud.ctl.http import CtlError, call_json, get_json
 from cloud.ctl.models import add_models_parser, run_models
-from cloud.ctl.text import format_fleet, format_job_detail, format_jobs, format_status
+from cloud.ctl.text import format_job_detail, format_jobs, format_status
 from cloud.ctl.train import add_train_parser, spec_from_args, watch
 
 DEFAULT_URL = "http://127.0.0.1:8700"
@@ -37,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("jobs", parents=[common], help="training jobs")
     add_models_parser(commands, common)
     add_federated_parser(commands, common)
-    commands.add_parser("fleet", parents=[common], help="gateways: online, backlog, link, placement")
+    add_fleet_parsers(commands, common)
     add_datasets_parser(commands, common)
     for name in ("job", "cancel", "watch"):
         sub = commands.add_parser(name, parents=[common], help=f"{name} one job")
@@ -72,9 +73,8 @@ def run(args: argparse.Namespace) -> int:
             return 0
         print(format_status(doc, now, get_json(base + "/v1/jobs", token, args.timeout)))
         return 0
-    if args.command == "fleet":
-        doc = get_json(base + "/v1/fleet", token, args.timeout)
-        print(json.dumps(doc, indent=2) if args.json else format_fleet(doc, now))
+    if args.command in ("fleet", "gateway"):
+        return run_fleet(args, base, now)
         return 0
     if args.command == "models":
         return run_models(args, base, now)

@@ -139,33 +139,6 @@ def format_models(doc: dict[str, Any], now: float) -> str:
     )
 
 
-def format_fleet(doc: dict[str, Any], now: float) -> str:
-    rows = []
-    for g in doc["gateways"]:
-        link = g.get("link")
-        link_text = (
-            None if link is None else ("down" if not link["up"] else f"{link.get('rtt_ms') or 0:.0f}ms")
-        )
-        cloud = [p for p in g["placement"] if p["where"] == "cloud"]
-        placement = f"{len(g['placement']) - len(cloud)}gw/{len(cloud)}cloud" if g["placement"] else None
-        rows.append(
-            [
-                g["id"],
-                "online" if g["online"] else "offline",
-                _when(g["last_seen"], now),
-                g["backlog_records"],
-                link_text,
-                placement,
-                g["records"],
-            ]
-        )
-    t = doc["totals"]
-    return (
-        format_table(["GATEWAY", "STATE", "LAST SEEN", "BACKLOG", "LINK", "PLACEMENT", "RECORDS"], rows)
-        + f"\n\n{t['online']} online, {t['offline']} offline of {t['gateways']}"
-    )
-
-
 def format_datasets(doc: dict[str, Any], now: float) -> str:
     rows = [
         [g["id"], d["device"], d["records"], _when(d["last_ts"], now)]

@@ -31,13 +31,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from cloud.store import meta, segments
+from cloud.store import alerts, meta, segments, series
 from cloud.store.intervals import merge, runs, split_new
 from protocol.batch import BatchAck, UploadBatch
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class StoreLocked(Exception):
@@ -194,6 +195,8 @@ class DatasetStore:
             old_ranges=old,
             new_ranges=merge(old, runs(new_lsns)),
             devices=devices,
+            series=series.collect(gw, (e.data for e in fresh)),
+            alerts=alerts.collect(gw, log_id, ((e.lsn, e.data) for e in fresh)),
         )
         meta.commit_batch(conn, change)
         return BatchAck(
@@ -262,6 +265,22 @@ class DatasetStore:
                     self.corrupt_lines += 1
                     log.error("corruption: %s offset %d: committed line is not a record", path, offset)
         return out, position
+
+    def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``query`` (a function of ``series`` or ``alerts``) on a reader connection of its own,
+        in one snapshot: safe from any thread."""
+        conn = self._reader()
+        try:
+            conn.execute("BEGIN")
+            return query(conn)
+        finally:
+            conn.close()
+
+    def write(self, change: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``change`` in one transaction on the writer's connection (the writer's thread only)."""
+        if self._conn is None:
+            raise RuntimeError("store is closed or read-only")
+        return meta.write(self._conn, change)
 
     def counts(self) -> StoreCounts:
         conn = self._reader()

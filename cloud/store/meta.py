@@ -1,22 +1,29 @@
 """The metadata database (SQLite, WAL, ``synchronous=FULL``): what the segments mean.
 
 Tables: ``segments`` (committed length of each segment file), ``lsn_ranges`` (per gateway and
-log_id, the merged intervals of LSNs already stored), ``gateways`` and ``devices`` (counts).
+log_id, the merged intervals of LSNs already stored), ``gateways`` and ``devices`` (counts), and
+the tables of ``series.py`` (device charts) and ``alerts.py``, written in the same transaction.
 Invariant: every row here describes bytes that are already fsynced in a segment; the writer
 changes them only inside one transaction per batch (``commit_batch``), so a reader sees a batch
 entirely or not at all. Functions take a connection; they never open or commit one themselves,
-except ``connect`` and ``commit_batch``.
+except ``connect``, ``commit_batch`` and ``write``.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
+from cloud.store import alerts, series
 from cloud.store.intervals import Interval
 
-SCHEMA_VERSION = 1
+# 2 added the series and alerts tables (cloud/store/series.py, alerts.py); a version-1 database
+# is upgraded in place by creating them: records stored before have no series rows and no alerts.
+SCHEMA_VERSION = 2
+T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS segments (
@@ -44,10 +51,10 @@ def connect(path: Path, readonly: bool = False) -> sqlite3.Connection:
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")  # a COMMIT that returned is on disk
     version = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version not in (0, SCHEMA_VERSION):
+    if version not in (0, 1, SCHEMA_VERSION):
         conn.close()
         raise RuntimeError(f"{path}: metadata schema version {version}, this cloudd knows {SCHEMA_VERSION}")
-    conn.executescript(_SCHEMA)
+    conn.executescript(_SCHEMA + series.SCHEMA + alerts.SCHEMA)
     conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
     return conn
 
@@ -102,6 +109,8 @@ class BatchCommit:
     old_ranges: list[Interval]  # replaced by new_ranges
     new_ranges: list[Interval]
     devices: dict[str, tuple[int, float]]  # device -> (records added, max received_ts)
+    series: series.SeriesBatch = field(default_factory=series.SeriesBatch)  # the telemetry's chart rows
+    alerts: list[alerts.AlertRow] = field(default_factory=list)
 
 
 def commit_batch(conn: sqlite3.Connection, change: BatchCommit) -> None:
@@ -135,6 +144,8 @@ def commit_batch(conn: sqlite3.Connection, change: BatchCommit) -> None:
             "records=records+excluded.records, batches=batches+1, duplicates=duplicates+excluded.duplicates",
             (change.gateway, change.now, change.stored, change.duplicates),
         )
+        series.apply(conn, change.gateway, change.series)
+        alerts.insert(conn, change.alerts)
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
@@ -166,3 +177,15 @@ def gateway_counts(conn: sqlite3.Connection) -> list[GatewayCounts]:
 def device_counts(conn: sqlite3.Connection) -> list[DeviceCounts]:
     rows = conn.execute("SELECT gateway, device, records, last_ts FROM devices ORDER BY gateway, device")
     return [DeviceCounts(*row) for row in rows]
+
+
+def write(conn: sqlite3.Connection, change: Callable[[sqlite3.Connection], T]) -> T:
+    """Run ``change`` (an operator's write, e.g. acknowledging alerts) in one transaction."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = change(conn)
+        conn.execute("COMMIT")
+        return result
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise

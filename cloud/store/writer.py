@@ -2,13 +2,16 @@
 
 Owns a ``ThreadPoolExecutor(max_workers=1)``: opening (recovery), every write and the status
 reads run on it, one at a time, so writes are serialised and the loop never waits for a disk.
-Invariant: at most ``max_pending`` calls are queued or running; one more is refused at once with
+Reads of the charts and alerts (``read``) run on threads of their own: a reader connection sees
+committed batches only, so they need not queue behind the writes. Invariant: at most
+``max_pending`` calls are queued or running here; one more is refused at once with
 ``StoreBusy`` (counted in ``busy_rejections``) instead of queueing without bound.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -75,6 +78,14 @@ class AsyncStoreWriter:
 
     async def counts(self) -> StoreCounts:
         return await self._run(lambda: self.store.counts())
+
+    async def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
+        """A read on a thread of its own (readers never wait behind the writes queued here)."""
+        return await asyncio.to_thread(self.store.read, query)
+
+    async def write(self, change: Callable[[sqlite3.Connection], T]) -> T:
+        """An operator's write (acknowledging alerts), queued with the batches."""
+        return await self._run(lambda: self.store.write(change))
 
     async def _run(self, fn: Callable[[], T]) -> T:
         if self._executor is None:

@@ -48,7 +48,7 @@ class CompressionOptions(_Section):
     format: str = DEFAULT_BFP_FORMAT  # "bfp": every layer's format
     gist: bool = False
     window: int = Field(default=20, ge=1)  # "adaptive": steps per decision
-    min_numel: int = Field(default=32768, ge=0)  # smaller saved tensors stay as they are
+    min_numel: int | None = Field(default=None, ge=0)  # smaller groups stay as they are; None: measured
     controller: ControllerOptions = ControllerOptions()
 
 

@@ -106,3 +106,20 @@ def test_compressed_training_reaches_fp32_accuracy() -> None:
     assert result.probe_grad_errors and len(result.epoch_losses) == 6
     assert controller.decisions  # the controller acted, and said so
     assert accuracy(model, split.test_x, split.test_y) >= fp32_accuracy - 0.03
+
+
+def test_loosening_goes_to_the_last_safe_rung_then_fp32_and_propagating_layers_stop_at_m8() -> None:
+    settings = ControllerSettings(window=2, tightest_rung=5, tighten_rungs=5)
+    controller = AdaptiveController(["conv", "norm"], settings, propagating=["norm"])
+    controller.record_loss(1.0)
+    made = controller.decide(1, 0.01, {"conv": 0.01, "norm": 0.01})
+    assert [(d.layer, d.new) for d in made] == [("conv", str(DEFAULT_LADDER[5]))]  # norm: held at m8
+    assert controller.probe_due(2)  # the tightening's confirmation, mid-window
+    controller.record_loss(1.0)
+    made = controller.decide(3, 0.01, {"conv": 0.5, "norm": 0.01})  # a window later: damage
+    assert [(d.layer, d.new) for d in made] == [("conv", str(DEFAULT_LADDER[0]))]  # at once to m8
+    for step in (5, 7):  # bad at m8 twice in a row (its own gradient): fp32
+        controller.record_loss(1.0)
+        made = controller.decide(step, 0.01, {"conv": 0.01, "norm": 0.01}, {"conv": 0.9})
+    assert [(d.layer, d.new) for d in made] == [("conv", "fp32")]
+    assert controller.policy.format_for("conv") is None and "fp32" in str(controller.status()["formats"])

@@ -83,7 +83,7 @@ def assert_fits(page: playwright.Page, what: str) -> None:
 
 
 def empty_panels(page: playwright.Page) -> list[str]:
-    """The titles of the job page's panels that show nothing: no chart, no table, no text."""
+    """The titles of the page's panels that show nothing: no chart, no table, no text."""
     return page.evaluate(
         """() => [...document.querySelectorAll('.panel')].filter(panel => {
              const body = [...panel.children].filter(c => c.tagName !== 'H2');
@@ -91,3 +91,9 @@ def empty_panels(page: playwright.Page) -> list[str]:
              return !panel.querySelector('svg, table') && !text;
            }).map(panel => panel.querySelector('h2').innerText)"""
     )
+
+
+def fleet_figures(page: playwright.Page) -> dict[str, int]:
+    """The fleet page's summary row as {label: integer} (the figures are integers, commas allowed)."""
+    cells = page.inner_text("#fleet-figures").split("\n")
+    return {label: int(value.replace(",", "")) for value, label in zip(cells[::2], cells[1::2], strict=True)}

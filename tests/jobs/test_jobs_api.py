@@ -88,7 +88,14 @@ def test_heartbeat_refusals_and_fleet(server):
         == 200
     )
     status, fleet = call(f"{server.url}/v1/fleet", OP)
-    assert status == 200 and fleet["totals"] == {"gateways": 3, "online": 2, "offline": 1}
+    assert status == 200 and fleet["totals"] == {
+        "gateways": 3,
+        "online": 2,
+        "degraded": 0,
+        "offline": 1,
+        "backlog_records": 42,
+        "open_alerts": 0,
+    }
     rows = {g["id"]: g for g in fleet["gateways"]}
     assert rows["gw1"]["online"] and rows["gw1"]["backlog_records"] == 42
     assert rows["gw1"]["link"]["rtt_ms"] == 40.0

@@ -11,11 +11,19 @@ from cloud.training.compression.controller import (
     AdaptiveController,
     ControllerSettings,
     Decision,
+    propagating_layers,
 )
 from cloud.training.compression.gist import GistPair, GistPlan, ReluMaxPoolBinarized, gist_transform
-from cloud.training.compression.hooks import OUTSIDE_LAYERS, ActivationCompressor, LayerBytes
+from cloud.training.compression.hooks import OUTSIDE_LAYERS, ActivationCompressor, LayerBytes, leaf_names
 from cloud.training.compression.layer_formats import LayerPolicy
-from cloud.training.compression.trainer import TrainResult, count_saved_bytes, train_compressed
+from cloud.training.compression.recompute import RecomputedLayer, recompute_recurrent
+from cloud.training.compression.trainer import (
+    TrainResult,
+    count_saved_bytes,
+    fit_compressed,
+    shuffled_batches,
+    train_compressed,
+)
 
 __all__ = [
     "DEFAULT_LADDER",
@@ -28,9 +36,15 @@ __all__ = [
     "GistPlan",
     "LayerBytes",
     "LayerPolicy",
+    "RecomputedLayer",
     "ReluMaxPoolBinarized",
     "TrainResult",
     "count_saved_bytes",
+    "fit_compressed",
     "gist_transform",
+    "leaf_names",
+    "propagating_layers",
+    "recompute_recurrent",
+    "shuffled_batches",
     "train_compressed",
 ]

@@ -1,10 +1,12 @@
 """Gist (ISCA'18) layer-pair encodings, chosen by a ``torch.fx`` pass over the model.
 
-- ReLU -> MaxPool2d (non-overlapping windows): **binarize**. The pair becomes one module whose
+- ReLU -> MaxPool2d or MaxPool1d (non-overlapping windows): **binarize**. The pair becomes one module whose
   backward keeps, per pooling window, the argmax as a position inside the window (log2(kh*kw)
   bits) and one bit "the pooled ReLU output is <= 0", in a planar width of 2, 4 or 8 bits, instead
   of the fp32 ReLU output and int64 pool indices: 4 bits per 2x2 window, 1 bit per ReLU output.
-  Lossless.
+  Lossless. A 1-D pool is the 2-D case with (1, k) windows.
+- Dropout: its mask (saved by PyTorch as one byte per element) is stored as bits by
+  ``ActivationCompressor``, like every bool tensor saved for backward. Lossless.
 - ReLU -> Conv/Linear: **sparse storage, dense compute (SSDC)**. The ReLU output (saved by both
   layers) is stored as bitmask + non-zero values when that is smaller than the alternative.
   Lossless; applied by ``ActivationCompressor`` for the layers the plan lists.
@@ -63,18 +65,35 @@ def _pair(value: int | tuple[int, ...]) -> tuple[int, int]:
     return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
 
 
-def binarizable(pool: nn.MaxPool2d) -> bool:
-    """Non-overlapping, unpadded, undilated windows (each input feeds at most one output) of at
-    most 128 elements."""
-    kernel = _pair(pool.kernel_size)
-    stride = _pair(pool.stride if pool.stride is not None else pool.kernel_size)
+def _kernel(pool: nn.MaxPool1d | nn.MaxPool2d) -> tuple[int, int]:
+    """The pool's window as a 2-D kernel: a 1-D pool of k is a 2-D pool of (1, k) over (N, C, 1, L)."""
+    if isinstance(pool, nn.MaxPool1d):
+        return (1, _single(pool.kernel_size))
+    return _pair(pool.kernel_size)
+
+
+def _single(value: int | tuple[int, ...]) -> int:
+    return value if isinstance(value, int) else int(value[0])
+
+
+def binarizable(pool: nn.Module) -> bool:
+    """A MaxPool1d or MaxPool2d with non-overlapping, unpadded, undilated windows (each input feeds
+    at most one output) of at most 128 elements."""
+    if isinstance(pool, nn.MaxPool1d):
+        kernel = _single(pool.kernel_size)
+        stride = _single(pool.stride if pool.stride is not None else pool.kernel_size)
+        geometry = kernel == stride and _single(pool.padding) == 0 and _single(pool.dilation) == 1
+    elif isinstance(pool, nn.MaxPool2d):
+        kernel2, stride2 = (
+            _pair(pool.kernel_size),
+            _pair(pool.stride if pool.stride is not None else pool.kernel_size),
+        )
+        geometry = kernel2 == stride2 and _pair(pool.padding) == (0, 0) and _pair(pool.dilation) == (1, 1)
+    else:
+        return False
+    window = _kernel(pool)
     return (
-        kernel == stride
-        and _pair(pool.padding) == (0, 0)
-        and _pair(pool.dilation) == (1, 1)
-        and not pool.ceil_mode
-        and not pool.return_indices
-        and kernel[0] * kernel[1] <= 128
+        geometry and not pool.ceil_mode and not pool.return_indices and window[0] * window[1] <= 128
     )  # position + blocked bit fit one byte
 
 
@@ -192,22 +211,26 @@ def _code_width(kernel: tuple[int, int]) -> int:
 
 
 class ReluMaxPoolBinarized(nn.Module):
-    """ReLU followed by a non-overlapping MaxPool2d, storing per window its argmax position and a
-    blocked bit for backward (lossless)."""
+    """ReLU followed by a non-overlapping MaxPool1d or MaxPool2d, storing per window its argmax
+    position and a blocked bit for backward (lossless). A 1-D pool runs as a 2-D one of (1, k)."""
 
-    def __init__(self, pool: nn.MaxPool2d) -> None:
+    def __init__(self, pool: nn.MaxPool1d | nn.MaxPool2d) -> None:
         super().__init__()
         if not binarizable(pool):
             raise ValueError(f"{pool} has overlapping or padded windows; binarize needs them disjoint")
-        self.kernel = _pair(pool.kernel_size)
+        self.kernel = _kernel(pool)
+        self.one_d = isinstance(pool, nn.MaxPool1d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 4 or not torch.is_grad_enabled() or not x.requires_grad:
-            return F.max_pool2d(torch.relu(x), self.kernel, self.kernel)
-        return _ReluMaxPoolBinarized.apply(x, self.kernel)
+        planes = x.unsqueeze(2) if self.one_d else x
+        if planes.dim() != 4 or not torch.is_grad_enabled() or not x.requires_grad:
+            pooled = F.max_pool2d(torch.relu(planes), self.kernel, self.kernel)
+        else:
+            pooled = _ReluMaxPoolBinarized.apply(planes, self.kernel)
+        return pooled.squeeze(2) if self.one_d else pooled
 
     def extra_repr(self) -> str:
-        return f"kernel={self.kernel}"
+        return f"kernel={self.kernel[1] if self.one_d else self.kernel}"
 
 
 def _is_relu(node: torch.fx.Node, modules: dict[str, nn.Module]) -> bool:
@@ -242,7 +265,7 @@ def gist_transform(
             binarize
             and node.op == "call_module"
             and len(users) == 1
-            and isinstance(consumer_modules[0], nn.MaxPool2d)
+            and isinstance(consumer_modules[0], nn.MaxPool1d | nn.MaxPool2d)
             and binarizable(consumer_modules[0])
         ):
             pool_node = users[0]

@@ -21,7 +21,7 @@ from dataclasses import asdict
 
 from torch import nn
 
-from cloud.training.compression.controller import AdaptiveController, ControllerSettings
+from cloud.training.compression.controller import AdaptiveController, ControllerSettings, propagating_layers
 from cloud.training.compression.gist import GistPlan, gist_transform
 from cloud.training.compression.hooks import OUTSIDE_LAYERS, ActivationCompressor, leaf_names
 from cloud.training.compression.layer_formats import LayerPolicy
@@ -43,7 +43,9 @@ class StageCompression:
             ssdc = self.gist_plan.ssdc_layers
         if options.activations == "adaptive":
             settings = ControllerSettings(window=options.window, **options.controller.model_dump())
-            self.controller = AdaptiveController(leaf_names(self.module), settings)
+            layers = leaf_names(self.module)
+            propagating = propagating_layers(self.module, layers)
+            self.controller = AdaptiveController(layers, settings, propagating=propagating)
             policy = self.controller.policy
         elif options.activations == "bfp":
             policy = LayerPolicy.uniform(BfpFormat.parse(options.format))

@@ -1,4 +1,5 @@
-/* The router: #/fleet, #/jobs, #/job/<id>, #/models, #/datasets, #/federated; one page at a time, refreshed
+/* The router: #/fleet, #/gateways/<id>, #/devices/<gateway>/<device>, #/alerts[/<gateway>], #/jobs,
+ * #/job/<id>, #/models, #/datasets, #/federated; one page at a time, refreshed
  * every 2 s (the job page streams its events as well). Errors show in one banner, never as alerts.
  * Invariant: the banner keeps one message per source; a successful refresh clears only the
  * "refresh" source (the error it had was its own and has cleared), so an error from an action
@@ -27,14 +28,19 @@ const app = (() => {
     errors.clear();
     showError(null);
     const page = document.getElementById("page");
-    const [, name, arg] = (location.hash || "#/fleet").split("/");
-    document.querySelectorAll("nav a").forEach(a => a.classList.toggle("active", a.id === `nav-${name === "job" ? "jobs" : name}`));
-    if (name === "job" && arg) current = jobview.jobPage(page, decodeURIComponent(arg));
+    const [, name, ...args] = (location.hash || "#/fleet").split("/");
+    const [arg, arg2] = args.map(decodeURIComponent);
+    const tab = {job: "jobs", gateways: "fleet", devices: "fleet"}[name] || name;
+    document.querySelectorAll("nav a").forEach(a => a.classList.toggle("active", a.id === `nav-${tab}`));
+    if (name === "job" && arg) current = jobview.jobPage(page, arg);
+    else if (name === "gateways" && arg) current = gateway.gatewayPage(page, arg);
+    else if (name === "devices" && arg && arg2) current = device.devicePage(page, arg, arg2);
+    else if (name === "alerts") current = fleet.alertsPage(page, arg);
     else if (name === "jobs") current = pages.jobsPage(page);
     else if (name === "models") current = pages.modelsPage(page);
     else if (name === "datasets") current = pages.datasetsPage(page);
     else if (name === "federated") current = federated.page(page);
-    else current = pages.fleetPage(page);
+    else current = fleet.fleetPage(page);
     refresh();
     timer = setInterval(refresh, 2000);
   }

@@ -1,4 +1,5 @@
-/* The fleet, jobs, models and datasets pages. Each render(page) builds its DOM once and returns
+/* The jobs, models and datasets pages, and the helpers every page shares (the fleet's pages are in
+ * fleet.js, gateway.js and device.js). Each render(page) builds its DOM once and returns
  * {refresh(), stop()}; the router calls refresh every few seconds. */
 "use strict";
 
@@ -21,31 +22,26 @@ function linkText(link) {
   return parts.join(" · ") || "up";
 }
 
-function placementText(placement) {
-  if (!placement || !placement.length) return "-";
-  const cloud = placement.filter(p => p.where === "cloud");
-  return `${placement.length - cloud.length} gw / ${cloud.length} cloud` +
-    (cloud.length ? ` (${cloud.map(p => p.service + "." + p.task).join(", ")})` : "");
-}
-
 const rowKey = r => r.id || (r.name && r.version ? `${r.name}@${r.version}` : r.gateway ? `${r.gateway}/${r.device}` : "");
 
-/* A sortable table: columns [{key, label, num, wrap, value(row), html(row)}]; each row's
- * data-key names it (id, name@version, gateway/device). Narrow screens scroll it sideways. */
+/* A sortable table: columns [{key, label, num, wrap, opt, value(row), html(row)}]; each row's
+ * data-key names it (id, name@version, gateway/device). Narrow screens scroll it sideways and hide
+ * the `opt` columns. With state.server the rows come sorted (by cloudd) and are kept in order. */
 function sortableTable(columns, state, rows) {
   const col = columns.find(c => c.key === state.sort) || columns[0];
   const value = r => (col.value ? col.value(r) : r[col.key]);
-  rows = rows.slice().sort((a, b) => {
+  if (!state.server) rows = rows.slice().sort((a, b) => {
     const va = value(a), vb = value(b);
     const missA = va === null || va === undefined, missB = vb === null || vb === undefined;
     if (missA || missB) return missA === missB ? 0 : missA ? 1 : -1;  // unknown values last, either way
     const cmp = va === vb ? 0 : va < vb ? -1 : 1;
     return state.desc ? -cmp : cmp;
   });
-  const head = columns.map(c => `<th data-key="${c.key}" class="${c.num ? "num" : ""}">${c.label}` +
+  const cls = c => `${c.num ? "num" : ""}${c.wrap ? " wrap" : ""}${c.opt ? " opt" : ""}`;
+  const head = columns.map(c => `<th data-key="${c.key}" class="${cls(c)}">${c.label}` +
     `${c.key === state.sort ? (state.desc ? " ▼" : " ▲") : ""}</th>`).join("");
   const body = rows.map(r => `<tr data-key="${esc(rowKey(r))}">` + columns.map(c =>
-    `<td class="${c.num ? "num" : ""}${c.wrap ? " wrap" : ""}">${c.html ? c.html(r) : esc(r[c.key])}</td>`).join("") + "</tr>").join("");
+    `<td class="${cls(c)}">${c.html ? c.html(r) : esc(r[c.key])}</td>`).join("") + "</tr>").join("");
   return `<div class="scroll"><table><thead><tr>${head}</tr></thead><tbody>${body}</tbody></table></div>`;
 }
 
@@ -55,46 +51,6 @@ function bindSort(container, state, redraw) {
     state.sort = th.dataset.key;
     redraw();
   }));
-}
-
-function fleetPage(page) {
-  page.innerHTML = `<h1>Fleet</h1><div class="figures" id="fleet-figures"></div>
-    <div class="toolbar"><input id="fleet-filter" placeholder="filter by id, link, placement…" size="30">
-    <label><input type="checkbox" id="fleet-offline"> offline only</label>
-    <span id="fleet-shown"></span></div><div id="fleet-table"></div>`;
-  const state = {sort: "id", desc: false, doc: null};
-  const columns = [
-    {key: "online", label: "state", value: r => (r.online ? 0 : 1),
-     html: r => `<span class="dot ${r.online ? "on" : "off"}"></span>${r.online ? "online" : "offline"}`},
-    {key: "id", label: "gateway"},
-    {key: "last_seen", label: "last seen", num: true, html: r => ago(r.last_seen, state.doc.now)},
-    {key: "backlog_records", label: "backlog (records)", num: true},
-    {key: "backlog_bytes", label: "backlog", num: true, html: r => r.backlog_bytes === null ? "-" : charts.fmt(r.backlog_bytes) + "B"},
-    {key: "link", label: "link", value: r => (r.link ? r.link.rtt_ms : null), html: r => esc(linkText(r.link))},
-    {key: "placement", label: "placement", value: r => placementText(r.placement), html: r => esc(placementText(r.placement))},
-    {key: "records", label: "records", num: true},
-  ];
-  function draw() {
-    if (!state.doc) return;
-    const text = document.getElementById("fleet-filter").value.toLowerCase();
-    const offline = document.getElementById("fleet-offline").checked;
-    const rows = state.doc.gateways.filter(r => (!offline || !r.online) && (!text ||
-      `${r.id} ${linkText(r.link)} ${placementText(r.placement)}`.toLowerCase().includes(text)));
-    const box = document.getElementById("fleet-table");
-    box.innerHTML = sortableTable(columns, state, rows);
-    bindSort(box, state, draw);
-    document.getElementById("fleet-shown").textContent = `${rows.length} of ${state.doc.gateways.length} shown`;
-    const t = state.doc.totals;
-    document.getElementById("fleet-figures").innerHTML =
-      `<div class="figure"><b>${t.gateways}</b><span>gateways</span></div>` +
-      `<div class="figure"><b class="state-succeeded">${t.online}</b><span>online</span></div>` +
-      `<div class="figure"><b class="state-failed">${t.offline}</b><span>offline</span></div>` +
-      `<div class="figure"><b>${charts.fmt(state.doc.gateways.reduce((a, r) => a + (r.backlog_records || 0), 0))}</b>` +
-      `<span>records in backlogs</span></div>`;
-  }
-  page.querySelector("#fleet-filter").addEventListener("input", draw);
-  page.querySelector("#fleet-offline").addEventListener("change", draw);
-  return {refresh: async () => { state.doc = await api.apiGet("/v1/fleet"); draw(); }, stop() {}};
 }
 
 function jobsPage(page) {
@@ -183,4 +139,4 @@ function datasetsPage(page) {
   }, stop() {}};
 }
 
-window.pages = {fleetPage, jobsPage, modelsPage, datasetsPage, esc, sortableTable, bindSort};
+window.pages = {jobsPage, modelsPage, datasetsPage, esc, ago, linkText, sortableTable, bindSort};
