@@ -12,7 +12,7 @@
 #   bash bench/gpu_check.sh            # PYTHON=... to choose the interpreter (default .venv's)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
+PYTHON=${PYTHON:-$([ -x .venv/bin/python ] && echo "$PWD/.venv/bin/python" || echo python3)}  # absolute: the job runs in its own folder
 OUT=${GPU_CHECK_OUT:-$(mktemp -d -t gpu_check.XXXXXX)}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1

@@ -27,8 +27,9 @@ def test_cuda_job_without_a_gpu_fails_with_one_line_naming_the_field(tmp_path):
     assert proc.wait(120) != 0
     log = (tmp_path / "torchrun.log").read_text()
     refusals = [line for line in log.splitlines() if line.startswith("[train] invalid job:")]
-    assert len(refusals) == 2, log[-3000:]  # one per rank, and the same line
-    assert refusals[0] == refusals[1]
+    # one per rank that got that far: torchrun stops the other rank once the first has exited, and
+    # on a loaded box that rank may still be importing torch
+    assert 1 <= len(refusals) <= 2 and len(set(refusals)) == 1, log[-3000:]
     assert refusals[0].startswith('[train] invalid job: train.device: "cuda" but ')
     events = read_progress(tmp_path / "progress.jsonl")
     assert [(e["event"], e["code"]) for e in events] == [("error", 2)]
