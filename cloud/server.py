@@ -245,7 +245,8 @@ def parse_args(argv: Sequence[str] | None = None) -> CloudConfig:
     if args.operator_token == "":
         raise ConfigError("--operator-token must not be empty")
     return CloudConfig(
-        data_dir=args.data_dir,
+        # absolute: the job steps (prepare, torchrun, export, gate) run in their job's own folder
+        data_dir=Path(args.data_dir).resolve(),
         host=args.host,
         port=args.port,
         gateway_tokens=tokens,
