@@ -1,0 +1,78 @@
+"""An emulated fabric: per directed pair of ranks, a bandwidth, a latency and a loss rate, paced
+on the sending side of the real transport.
+
+gloo over loopback runs every pair at the same (memory) speed, and this kernel has tbf but no
+netem, so tests and benchmarks cannot make a fragmented allocation out of real links. The executor
+instead asks ``PacedFabric`` when each send may go: a directed link is a serial resource, so a
+message leaves when the link is free and it has been paid for, ``latency + bytes / bandwidth``,
+stretched by its loss (each lost packet of ``PACKET_BYTES`` is sent again after a retransmit
+timeout of ``RETRANSMIT_LATENCIES`` latencies: the expected delay, not a random draw, so the
+simulator can predict a run). Links are independent, as a DGX's NVLinks and PCIe lanes are; the
+executor sleeps until the earliest due send (a sleep releases the GIL and burns no CPU, as a NIC
+sending looks to its host), posts it, and so on. The transport's own time adds to the emulated
+one; links much slower than loopback keep it small.
+
+Invariant: on one directed link, messages leave in the order the program posts them, and no
+message leaves before ``link_message_s`` after both its step began and the link's previous
+message left.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+PACKET_BYTES = 64 * 1024  # the loss unit: what a retransmit resends
+RETRANSMIT_LATENCIES = 4.0  # a lost packet costs this many latencies before it is resent
+
+
+@dataclass(frozen=True)
+class Link:
+    """One directed link: bytes per second, seconds of latency, probability a packet is lost."""
+
+    bandwidth: float
+    latency: float = 0.0
+    loss: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.bandwidth > 0:
+            raise ValueError(f"link bandwidth must be > 0 bytes/s, got {self.bandwidth}")
+        if self.latency < 0:
+            raise ValueError(f"link latency must be >= 0 s, got {self.latency}")
+        if not 0 <= self.loss < 1:
+            raise ValueError(f"link loss must be in [0, 1), got {self.loss}")
+
+
+def link_message_s(link: Link, nbytes: int) -> tuple[float, float]:
+    """(seconds the link is busy with the message, seconds until it is delivered) for ``nbytes``:
+    expected retransmits included (each packet is sent 1 / (1 - loss) times on average; each
+    resend waits its retransmit timeout first)."""
+    packets = max(1, math.ceil(nbytes / PACKET_BYTES))
+    resends = packets * link.loss / (1 - link.loss)
+    busy = nbytes / link.bandwidth / (1 - link.loss) + resends * RETRANSMIT_LATENCIES * link.latency
+    return busy, busy + link.latency
+
+
+class PacedFabric:
+    """The sending side of an emulated fabric for one rank: when each of its messages may leave."""
+
+    def __init__(self, links: Mapping[tuple[int, int], Link], rank: int) -> None:
+        self.links = dict(links)
+        self.rank = rank
+        self._link_free_at: dict[int, float] = {}  # peer -> monotonic time the link frees up
+        self.messages = 0  # sends paced, for tests and reports
+        self.emulated_s = 0.0  # link time charged
+
+    def due(self, peer: int, nbytes: int, step_start: float) -> float:
+        """The monotonic time a message of ``nbytes`` to ``peer`` posted at ``step_start`` is
+        delivered; the link is busy until then minus its latency."""
+        link = self.links.get((self.rank, peer))
+        if link is None:
+            raise ValueError(f"the fabric has no link from rank {self.rank} to rank {peer}")
+        busy, deliver = link_message_s(link, nbytes)
+        start = max(step_start, self._link_free_at.get(peer, 0.0))
+        self._link_free_at[peer] = start + busy
+        self.messages += 1
+        self.emulated_s += deliver
+        return start + deliver
