@@ -20,28 +20,12 @@ message left.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+import threading
+
+from cloud.training.collectives.topology import Link, Topology
 
 PACKET_BYTES = 64 * 1024  # the loss unit: what a retransmit resends
 RETRANSMIT_LATENCIES = 4.0  # a lost packet costs this many latencies before it is resent
-
-
-@dataclass(frozen=True)
-class Link:
-    """One directed link: bytes per second, seconds of latency, probability a packet is lost."""
-
-    bandwidth: float
-    latency: float = 0.0
-    loss: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not self.bandwidth > 0:
-            raise ValueError(f"link bandwidth must be > 0 bytes/s, got {self.bandwidth}")
-        if self.latency < 0:
-            raise ValueError(f"link latency must be >= 0 s, got {self.latency}")
-        if not 0 <= self.loss < 1:
-            raise ValueError(f"link loss must be in [0, 1), got {self.loss}")
 
 
 def link_message_s(link: Link, nbytes: int) -> tuple[float, float]:
@@ -55,11 +39,20 @@ def link_message_s(link: Link, nbytes: int) -> tuple[float, float]:
 
 
 class PacedFabric:
-    """The sending side of an emulated fabric for one rank: when each of its messages may leave."""
+    """The sending side of an emulated fabric for one rank: when each of its messages may leave.
+    Shared by every executor of the rank (thread-safe): two lanes share the links, as on hardware."""
 
-    def __init__(self, links: Mapping[tuple[int, int], Link], rank: int) -> None:
-        self.links = dict(links)
+    def __init__(self, topology: Topology, rank: int) -> None:
+        if topology.media:
+            raise ValueError(
+                "the paced fabric emulates independent links; shared media "
+                f"({', '.join(m.name for m in topology.media)}) are not emulated"
+            )
+        if not 0 <= rank < topology.world:
+            raise ValueError(f"rank {rank} is not a rank of the {topology.world}-rank topology")
+        self.topology = topology
         self.rank = rank
+        self._lock = threading.Lock()
         self._link_free_at: dict[int, float] = {}  # peer -> monotonic time the link frees up
         self.messages = 0  # sends paced, for tests and reports
         self.emulated_s = 0.0  # link time charged
@@ -67,12 +60,13 @@ class PacedFabric:
     def due(self, peer: int, nbytes: int, step_start: float) -> float:
         """The monotonic time a message of ``nbytes`` to ``peer`` posted at ``step_start`` is
         delivered; the link is busy until then minus its latency."""
-        link = self.links.get((self.rank, peer))
+        link = self.topology.link(self.rank, peer)
         if link is None:
             raise ValueError(f"the fabric has no link from rank {self.rank} to rank {peer}")
         busy, deliver = link_message_s(link, nbytes)
-        start = max(step_start, self._link_free_at.get(peer, 0.0))
-        self._link_free_at[peer] = start + busy
-        self.messages += 1
-        self.emulated_s += deliver
+        with self._lock:
+            start = max(step_start, self._link_free_at.get(peer, 0.0))
+            self._link_free_at[peer] = start + busy
+            self.messages += 1
+            self.emulated_s += deliver
         return start + deliver
