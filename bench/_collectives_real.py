@@ -27,6 +27,7 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -48,15 +49,17 @@ def asymmetric_fabric(fast: float = FAST, slow: float = SLOW, latency: float = L
     """4 ranks: 0-1, 0-2, 1-2, 2-3 fast, 0-3 and 1-3 slow, each link both ways."""
     speeds = {(0, 1): fast, (0, 2): fast, (1, 2): fast, (2, 3): fast, (0, 3): slow, (1, 3): slow}
     links = tuple(
-        Link(src, dst, bandwidth, latency) for (a, b), bandwidth in speeds.items() for src, dst in ((a, b), (b, a))
+        Link(src, dst, bandwidth, latency)
+        for (a, b), bandwidth in speeds.items()
+        for src, dst in ((a, b), (b, a))
     )
     return Topology(tuple(f"gpu{r}" for r in range(WORLD)), links)
 
 
-def _timed(run: object, tensor: torch.Tensor) -> float:
+def _timed(run: Callable[[torch.Tensor], object], tensor: torch.Tensor) -> float:
     dist.barrier()
     started = time.perf_counter()
-    run(tensor)  # type: ignore[operator]
+    run(tensor)
     elapsed = torch.tensor(time.perf_counter() - started, dtype=torch.float64)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the time
     return float(elapsed)
@@ -68,11 +71,11 @@ def worker(quick: bool) -> None:
     rank = dist.get_rank()
     topology = asymmetric_fabric()
     fabric = PacedFabric(topology, rank)  # one per process: both programs share the links
-    runs = {
-        "trees": ProgramAllReduce(all_reduce_builder("trees", topology), Executor(None, fabric)),
-        "ring": ProgramAllReduce(all_reduce_builder("ring", topology), Executor(None, fabric)),
-        "torch": dist.all_reduce,
+    ours = {
+        name: ProgramAllReduce(all_reduce_builder(name, topology), Executor(None, fabric))
+        for name in ("trees", "ring")
     }
+    runs: dict[str, Callable[[torch.Tensor], object]] = {**ours, "torch": dist.all_reduce}
     sizes, repetitions = (QUICK_SIZES, 3) if quick else (FULL_SIZES, 5)
     times: dict[str, dict[str, list[float]]] = {name: {} for name in SYSTEMS}
     chunks: dict[str, int] = {}
@@ -81,9 +84,8 @@ def worker(quick: bool) -> None:
         data = torch.randint(-1000, 1000, (numel,), generator=torch.Generator().manual_seed(rank)).float()
         expected = data.clone()
         dist.all_reduce(expected)
-        for name in ("trees", "ring"):
-            program = runs[name].program(numel)  # type: ignore[union-attr]
-            chunks[f"{name}/{numel}"] = len(program.chunks)
+        for name, reducer in ours.items():
+            chunks[f"{name}/{numel}"] = len(reducer.program(numel).chunks)
         for _ in range(repetitions):
             for name in SYSTEMS:
                 tensor = data.clone()
@@ -101,13 +103,18 @@ def measure_real(quick: bool) -> dict:
     the programs' builder names, ``real_vs_ring_asym`` and ``real_vs_torch_unpaced``."""
     figures = launch("bench._collectives_real", ["--quick"] if quick else [], nproc=WORLD, timeout_s=600)
     largest = str(figures["sizes"][-1])
-    median = {name: {size: statistics.median(v) for size, v in figures["times"][name].items()} for name in SYSTEMS}
+    median = {
+        name: {size: statistics.median(v) for size, v in figures["times"][name].items()} for name in SYSTEMS
+    }
     return {
         "topology": asymmetric_fabric().to_dict(),
         "world": WORLD,
         "elem_bytes": 4,
         "sizes_elems": figures["sizes"],
-        "builders": {"trees": 'reducer.all_reduce_builder("trees", topology)', "ring": 'all_reduce_builder("ring", topology)'},
+        "builders": {
+            "trees": 'reducer.all_reduce_builder("trees", topology)',
+            "ring": 'all_reduce_builder("ring", topology)',
+        },
         "times_s": figures["times"],
         "median_s": median,
         "chunks": figures["chunks"],

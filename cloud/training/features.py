@@ -241,6 +241,7 @@ class StageFeatures:
                     "windows": max(s["windows"] for s in syncs),
                     "decisions": max(s["decisions"] for s in syncs),
                     "blocked_s": round(sum(s["blocked_s"] for s in syncs), 4),
+                    "reducer_runs": sum(s["reducer_runs"] for s in syncs),
                 }
             balance = next((r["balance"] for r in everyone if r["balance"] is not None), None)
             if balance is not None:

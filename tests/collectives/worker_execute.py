@@ -106,7 +106,11 @@ def main() -> None:
                 if kind == "reduce" and rank != root:
                     continue  # only the root's result is defined, as with dist.reduce
                 exact = dtype_name.startswith("int")
-                same = torch.equal(got, expected) if exact else torch.allclose(got, expected, rtol=1e-5, atol=1e-5)
+                same = (
+                    torch.equal(got, expected)
+                    if exact
+                    else torch.allclose(got, expected, rtol=1e-5, atol=1e-5)
+                )
                 cases += 1
                 if not same:
                     failures.append(f"{name} {dtype_name} numel={numel}")

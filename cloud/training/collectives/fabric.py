@@ -4,13 +4,14 @@ on the sending side of the real transport.
 gloo over loopback runs every pair at the same (memory) speed, and this kernel has tbf but no
 netem, so tests and benchmarks cannot make a fragmented allocation out of real links. The executor
 instead asks ``PacedFabric`` when each send may go: a directed link is a serial resource, so a
-message leaves when the link is free and it has been paid for, ``latency + bytes / bandwidth``,
-stretched by its loss (each lost packet of ``PACKET_BYTES`` is sent again after a retransmit
-timeout of ``RETRANSMIT_LATENCIES`` latencies: the expected delay, not a random draw, so the
-simulator can predict a run). Links are independent, as a DGX's NVLinks and PCIe lanes are; the
+message leaves when the link is free and it has been paid for, ``latency + bytes / (bandwidth *
+(1 - loss))``: a lossy link resends its lost share, so it delivers only the rest of its bandwidth
+(the expected delay, not a random draw; ``simulate`` models a link the same way, so it can predict
+a run). Links are independent, as a DGX's NVLinks and PCIe lanes are; the
 executor sleeps until the earliest due send (a sleep releases the GIL and burns no CPU, as a NIC
 sending looks to its host), posts it, and so on. The transport's own time adds to the emulated
-one; links much slower than loopback keep it small.
+one; links much slower than loopback keep it small. One difference from ``simulate``: a message's
+clock starts when its sender's step begins, not once its receiver has reached the step too.
 
 Invariant: on one directed link, messages leave in the order the program posts them, and no
 message leaves before ``link_message_s`` after both its step began and the link's previous
@@ -19,22 +20,15 @@ message left.
 
 from __future__ import annotations
 
-import math
 import threading
 
 from cloud.training.collectives.topology import Link, Topology
 
-PACKET_BYTES = 64 * 1024  # the loss unit: what a retransmit resends
-RETRANSMIT_LATENCIES = 4.0  # a lost packet costs this many latencies before it is resent
-
 
 def link_message_s(link: Link, nbytes: int) -> tuple[float, float]:
     """(seconds the link is busy with the message, seconds until it is delivered) for ``nbytes``:
-    expected retransmits included (each packet is sent 1 / (1 - loss) times on average; each
-    resend waits its retransmit timeout first)."""
-    packets = max(1, math.ceil(nbytes / PACKET_BYTES))
-    resends = packets * link.loss / (1 - link.loss)
-    busy = nbytes / link.bandwidth / (1 - link.loss) + resends * RETRANSMIT_LATENCIES * link.latency
+    its lost share resent (each byte crosses 1 / (1 - loss) times on average), after the latency."""
+    busy = nbytes / (link.bandwidth * (1 - link.loss))
     return busy, busy + link.latency
 
 

@@ -174,6 +174,7 @@ class CommThread:
         self.wire = wire or SharedWire()
         self.submit_timeout_s = submit_timeout_s
         self.full_waits = 0  # submits that found the queue full and had to block
+        self.reducer_runs = 0  # messages the reducer summed (0 without one)
         self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
         self._thread = threading.Thread(target=self._run, name="sync-comm", daemon=True)
         self._thread.start()
@@ -208,6 +209,7 @@ class CommThread:
                 pending.launched_at = time.monotonic()
                 if self.reducer is not None:
                     self.reducer(pending.tensor)
+                    self.reducer_runs += 1
                     pending._mark_done()
                 else:
                     work = dist.all_reduce(pending.tensor, group=self.group, async_op=True)

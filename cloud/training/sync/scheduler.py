@@ -182,6 +182,7 @@ class SyncScheduler:
             "last_window": self.tables[-1].as_dict() if self.tables else None,
             "decisions": list(self.engine.decisions),
             "comm_full_waits": self.comm.full_waits + self.priority_comm.full_waits,
+            "reducer_runs": self.comm.reducer_runs + self.priority_comm.reducer_runs,
         }
 
     # ------------------------------------------------------------------ backward side

@@ -128,6 +128,7 @@ class StageSync:
             "windows": status["window"],
             "decisions": len(status["decisions"]),
             "blocked_s": round(blocked, 4),
+            "reducer_runs": status["reducer_runs"],  # syncs summed by a sync.collective program
         }
 
 
