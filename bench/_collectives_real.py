@@ -23,7 +23,6 @@ Each run's time is the slowest rank's (a barrier first). Every result is checked
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -32,6 +31,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from bench._common import parser
 from bench._torchrun import launch, leave_together, write_rank_result
 from cloud.training.collectives.execute import Executor
 from cloud.training.collectives.fabric import PacedFabric
@@ -125,14 +125,13 @@ def measure_real(quick: bool) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--worker", action="store_true")
-    args = parser.parse_args()
+    options = parser(__doc__)
+    options.add_argument("--worker", action="store_true")
+    args = options.parse_args()
     if args.worker:
         worker(args.quick)
-        return
-    print(json.dumps(measure_real(args.quick), indent=1))
+    else:
+        print(json.dumps(measure_real(args.quick), indent=1))
 
 
 if __name__ == "__main__":
