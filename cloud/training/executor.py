@@ -124,6 +124,7 @@ class StageExecutor:
         record_answers: bool = False,
         device: torch.device | None = None,
         channels: comm.Channels | None = None,
+        all_reduce: Callable[[torch.Tensor], object] | None = None,
     ):
         self.module, self.topology, self.rank = module, topology, rank
         self.stage, self.replica = topology.stage_replica_of(rank)
@@ -131,6 +132,8 @@ class StageExecutor:
         self.optimizer, self.loss_fn = optimizer, loss_fn
         self.codec = codec or comm.Fp32Codec()
         self.replica_group, self.timeout_s = replica_group, timeout_s
+        # sums a flat tensor over the replica group in place (``sync.collective``); None: dist.all_reduce
+        self.all_reduce = all_reduce
         self.params = dict(module.named_parameters())
         first_param = next(iter(self.params.values()), None)
         self.device = device or (first_param.device if first_param is not None else torch.device("cpu"))
@@ -397,7 +400,18 @@ class StageExecutor:
         for p in self.params.values():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            dist.all_reduce(p.grad, group=self.replica_group)
+        if self.all_reduce is None:
+            for p in self.params.values():
+                dist.all_reduce(p.grad, group=self.replica_group)
+            return
+        # one message for the stage: a program pays its steps once, not once per parameter
+        grads = [p.grad for p in self.params.values() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self.all_reduce(flat)
+        offset = 0
+        for grad in grads:
+            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
 
     # -- evaluation ---------------------------------------------------------------------------------
     @torch.no_grad()

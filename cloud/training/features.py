@@ -24,9 +24,12 @@ from cloud.training.compression.stage import StageCompression
 from cloud.training.data.stream import MinibatchStream
 from cloud.training.data.toggle_stream import ToggleStream
 from cloud.training.jobfile import JobConfig, JobError
-from cloud.training.options import CompressionOptions, Precision
+from cloud.training.options import CompressionOptions, Precision, SyncOptions
 from cloud.training.schedules import Topology
+from cloud.training.sync.link import Reducer
 from cloud.training.sync.stage import StageBalance, StageSync, replicated_stages
+
+GroupReducer = Callable[[dist.ProcessGroup | None], Reducer]
 
 
 def compression_name(c: CompressionOptions) -> str:
@@ -59,6 +62,25 @@ def autocast_for(precision: Precision, device_type: str) -> Callable[[], Abstrac
     return functools.partial(torch.autocast, device_type, dtype=torch.bfloat16)
 
 
+def gradient_reducers(options: SyncOptions, timeout_s: float) -> GroupReducer | None:
+    """``sync.collective``: group -> the all-reduce of a program collective on the job's fabric
+    (``sync.topology``); None for torch.distributed's own all-reduce."""
+    if options.collective == "torch":
+        return None
+    from cloud.training.collectives import topology as fabric_file  # scipy, loaded only when used
+    from cloud.training.collectives.reducer import reducer_factory
+
+    fabric = None
+    if options.topology:
+        try:
+            fabric = fabric_file.load(options.topology)
+        except (OSError, ValueError) as error:
+            raise JobError(f"sync.topology: {error}") from error
+        if fabric.world != dist.get_world_size():
+            raise JobError(f"sync.topology: {fabric.world} ranks, the job has {dist.get_world_size()}")
+    return reducer_factory(options.collective, fabric, timeout_s=timeout_s)
+
+
 def toggle_stream(job: JobConfig, stream: MinibatchStream) -> MinibatchStream:
     return ToggleStream(stream, job.toggle) if job.toggle.enabled else stream
 
@@ -81,6 +103,12 @@ class StageFeatures:
         self.device_type = next(module.parameters(), torch.empty(0)).device.type
         self.autocast = autocast_for(t.precision, self.device_type)
         replicated = bool(replicated_stages(topology))
+        reducers = gradient_reducers(job.sync, t.comm_timeout_s) if replicated else None
+        stage, _ = topology.stage_replica_of(rank)
+        # the executor's plain all-reduce of the stage's gradients (when the scheduler does not own them)
+        self.all_reduce = (
+            reducers(replica_groups[stage]) if reducers and stage in replicated_stages(topology) else None
+        )
         self.sync: StageSync | None = None
         if job.sync.enabled and replicated:
             self.sync = StageSync(
@@ -91,6 +119,7 @@ class StageFeatures:
                 lr=t.lr,
                 momentum=t.momentum,
                 timeout_s=t.comm_timeout_s,
+                reducer_for=reducers,
             )
         self.balance: StageBalance | None = None
         if job.balance.enabled and replicated:
@@ -152,6 +181,7 @@ class StageFeatures:
             "compression": compression_name(self.job.compression),
             "wire_codec": self.job.train.wire_codec,
             "sync": on[self.sync is not None],
+            "collective": self.job.sync.collective,
             "balance": on[self.balance is not None],
             "toggle": on[self.toggle is not None],
             "precision": self.job.train.precision,
@@ -211,6 +241,7 @@ class StageFeatures:
                     "windows": max(s["windows"] for s in syncs),
                     "decisions": max(s["decisions"] for s in syncs),
                     "blocked_s": round(sum(s["blocked_s"] for s in syncs), 4),
+                    "reducer_runs": sum(s["reducer_runs"] for s in syncs),
                 }
             balance = next((r["balance"] for r in everyone if r["balance"] is not None), None)
             if balance is not None:

@@ -52,13 +52,22 @@ class CompressionOptions(_Section):
     controller: ControllerOptions = ControllerOptions()
 
 
+Collective = Literal["torch", "ring", "trees", "double_tree"]
+
+
 class SyncOptions(_Section):
     """The barrier sync scheduler (``sync.scheduler.SyncScheduler``) for the gradient all-reduce of
-    replicated stages; off: one plain all-reduce per parameter after the flush."""
+    replicated stages; off: one plain all-reduce per parameter after the flush. ``collective``:
+    what sums the gradients (the scheduler's messages, or the plain all-reduce): torch.distributed's
+    all-reduce, or a program of ``cloud.training.collectives`` over point-to-point messages (a
+    ring, NCCL's double binary tree, or Blink's trees packed into the fabric of the ``topology``
+    file; empty: every pair of ranks alike)."""
 
     enabled: bool = False
     window: int = Field(default=8, ge=1)  # iterations per policy decision
     adaptive: bool = True  # False: per-layer FIFO sync, no policy engine
+    collective: Collective = "torch"
+    topology: str = ""  # path of a topology file (docs/collectives.md) of the job's ranks
 
 
 class BalanceOptions(_Section):

@@ -140,6 +140,7 @@ def train(job: JobConfig, placement: Placement) -> int:
             record_answers=features.toggle is not None,
             device=placement.device,
             channels=channels,
+            all_reduce=features.all_reduce,
         )
         stage_checkpoint = StageCheckpoint(job, plan, topology, module, optimizer, features)
         total = stream.total_steps(t.epochs)

@@ -144,6 +144,7 @@ fraction = 0.5
         "compression": "adaptive+gist",
         "wire_codec": "fp32",
         "sync": "on",
+        "collective": "torch",
         "balance": "on",
         "toggle": "on",
         "precision": "bf16",

@@ -9,6 +9,9 @@ launches that layer's message (head-of-line: later messages of the lane queue be
 emulated wire sleeps (releasing the GIL, burning no CPU), as a slow network looks to the host; a
 lane marked ``priority`` takes the wire before waiting ordinary messages, at message granularity
 (the message on the wire is not pre-empted), as ByteScheduler's priority queue does.
+A lane given a ``reducer`` (an in-place sum over the lane's group that returns when done, e.g. a
+packed-tree all-reduce of ``cloud.training.collectives``) runs it in the comm thread instead of
+``dist.all_reduce``: the lane then has one message in its collective at a time.
 
 Invariant: messages are launched in hand-over order, one at a time; ``submit`` blocks (with a
 timeout) when ``max_pending`` messages are waiting, and counts how often it had to.
@@ -40,6 +43,9 @@ class LinkDelay:
 
     def stall_s(self, layers: tuple[str, ...]) -> float:
         return sum(self.per_layer_s.get(name, 0.0) for name in layers)
+
+
+Reducer = Callable[[torch.Tensor], object]  # sums a tensor over the lane's group in place, blocking
 
 
 class SharedWire:
@@ -103,8 +109,8 @@ class PendingSync:
             raise TimeoutError(f"sync of {self.layers} not launched within {timeout_s} s")
         if self._error is not None:
             raise RuntimeError(f"sync of {self.layers} failed to launch") from self._error
-        assert self._work is not None
-        self._work.wait(timeout=timedelta(seconds=timeout_s))
+        if self._work is not None:  # None: a reducer summed it before the launch was signalled
+            self._work.wait(timeout=timedelta(seconds=timeout_s))
         return self.tensor
 
     @property
@@ -159,13 +165,16 @@ class CommThread:
         max_pending: int = 1024,
         submit_timeout_s: float = 60.0,
         priority: bool = False,
+        reducer: Reducer | None = None,
     ) -> None:
         self.group = group
+        self.reducer = reducer  # None: dist.all_reduce on the group
         self.priority = priority  # this lane's messages take the shared wire before ordinary ones
         self.link = link or LinkDelay()
         self.wire = wire or SharedWire()
         self.submit_timeout_s = submit_timeout_s
         self.full_waits = 0  # submits that found the queue full and had to block
+        self.reducer_runs = 0  # messages the reducer summed (0 without one)
         self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
         self._thread = threading.Thread(target=self._run, name="sync-comm", daemon=True)
         self._thread.start()
@@ -198,9 +207,14 @@ class CommThread:
                 wire = link.wire_s(pending.tensor.numel() * pending.tensor.element_size())
                 pending.on_wire_at = self.wire.occupy(wire, self.priority) if wire > 0 else time.monotonic()
                 pending.launched_at = time.monotonic()
-                work = dist.all_reduce(pending.tensor, group=self.group, async_op=True)
-                pending._work = work
-                work.get_future().add_done_callback(lambda _fut, p=pending: p._mark_done())
+                if self.reducer is not None:
+                    self.reducer(pending.tensor)
+                    self.reducer_runs += 1
+                    pending._mark_done()
+                else:
+                    work = dist.all_reduce(pending.tensor, group=self.group, async_op=True)
+                    pending._work = work
+                    work.get_future().add_done_callback(lambda _fut, p=pending: p._mark_done())
             except BaseException as error:  # handed to the waiter; the thread keeps serving
                 pending._error = error
             pending._launched.set()

@@ -42,7 +42,7 @@ from torch import nn
 
 from cloud.training.sync.barrier import LayerWindow, SyncPolicy, WindowTable
 from cloud.training.sync.engine import PolicyEngine
-from cloud.training.sync.link import CommThread, LinkDelay, PendingSync, SharedWire
+from cloud.training.sync.link import CommThread, LinkDelay, PendingSync, Reducer, SharedWire
 from cloud.training.sync.rules import EngineConfig
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
@@ -64,7 +64,10 @@ class SyncScheduler:
         priority_group: dist.ProcessGroup | None = None,
         timeout_s: float = 120.0,
         backward_hooks: bool = True,
+        reducer_for: Callable[[dist.ProcessGroup | None], Reducer] | None = None,
     ) -> None:
+        """``reducer_for``: builds each lane's all-reduce from the lane's group (e.g. packed trees,
+        ``cloud.training.collectives.reducer``); None: ``dist.all_reduce``."""
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -98,8 +101,9 @@ class SyncScheduler:
             ranks = dist.get_process_group_ranks(group) if group is not None else None
             priority_group = dist.new_group(ranks=ranks, backend="gloo")
         wire = SharedWire()
-        self.comm = CommThread(group, link, wire)
-        self.priority_comm = CommThread(priority_group, link, wire, priority=True)
+        reducers = (reducer_for(group), reducer_for(priority_group)) if reducer_for else (None, None)
+        self.comm = CommThread(group, link, wire, reducer=reducers[0])
+        self.priority_comm = CommThread(priority_group, link, wire, priority=True, reducer=reducers[1])
         # the message carrying the window's tables in flight: (message, where the tables start, policy)
         self._exchange: tuple[PendingSync, int, str] | None = None
 
@@ -178,6 +182,7 @@ class SyncScheduler:
             "last_window": self.tables[-1].as_dict() if self.tables else None,
             "decisions": list(self.engine.decisions),
             "comm_full_waits": self.comm.full_waits + self.priority_comm.full_waits,
+            "reducer_runs": self.comm.reducer_runs + self.priority_comm.reducer_runs,
         }
 
     # ------------------------------------------------------------------ backward side

@@ -22,7 +22,7 @@ each at least 1; with sync on, each gradient is summed across the replicas once 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -32,6 +32,7 @@ from cloud.training.jobfile import JobError
 from cloud.training.options import BalanceOptions, SyncOptions
 from cloud.training.schedules import Topology
 from cloud.training.sync.balancer import Balancer
+from cloud.training.sync.link import Reducer
 from cloud.training.sync.scheduler import SyncScheduler
 from cloud.training.sync.split import split_batch
 
@@ -54,6 +55,7 @@ class StageSync:
         lr: float,
         momentum: float,
         timeout_s: float,
+        reducer_for: Callable[[dist.ProcessGroup | None], Reducer] | None = None,
     ) -> None:
         stage, _ = topology.stage_replica_of(rank)
         # The scheduler's comm threads get groups of their own (two lanes): a collective of the
@@ -83,6 +85,7 @@ class StageSync:
             priority_group=lanes[stage][1],
             timeout_s=timeout_s,
             backward_hooks=False,
+            reducer_for=reducer_for,
         )
         # The executor scales each microbatch's loss by its share of the minibatch: a plain sum.
         self.scheduler.set_sample_weight(1.0)
@@ -125,6 +128,7 @@ class StageSync:
             "windows": status["window"],
             "decisions": len(status["decisions"]),
             "blocked_s": round(blocked, 4),
+            "reducer_runs": status["reducer_runs"],  # syncs summed by a sync.collective program
         }
 
 
