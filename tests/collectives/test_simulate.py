@@ -92,10 +92,10 @@ def test_missing_link_and_world_mismatch_are_refused() -> None:
         simulate(one_step((0, 2)), Topology(("a", "b", "c"), (Link(0, 1, B),)))
     with pytest.raises(SimulationError, match="ranks"):
         simulate(plans.ring_all_reduce(3, 9), ring)
-    deadlock = Program(
-        "all_reduce", 2, None, (Chunk(0, 1),), (((Recv(1, 0, False),), (Send(1, 0),)), ((Recv(0, 0, False),),))
-    )
-    with pytest.raises(SimulationError):
+    # each rank first waits for what the other sends only in its second step
+    waits = (((Recv(1, 0, False),), (Send(1, 1),)), ((Recv(0, 1, False),), (Send(0, 0),)))
+    deadlock = Program("all_reduce", 2, None, (Chunk(0, 1), Chunk(1, 2)), waits)
+    with pytest.raises(SimulationError, match="deadlock"):
         simulate(deadlock, fabrics.ring(2, B))
 
 
