@@ -4,6 +4,8 @@ reliable island's hosts, packings of a class never route over lossier links, cos
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from cloud.training.collectives import fabrics
@@ -17,6 +19,7 @@ from cloud.training.collectives.reliability import (
     admissible_topology,
     cost_by_class,
     link_class,
+    node_filter,
     pack_for_class,
     path_loss,
     worst_path_loss,
@@ -62,6 +65,8 @@ def test_admissible_topology_and_nodes_on_a_mixed_fabric() -> None:
     assert strict.link(0, 2) is None  # m0 -> m1: cheap optics
     assert admissible_nodes(fabric, A) == {"m1", "m2"}
     assert admissible_nodes(fabric, C) == {"m0", "m1", "m2", "m3"}
+    allowed = node_filter(fabric, A)
+    assert [allowed(SimpleNamespace(name=f"m{m}")) for m in range(4)] == [False, True, True, False]
     groups = admissible_groups(fabric, A)
     assert groups[0] == {2, 3, 4, 5} and {0, 1} in groups and {6, 7} in groups
 

@@ -12,7 +12,8 @@ For the cluster scheduler's placement (an allowed-node predicate): ``admissible_
 job_class)`` is the set of host names a multi-host job of that class may be placed on: the hosts
 of the largest group of ranks joined both ways by admissible links (``admissible_groups``; ties:
 the group whose first host name sorts first). A job inside one host crosses no network link and
-needs no predicate. ``cost_by_class`` accounts a fabric's link cost by the strictest class each
+needs no predicate. ``node_filter`` wraps it as ``cloud.scheduler``'s ``NodeFilter`` (a node ->
+bool by ``node.name``). ``cost_by_class`` accounts a fabric's link cost by the strictest class each
 link serves.
 
 Invariant: every path a ``pack_for_class`` packing routes data over has loss within the class's
@@ -21,8 +22,9 @@ Invariant: every path a ``pack_for_class`` packing routes data over has loss wit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from .packing import Direction, Packing, pack_trees
 from .topology import Link, Topology
@@ -93,6 +95,17 @@ def admissible_nodes(topology: Topology, job_class: ReliabilityClass) -> set[str
     """Host names a multi-host job of ``job_class`` may be placed on (see the module docstring)."""
     groups = admissible_groups(topology, job_class)
     return {topology.hosts[r] for r in groups[0]} if groups else set()
+
+
+class _Named(Protocol):
+    name: str
+
+
+def node_filter(topology: Topology, job_class: ReliabilityClass) -> Callable[[_Named], bool]:
+    """``admissible_nodes`` as the scheduler placement's ``allowed`` filter (``cloud.scheduler``'s
+    ``NodeFilter``: a node -> bool, by the node's ``name``, which must be the topology's host name)."""
+    hosts = admissible_nodes(topology, job_class)
+    return lambda node: node.name in hosts
 
 
 def worst_path_loss(topology: Topology, packing: Packing) -> float:

@@ -57,7 +57,7 @@ class Topology:
     links: tuple[Link, ...]
     hosts: tuple[str, ...] = ()  # empty: every rank is its own host
     media: tuple[Medium, ...] = ()
-    _by_pair: dict[tuple[int, int], Link] = field(default_factory=dict, compare=False, repr=False)
+    _by_pair: dict[tuple[int, int], Link] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.hosts:
