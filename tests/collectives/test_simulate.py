@@ -107,3 +107,10 @@ def test_trees_beat_the_ring_on_a_fragmented_dgx1() -> None:
     ring = simulate(plans.ring_all_reduce(5, numel, plans.best_ring(fabric)), fabric)
     trees = simulate(plans.packed_program(fabric, "all_reduce", numel), fabric)
     assert trees < ring
+
+
+def test_a_transport_adds_its_copy_to_every_message() -> None:
+    two = Topology(("a", "b"), (Link(0, 1, B, latency=1e-3),))
+    assert simulate(one_step((0, 1)), two, transport_bps=B / 4) == pytest.approx(1e-3 + 4000 / B + 16000 / B)
+    with pytest.raises(SimulationError, match="transport_bps"):
+        simulate(one_step((0, 1)), two, transport_bps=0.0)

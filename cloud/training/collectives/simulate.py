@@ -6,7 +6,9 @@ link's latency, then moves its bytes. Moving messages share capacity: at each in
 goes at the smallest of its link's and each of its media's bandwidth divided by the number of
 messages moving on it (a lossy link delivers bandwidth * (1 - loss): the lost share is resent).
 An empty chunk's message costs nothing (the executor skips it). The reduction's arithmetic is
-not modelled: on the fabrics here it is far faster than the links.
+not modelled: on the fabrics here it is far faster than the links. An emulated fabric paced over a
+real transport pays that transport's copy too: ``transport_bps`` adds bytes / transport_bps to each
+message's latency (bench.collectives probes it with an unpaced all-reduce).
 
 Invariant: a prediction is deterministic, and a program with a message over a pair the topology
 has no link for, or one that deadlocks, raises ``SimulationError`` rather than a time.
@@ -39,16 +41,24 @@ class _Message:
     moving_from: float = 0.0  # when its latency is over (set once both ends are present)
 
 
-def simulate(program: Program, topology: Topology, elem_bytes: int = 4) -> float:
-    """Seconds from every rank starting the program to the last rank finishing it."""
-    return max(rank_finish_times(program, topology, elem_bytes), default=0.0)
+def simulate(
+    program: Program, topology: Topology, elem_bytes: int = 4, transport_bps: float | None = None
+) -> float:
+    """Seconds from every rank starting the program to the last rank finishing it.
+    ``transport_bps``: a transport whose own copy adds bytes / transport_bps to every message on
+    top of the link (an emulated fabric paced over a real transport; None: no such cost)."""
+    return max(rank_finish_times(program, topology, elem_bytes, transport_bps), default=0.0)
 
 
-def rank_finish_times(program: Program, topology: Topology, elem_bytes: int = 4) -> list[float]:
+def rank_finish_times(
+    program: Program, topology: Topology, elem_bytes: int = 4, transport_bps: float | None = None
+) -> list[float]:
     """When each rank finishes its last step."""
     if program.world != topology.world:
         raise SimulationError(f"program for {program.world} ranks, topology has {topology.world}")
-    run = _Run(program, topology, elem_bytes)
+    if transport_bps is not None and not transport_bps > 0:
+        raise SimulationError(f"transport_bps must be positive, got {transport_bps}")
+    run = _Run(program, topology, elem_bytes, transport_bps)
     run.play()
     return run.finish
 
@@ -56,8 +66,13 @@ def rank_finish_times(program: Program, topology: Topology, elem_bytes: int = 4)
 class _Run:
     """One simulation: ranks' current steps, messages waiting out their latency or moving."""
 
-    def __init__(self, program: Program, topology: Topology, elem_bytes: int) -> None:
+    def __init__(
+        self, program: Program, topology: Topology, elem_bytes: int, transport_bps: float | None
+    ) -> None:
         self.messages, self.of_step = _messages(program, topology, elem_bytes)
+        if transport_bps:
+            for message in self.messages:
+                message.latency += message.size / transport_bps
         self.capacity = {
             f"{link.src}>{link.dst}": link.bandwidth * (1.0 - link.loss) for link in topology.links
         }
