@@ -136,6 +136,8 @@ def packed_program(
             packing = best_root(topology, direction, max_trees)
         else:
             packing = pack_trees(topology, 0 if root is None else root, direction, max_trees)
+    if packing.direction != kind:
+        raise ValueError(f"a {packing.direction} packing cannot make a {kind} program")
     if topology.world == 1:
         return Program(kind, 1, None if kind == "all_reduce" else 0, _split(numel, [1]), ((),))
     if chunk is None:

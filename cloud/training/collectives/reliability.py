@@ -97,7 +97,8 @@ def admissible_nodes(topology: Topology, job_class: ReliabilityClass) -> set[str
 
 def worst_path_loss(topology: Topology, packing: Packing) -> float:
     """The largest loss of any path the packing's data crosses: up a tree to its root for a
-    reduce, down for a broadcast, up from one rank and down to another for an all-reduce."""
+    reduce, down for a broadcast, up from one rank and down to another for an all-reduce (a rank's
+    own input included: it goes up and comes back down)."""
     worst = 0.0
     for tree in packing.trees:
         up = [_edges_loss(topology, [(c, p) for p, c in tree.path_to_root(r)]) for r in range(tree.world)]
