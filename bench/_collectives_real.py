@@ -36,7 +36,6 @@ from bench._torchrun import launch, leave_together, write_rank_result
 from cloud.training.collectives.execute import Executor
 from cloud.training.collectives.fabric import PacedFabric
 from cloud.training.collectives.reducer import ProgramAllReduce, all_reduce_builder
-from cloud.training.collectives.simulate import simulate
 from cloud.training.collectives.topology import Link, Topology
 
 WORLD = 4
@@ -101,27 +100,15 @@ def worker(quick: bool) -> None:
 
 def measure_real(quick: bool) -> dict:
     """Times per system and size (seconds, per repetition), the topology (``Topology.to_dict``),
-    the programs' builder names, the simulator's prediction of each program and its error against
-    the measured median, ``real_vs_ring_asym`` and ``real_vs_torch_unpaced``."""
+    the programs' builder names (``bench.collectives`` simulates the same programs on the same
+    topology), ``real_vs_ring_asym`` and ``real_vs_torch_unpaced``."""
     figures = launch("bench._collectives_real", ["--quick"] if quick else [], nproc=WORLD, timeout_s=600)
     largest = str(figures["sizes"][-1])
     median = {
         name: {size: statistics.median(v) for size, v in figures["times"][name].items()} for name in SYSTEMS
     }
-    topology = asymmetric_fabric()
-    simulated = {
-        name: {str(n): simulate(all_reduce_builder(name, topology)(n), topology) for n in figures["sizes"]}
-        for name in ("trees", "ring")
-    }
-    error = {
-        name: {
-            size: abs(predicted - median[name][size]) / median[name][size]
-            for size, predicted in sizes.items()
-        }
-        for name, sizes in simulated.items()
-    }
     return {
-        "topology": topology.to_dict(),
+        "topology": asymmetric_fabric().to_dict(),
         "world": WORLD,
         "elem_bytes": 4,
         "sizes_elems": figures["sizes"],
@@ -133,8 +120,6 @@ def measure_real(quick: bool) -> dict:
         "median_s": median,
         "chunks": figures["chunks"],
         "mismatches": figures["mismatches"],
-        "simulated_s": simulated,  # simulate() of the very programs that ran
-        "sim_error": error,  # |simulated - measured median| / measured median
         "real_vs_ring_asym": median["ring"][largest] / median["trees"][largest],
         "real_vs_torch_unpaced": median["torch"][largest] / median["trees"][largest],
     }
