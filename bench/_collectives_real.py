@@ -100,7 +100,8 @@ def worker(quick: bool) -> None:
 
 def measure_real(quick: bool) -> dict:
     """Times per system and size (seconds, per repetition), the topology (``Topology.to_dict``),
-    the programs' builder names, ``real_vs_ring_asym`` and ``real_vs_torch_unpaced``."""
+    the programs' builder names (``bench.collectives`` simulates the same programs on the same
+    topology), ``real_vs_ring_asym`` and ``real_vs_torch_unpaced``."""
     figures = launch("bench._collectives_real", ["--quick"] if quick else [], nproc=WORLD, timeout_s=600)
     largest = str(figures["sizes"][-1])
     median = {

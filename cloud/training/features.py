@@ -64,14 +64,18 @@ def autocast_for(precision: Precision, device_type: str) -> Callable[[], Abstrac
 
 def gradient_reducers(options: SyncOptions, timeout_s: float) -> GroupReducer | None:
     """``sync.collective``: group -> the all-reduce of a program collective on the job's fabric
-    (``sync.topology``); None for torch.distributed's own all-reduce."""
+    (``sync.topology``: a file, or ``"probe"`` to measure it now); None for torch.distributed's
+    own all-reduce. Every rank calls it (the probe is a collective)."""
     if options.collective == "torch":
         return None
     from cloud.training.collectives import topology as fabric_file  # scipy, loaded only when used
+    from cloud.training.collectives.probe import PROBE, probe
     from cloud.training.collectives.reducer import reducer_factory
 
     fabric = None
-    if options.topology:
+    if options.topology == PROBE:
+        fabric = probe()  # every rank: a collective of the default group
+    elif options.topology:
         try:
             fabric = fabric_file.load(options.topology)
         except (OSError, ValueError) as error:

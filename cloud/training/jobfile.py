@@ -225,11 +225,8 @@ def load_job(path: str | Path) -> JobConfig:
     checkpoint = job.checkpoint.model_copy(update={"dir": resolve(job.checkpoint.dir)})
     progress = job.progress.model_copy(update={"file": resolve(job.progress.file)})
     data = job.data.model_copy(update={"path": resolve(job.data.path)}) if job.data.path else job.data
-    sync = (
-        job.sync.model_copy(update={"topology": resolve(job.sync.topology)})
-        if job.sync.topology
-        else job.sync
-    )
+    measured = job.sync.topology in ("", "probe")  # "probe": measured at start, not a file
+    sync = job.sync if measured else job.sync.model_copy(update={"topology": resolve(job.sync.topology)})
     cache = job.partition.profile_cache
     partition = job.partition.model_copy(
         update={"profile_cache": resolve(cache) if cache else str(Path(checkpoint.dir) / "profile.json")}

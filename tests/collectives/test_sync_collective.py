@@ -1,7 +1,8 @@
 """``sync.collective``: a job whose replicated stage sums its gradients with packed trees (through
 the sync scheduler's lanes, and through the executor's plain all-reduce) trains to the parameters
 of torch.distributed's all-reduce. Real torchrun, 3 ranks, one stage of 3 replicas, on a fabric
-file whose ranks 0 and 2 are joined by a slow link only (the packing routes around it)."""
+file whose ranks 0 and 2 are joined by a slow link only (the packing routes around it), and on the
+fabric a probe measures at start."""
 
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def test_packed_trees_train_to_the_plain_all_reduce_parameters(tmp_path: Path) -
     assert start["features"]["sync"] == "on" and start["features"]["collective"] == "trees"
     assert start["live_sync"]["reducer_runs"] > 0  # the scheduler's messages went through the trees
     assert max_relative_difference(synced, plain) <= 1e-5
-    flat, start = run(tmp_path / "trees_plain", trees)  # the executor's one flat message
+    probed = 'collective = "trees"\ntopology = "probe"'  # the fabric measured at start
+    flat, start = run(tmp_path / "trees_plain", probed)  # the executor's one flat message
     assert start["features"]["sync"] == "off" and start["features"]["collective"] == "trees"
     assert max_relative_difference(flat, plain) <= 1e-5
 

@@ -8,7 +8,8 @@ the messages of each directed pair, across calls, and uses the number as the glo
 ignores tags, matches by order, and the steps' ops go out together (``batch_isend_irecv``, one NCCL
 group) so that a cycle of sends within a step cannot deadlock. Empty chunks send nothing, on both
 ends alike. The result is in place, as ``dist.all_reduce``: every rank's tensor for all_reduce
-and broadcast, the root's for reduce (other ranks' tensors then hold partial sums, as gloo's do).
+and broadcast, the root's for reduce (other ranks' tensors are left with partial sums: only the
+root's result is defined, as with ``dist.reduce``).
 
 Device-aware like ``comm``: messages live on the group's wire device (the current GPU under NCCL,
 the CPU under gloo); a tensor elsewhere is copied there and back. With a ``PacedFabric`` (gloo
