@@ -3,8 +3,8 @@
 1. Fragmented DGX-1 allocations (simulated): every set of 3-7 of a DGX-1V's 8 GPUs a scheduler
    could hand out (``--quick``: 6 of each size, drawn with a fixed seed), a 64 MB all-reduce (16 MB
    in ``--quick``) of our packed trees (rooted at the allocation's first GPU, 4 trees at most) vs
-   the ring whose slowest hop is fastest (NCCL's choice of
-   one ring; one channel), both predicted by ``simulate`` on the allocation's ``fabrics.dgx1``;
+   the ring whose slowest hop is fastest (NCCL's choice of one ring; one channel), both predicted
+   by ``simulate`` on the allocation's ``fabrics.dgx1``;
    NCCL's double binary tree is shown beside them. ``sim_vs_ring_fragmented`` = the median over
    allocations of ring time / trees time (target >= 2).
 2. RAIL (simulated): 8 machines of 4 GPUs, every machine pair joined by optics through 100 Gb/s
