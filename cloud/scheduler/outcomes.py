@@ -2,6 +2,8 @@
 
     jct            job completion time: finished_at - submitted_at
     queueing delay first start - submission
+    waiting        JCT - time holding devices (attained service / devices): all the time a job
+                   spent queued or preempted, not only before its first start
     makespan       last finish - first submission
     utilisation    device-seconds held by jobs / (devices x makespan); ``useful`` counts only the
                    time jobs made progress (restart overhead excluded); ``while_arriving`` is over
@@ -68,6 +70,7 @@ def summarize(record: RunRecord) -> dict[str, float]:
     done = [j for j in jobs if j.status == "done" and j.finished_at is not None and j.started_at is not None]
     jct = [j.finished_at - j.submitted_at for j in done if j.finished_at is not None]
     queueing = [j.started_at - j.submitted_at for j in done if j.started_at is not None]
+    waiting = [t - j.attained_service / j.devices for t, j in zip(jct, done, strict=True)]
     start = min((j.submitted_at for j in jobs), default=0.0)
     end = max((j.finished_at for j in done if j.finished_at is not None), default=start)
     makespan = end - start
@@ -93,6 +96,7 @@ def summarize(record: RunRecord) -> dict[str, float]:
         ),
         "avg_queueing_s": mean(queueing),
         "p95_queueing_s": percentile(queueing, 95),
+        "avg_waiting_s": mean(waiting),
         "avg_ftf_rho": mean(rho),
         "max_ftf_rho": max(rho, default=math.nan),
         "preemptions": float(sum(j.preemptions for j in jobs)),

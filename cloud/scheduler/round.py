@@ -4,11 +4,12 @@
 the backend applies it (``backend.apply``). The walk over the policy's order:
 
 - a running job ranked here keeps its devices, unless the policy names generations it is not on
-  and room there exists: then it migrates (preempt + start in the same plan);
+  and room there can be had: then it migrates (preempt + start in the same plan);
 - a waiting job is placed on free devices (on the generations the policy names, in its order of
   preference); failing that, a preemptive policy frees devices of running jobs ranked below it,
-  lowest first, and gives back any it did not need; a policy without backfill stops starting jobs
-  at the first that does not fit (head of line).
+  lowest first, and gives back any it did not need (a job so preempted may restart later in the
+  walk if room for it remains elsewhere); a policy without backfill stops starting jobs at the
+  first that does not fit (head of line).
 
 Invariant: the plan passes ``decision.validate`` and never preempts a job ranked above one it starts.
 """
@@ -132,20 +133,22 @@ class _Walk:
 
     def _visit(self, index: int, rank: Rank) -> QueueEntry:
         job = self.jobs[rank.job_id]
-        if job.job_id in self.preempted:
-            return QueueEntry(
-                job.job_id, index, "waiting", f"{rank.reason}; preempted for {self.preempted[job.job_id]}"
-            )
-        if job.status == "running":
+        if job.status == "running" and job.job_id not in self.preempted:
             return self._keep_or_migrate(index, rank, job)
         if self.head_of_line is not None:
             return QueueEntry(job.job_id, index, "waiting", f"{rank.reason}; behind {self.head_of_line}")
         nodes = self._place(job, rank, self.trial)
-        if nodes is None and self.s.policy.preemptive:
-            nodes = self._make_room(index, rank, job)
+        if nodes is None and self.s.policy.preemptive and job.job_id not in self.preempted:
+            room = self._make_room(index, rank, job, self.trial)
+            if room is not None:
+                nodes, self.trial = room
         if nodes is None:
             if not self.s.policy.backfill:
                 self.head_of_line = job.job_id
+            if job.job_id in self.preempted:
+                return QueueEntry(
+                    job.job_id, index, "waiting", f"{rank.reason}; preempted for {self.preempted[job.job_id]}"
+                )
             where = f" on {'/'.join(rank.generations)}" if rank.generations else ""
             return QueueEntry(
                 job.job_id, index, "waiting", f"{rank.reason}; no room for {job.devices}{where}"
@@ -155,17 +158,24 @@ class _Walk:
         return QueueEntry(job.job_id, index, "starting", rank.reason)
 
     def _keep_or_migrate(self, index: int, rank: Rank, job: JobState) -> QueueEntry:
+        """Keep a running job where it is, unless the policy wants it on other generations and
+        room there can be had (from free devices, or from running jobs ranked below it)."""
         current = self.trial.generations_of(job.placement)
         if not rank.generations or set(current) <= set(rank.generations):
             return QueueEntry(job.job_id, index, "running", rank.reason)
         moved = self.trial.copy()
         moved.release(job.job_id)
         nodes = self._place(job, rank, moved)
+        if nodes is None and self.s.policy.preemptive:
+            room = self._make_room(index, rank, job, moved)
+            if room is not None:
+                nodes, moved = room
         if nodes is None:
             return QueueEntry(job.job_id, index, "running", f"{rank.reason}; stays on {'/'.join(current)}")
         moved.allocate(job.job_id, nodes)
         self.trial = moved
         reason = f"migrate to {'/'.join(self.trial.generations_of(nodes))}: {rank.reason}"
+        self.preempted[job.job_id] = job.job_id
         self.decisions += [Preempt(job.job_id, reason), Start(job.job_id, nodes, reason)]
         return QueueEntry(job.job_id, index, "starting", reason)
 
@@ -176,10 +186,14 @@ class _Walk:
                 return nodes
         return None
 
-    def _make_room(self, index: int, rank: Rank, job: JobState) -> tuple[str, ...] | None:
+    def _make_room(
+        self, index: int, rank: Rank, job: JobState, base: ClusterState
+    ) -> tuple[tuple[str, ...], ClusterState] | None:
+        """Preempt running jobs ranked below ``index`` (lowest first, then give back those not
+        needed) until ``job`` fits on ``base``; the placement and the cluster after, or None."""
         below = [r.job_id for r in self.ranking[index + 1 :]]
         victims = [v for v in reversed(below) if self.jobs[v].status == "running" and v not in self.preempted]
-        trial, taken = self.trial.copy(), []
+        trial, taken = base.copy(), []
         for victim in victims:
             taken.append((victim, trial.release(victim)))
             if self._place(job, rank, trial) is not None:
@@ -192,13 +206,14 @@ class _Walk:
             if self._place(job, rank, spare) is not None:
                 trial = spare
                 taken.remove((victim, placement))
-        self.trial = trial
         for victim, _ in taken:
             self.preempted[victim] = job.job_id
             self.decisions.append(
                 Preempt(victim, f"{self.s.policy.name}: {job.job_id} ranks higher ({rank.reason})")
             )
-        return self._place(job, rank, trial)
+        nodes = self._place(job, rank, trial)
+        assert nodes is not None  # it fitted with these victims gone
+        return nodes, trial
 
 
 def _check_consistent(cluster: ClusterState, jobs: Sequence[JobState]) -> None:

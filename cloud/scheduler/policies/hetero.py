@@ -3,12 +3,18 @@
 Who runs is LAS's answer: jobs by least attained service, taken while their demand fits in the
 cluster's devices (the round's run set). Where they run is the heterogeneity-aware part: each
 generation, fastest first, goes to the run-set jobs with the highest relative speedup there
-(``assign_generations``: a greedy allocation matrix with one generation per job per round, which
-maximises the sum of normalised throughput when jobs have equal demands). Speeds are the jobs'
-measured throughputs per generation (``JobState.throughput``); a job with none measured has no
-preference. A running job's current generation scores ``stay_bonus`` x higher, so that a job
-migrates (restart cost) only for a clear gain. Waiting jobs fall back to other generations, fastest
-for them first, rather than wait for their assigned one; running jobs migrate to it when it has room.
+(``assign_generations``: a greedy allocation matrix with one generation per job per round; with
+two generations and equal demands it maximises the sum of throughputs normalised to each job's
+slowest generation). Speeds are the jobs' measured throughputs per generation
+(``JobState.throughput``); a job with none measured has no preference. A running job's current
+generation scores ``stay_bonus`` x higher and it moves to a faster one only for at least that
+speedup, so that it migrates (restart cost) for a clear gain. Waiting jobs fall back to other
+generations, fastest for them first, rather than wait for their assigned one; running jobs
+migrate to it when it has room.
+
+What it leaves out of Gavel: the allocation is not an LP over time fractions (no solver here),
+and there is no space sharing; one generation per job per round, the round mechanism doing the
+time sharing.
 """
 
 from __future__ import annotations
@@ -36,7 +42,9 @@ def assign_generations(
 ) -> dict[str, str]:
     """Job id -> generation. Generations are filled fastest first (mean relative speed over
     ``jobs``); each takes, while its devices last, the jobs whose speed there over their best
-    speed on the generations still to come is highest. The slowest takes the rest."""
+    speed on the generations still to come is highest. The slowest takes the rest. A running job
+    (``current``: its generation) scores ``stay_bonus`` x higher where it is, and moves to a
+    faster generation only for a speedup of at least ``stay_bonus``."""
     speeds = {j.job_id: relative_speeds(j, list(capacity)) for j in jobs}
     order = sorted(capacity, key=lambda g: -sum(s[g] for s in speeds.values()))
     assigned: dict[str, str] = {}
@@ -47,9 +55,13 @@ def assign_generations(
             bonus = stay_bonus if current.get(job.job_id) == g else 1.0
             return bonus * speeds[job.job_id][g] / max(speeds[job.job_id][h] for h in later)
 
+        def worth_moving(job: JobState, g: str = generation) -> bool:
+            now_on = current.get(job.job_id, g)
+            return now_on == g or speeds[job.job_id][g] >= stay_bonus * speeds[job.job_id][now_on]
+
         free = capacity[generation]
         for job in sorted((j for j in jobs if j.job_id not in assigned), key=advantage, reverse=True):
-            if job.devices <= free:
+            if job.devices <= free and worth_moving(job):
                 assigned[job.job_id] = generation
                 free -= job.devices
     return assigned | {j.job_id: order[-1] for j in jobs if j.job_id not in assigned}
