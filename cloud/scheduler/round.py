@@ -5,11 +5,11 @@ the backend applies it (``backend.apply``). The walk over the policy's order:
 
 - a running job ranked here keeps its devices, unless the policy names generations it is not on
   and room there can be had: then it migrates (preempt + start in the same plan);
-- a waiting job is placed on free devices (on the generations the policy names, in its order of
-  preference); failing that, a preemptive policy frees devices of running jobs ranked below it,
-  lowest first, and gives back any it did not need (a job so preempted may restart later in the
-  walk if room for it remains elsewhere); a policy without backfill stops starting jobs at the
-  first that does not fit (head of line).
+- a waiting job is placed generation by generation in the policy's order of preference (any
+  node when it names none): on free devices, failing that (preemptive policies) on devices of
+  running jobs ranked below it, freed lowest first, giving back any it did not need (a job so
+  preempted may restart later in the walk if room for it remains elsewhere); a policy without
+  backfill stops starting jobs at the first that does not fit (head of line).
 
 Invariant: the plan passes ``decision.validate`` and never preempts a job ranked above one it starts.
 """
@@ -137,11 +137,7 @@ class _Walk:
             return self._keep_or_migrate(index, rank, job)
         if self.head_of_line is not None:
             return QueueEntry(job.job_id, index, "waiting", f"{rank.reason}; behind {self.head_of_line}")
-        nodes = self._place(job, rank, self.trial)
-        if nodes is None and self.s.policy.preemptive and job.job_id not in self.preempted:
-            room = self._make_room(index, rank, job, self.trial)
-            if room is not None:
-                nodes, self.trial = room
+        nodes = self._find_room(index, rank, job, self.trial, may_preempt=job.job_id not in self.preempted)
         if nodes is None:
             if not self.s.policy.backfill:
                 self.head_of_line = job.job_id
@@ -165,29 +161,39 @@ class _Walk:
             return QueueEntry(job.job_id, index, "running", rank.reason)
         moved = self.trial.copy()
         moved.release(job.job_id)
-        nodes = self._place(job, rank, moved)
-        if nodes is None and self.s.policy.preemptive:
-            room = self._make_room(index, rank, job, moved)
-            if room is not None:
-                nodes, moved = room
+        nodes = self._find_room(index, rank, job, moved, may_preempt=True)
         if nodes is None:
             return QueueEntry(job.job_id, index, "running", f"{rank.reason}; stays on {'/'.join(current)}")
-        moved.allocate(job.job_id, nodes)
-        self.trial = moved
+        self.trial.allocate(job.job_id, nodes)
         reason = f"migrate to {'/'.join(self.trial.generations_of(nodes))}: {rank.reason}"
         self.preempted[job.job_id] = job.job_id
         self.decisions += [Preempt(job.job_id, reason), Start(job.job_id, nodes, reason)]
         return QueueEntry(job.job_id, index, "starting", reason)
 
-    def _place(self, job: JobState, rank: Rank, cluster: ClusterState) -> tuple[str, ...] | None:
+    def _find_room(
+        self, index: int, rank: Rank, job: JobState, base: ClusterState, may_preempt: bool
+    ) -> tuple[str, ...] | None:
+        """Place ``job`` on ``base``, generation by generation in the policy's preference, each
+        from free devices first and then (``may_preempt``, preemptive policy) from running jobs
+        ranked below it; on success ``self.trial`` becomes the cluster after it (not yet holding
+        ``job``)."""
         for generation in rank.generations or (None,):
-            nodes = self.s.placement.place(job, cluster, self.s.allowed(job, generation))
+            nodes = self._place(job, generation, base)
             if nodes is not None:
+                self.trial = base
                 return nodes
+            if may_preempt and self.s.policy.preemptive:
+                room = self._make_room(index, rank, job, generation, base)
+                if room is not None:
+                    nodes, self.trial = room
+                    return nodes
         return None
 
+    def _place(self, job: JobState, generation: str | None, cluster: ClusterState) -> tuple[str, ...] | None:
+        return self.s.placement.place(job, cluster, self.s.allowed(job, generation))
+
     def _make_room(
-        self, index: int, rank: Rank, job: JobState, base: ClusterState
+        self, index: int, rank: Rank, job: JobState, generation: str | None, base: ClusterState
     ) -> tuple[tuple[str, ...], ClusterState] | None:
         """Preempt running jobs ranked below ``index`` (lowest first, then give back those not
         needed) until ``job`` fits on ``base``; the placement and the cluster after, or None."""
@@ -196,22 +202,20 @@ class _Walk:
         trial, taken = base.copy(), []
         for victim in victims:
             taken.append((victim, trial.release(victim)))
-            if self._place(job, rank, trial) is not None:
+            if self._place(job, generation, trial) is not None:
                 break
         else:
             return None
         for victim, placement in list(reversed(taken))[1:]:  # give back what was not needed
             spare = trial.copy()
             spare.allocate(victim, placement)
-            if self._place(job, rank, spare) is not None:
+            if self._place(job, generation, spare) is not None:
                 trial = spare
                 taken.remove((victim, placement))
         for victim, _ in taken:
             self.preempted[victim] = job.job_id
-            self.decisions.append(
-                Preempt(victim, f"{self.s.policy.name}: {job.job_id} ranks higher ({rank.reason})")
-            )
-        nodes = self._place(job, rank, trial)
+            self.decisions.append(Preempt(victim, f"{job.job_id} ranks higher: {rank.reason}"))
+        nodes = self._place(job, generation, trial)
         assert nodes is not None  # it fitted with these victims gone
         return nodes, trial
 
