@@ -134,3 +134,19 @@ def test_assign_generations_fills_the_fast_generation_by_speedup_within_its_devi
     assert assign_generations(jobs[:1], {"old": 1, "new": 1}, current={"a": "old"}, stay_bonus=1.4) == {
         "a": "new"
     }
+
+
+def test_hetero_takes_the_fast_generation_from_a_lower_ranked_job_rather_than_settle() -> None:
+    c = cluster(("old0", 4, "old"), ("new0", 4, "new"))
+    long = running(
+        job("long", devices=4, steps=10_000, throughput={"old": 1.0, "new": 2.0}), c, ("new0",) * 4
+    )
+    long.progress(600.0, 1200.0, "new")
+    short = job("short", devices=4, at=500.0, throughput={"old": 1.0, "new": 3.0})
+    mid = job("mid", devices=2, at=550.0, throughput={"old": 1.0, "new": 1.2})
+    plan = Scheduler.from_names(policy="hetero").round(c, [long, short, mid], now=600.0)
+    assert preempts(plan) == ["long"]
+    assert sorted(starts(plan)) == [("mid", ("old0", "old0")), ("short", ("new0",) * 4)]
+    # LAS, blind to speed, puts the 3x job on the old generation.
+    las = Scheduler.from_names(policy="las").round(c, [long, short, mid], now=600.0)
+    assert ("short", ("old0",) * 4) in starts(las)
