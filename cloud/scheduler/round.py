@@ -127,6 +127,8 @@ class _Walk:
         self.decisions: list[Decision] = []
         self.preempted: dict[str, str] = {}  # victim -> the job it made room for
         self.head_of_line: str | None = None
+        self.position = {r.job_id: i for i, r in enumerate(ranking)}
+        self.running = [r.job_id for r in ranking if jobs[r.job_id].status == "running"]  # in rank order
 
     def run(self) -> list[QueueEntry]:
         return [self._visit(index, rank) for index, rank in enumerate(self.ranking)]
@@ -197,8 +199,12 @@ class _Walk:
     ) -> tuple[tuple[str, ...], ClusterState] | None:
         """Preempt running jobs ranked below ``index`` (lowest first, then give back those not
         needed) until ``job`` fits on ``base``; the placement and the cluster after, or None."""
-        below = [r.job_id for r in self.ranking[index + 1 :]]
-        victims = [v for v in reversed(below) if self.jobs[v].status == "running" and v not in self.preempted]
+        victims = [v for v in reversed(self.running) if self.position[v] > index and v not in self.preempted]
+        everything = base.copy()
+        for victim in victims:
+            everything.release(victim)
+        if self._place(job, generation, everything) is None:
+            return None  # not even with every candidate gone: spare the search
         trial, taken = base.copy(), []
         for victim in victims:
             taken.append((victim, trial.release(victim)))

@@ -53,6 +53,8 @@ class Simulation:
         self.jobs: dict[str, JobState] = {}
         self.clock = 0.0
         self.ready_at: dict[str, float] = {}  # running job -> when its restart overhead ends
+        self.speed: dict[str, tuple[float, str]] = {}  # running job -> (steps/s, generation) where placed
+        self.live: dict[str, JobState] = {}  # jobs arrived and not done or refused
         self.busy = self.useful = 0.0
         self.active_area = 0.0  # integral over time of the number of active jobs
         self.marks: dict[str, tuple[float, float]] = {}
@@ -68,16 +70,24 @@ class Simulation:
     def refuse(self, job_id: str, reason: str) -> None:
         self.jobs[job_id].refuse(self.clock, reason)
         self._close_mark(job_id)
+        del self.live[job_id]
 
     def preempt(self, job_id: str) -> None:
         self.jobs[job_id].preempt(self.clock)
         self.cluster.release(job_id)
         self.ready_at.pop(job_id, None)
+        self.speed.pop(job_id, None)
 
     def launch(self, job_id: str, nodes: tuple[str, ...]) -> None:
         self.cluster.allocate(job_id, nodes)
-        self.jobs[job_id].start(self.clock, nodes)
+        job = self.jobs[job_id]
+        job.start(self.clock, nodes)
         self.ready_at[job_id] = self.clock + self.config.restart_overhead_s
+        generations = self.cluster.generations_of(nodes)
+        rate = job.rate_on(generations)
+        if rate is None:
+            raise ValueError(f"sim: job {job_id!r} has no throughput in the trace")
+        self.speed[job_id] = (rate, generations[0])
 
     # -- the event loop ----------------------------------------------------------------------------
     def run(self) -> RunRecord:
@@ -103,8 +113,7 @@ class Simulation:
             if tick:
                 next_tick = t + self.config.round_s
             if tick or (event and self.config.rounds_on_events):
-                jobs = list(self.jobs.values())
-                plan = self.scheduler.round(self.cluster, [j for j in jobs if j.active], t)
+                plan = self.scheduler.round(self.cluster, list(self.live.values()), t)
                 apply(plan, self, self.cluster, self.jobs)
                 rounds += 1
         return RunRecord(
@@ -120,16 +129,13 @@ class Simulation:
         )
 
     def _active(self) -> bool:
-        return any(j.active for j in self.jobs.values())
+        return bool(self.live)
 
     def _running(self) -> list[JobState]:
         return [self.jobs[job_id] for job_id in self.ready_at]
 
     def _rate(self, job: JobState) -> float:
-        rate = job.rate_on(self.cluster.generations_of(job.placement))
-        if rate is None:
-            raise ValueError(f"sim: job {job.job_id!r} has no throughput in the trace")
-        return rate
+        return self.speed[job.job_id][0]
 
     def _next_completion(self) -> float:
         ends = [
@@ -142,11 +148,11 @@ class Simulation:
         dt = t - self.clock
         if dt < 0:
             raise AssertionError(f"sim: time went back from {self.clock} to {t}")
-        self.active_area += dt * sum(1 for j in self.jobs.values() if j.active)
+        self.active_area += dt * len(self.live)
         for job in self._running():
             working = max(0.0, t - max(self.clock, self.ready_at[job.job_id]))
-            generation = self.cluster.generations_of(job.placement)[0]
-            job.progress(dt, working * self._rate(job), generation)
+            rate, generation = self.speed[job.job_id]
+            job.progress(dt, working * rate, generation)
             self.busy += dt * job.devices
             self.useful += working * job.devices
         self.clock = t
@@ -161,8 +167,9 @@ class Simulation:
         for job in done:
             job.finish(self.clock)
             self.cluster.release(job.job_id)
-            del self.ready_at[job.job_id]
+            del self.ready_at[job.job_id], self.speed[job.job_id]
             self._close_mark(job.job_id)
+            del self.live[job.job_id]
         return bool(done)
 
     def _arrive(self, spec: TraceJob) -> None:
@@ -176,6 +183,7 @@ class Simulation:
             spec.kind,
         )
         self.jobs[job.job_id] = job
+        self.live[job.job_id] = job
         self.marks[job.job_id] = (self.active_area, math.nan)
 
     def _close_mark(self, job_id: str) -> None:
