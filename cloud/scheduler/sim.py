@@ -4,7 +4,11 @@ Events are arrivals, completions and round ticks (every ``round_s`` while jobs a
 ``rounds_on_events`` a round also runs at each arrival and completion, as cloudd does. A job
 (re)started pays ``restart_overhead_s`` holding its devices before it makes progress (loading its
 checkpoint, rendezvous), then runs at ``JobState.rate_on`` of its placement's generations: the
-slowest of them. ``Simulation.run`` returns the jobs and the device-time accounting
+slowest of them; after its last step it holds them ``finish_overhead_s`` more (export) before it
+is done. As in cloudd, ``min_run_s`` is a run's lease term: a preemption of a run that has made
+progress for less than that is not carried out (counted ``deferred_preemptions``; a later round
+decides again), nor is a preemption of a job past its last step, and a start whose devices are
+still held waits for a later round. ``Simulation.run`` returns the jobs and the device-time accounting
 (``outcomes.RunRecord``) that ``outcomes.summarize`` turns into the report.
 
 Invariant: at every instant the devices held never exceed the cluster's (``ClusterState``
@@ -18,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cloud.scheduler.backend import apply
-from cloud.scheduler.cluster import ClusterState, Node
+from cloud.scheduler.cluster import ClusterState, Node, devices_per_node
 from cloud.scheduler.jobs import JobState
 from cloud.scheduler.outcomes import RunRecord
 from cloud.scheduler.round import Scheduler
@@ -32,13 +36,16 @@ class SimConfig:
     round_s: float = 300.0
     restart_overhead_s: float = 30.0
     rounds_on_events: bool = True
+    finish_overhead_s: float = 0.0
+    min_run_s: float = 0.0
     max_rounds: int = 10_000_000  # a policy that never finishes the trace is an error, not a hang
 
     def __post_init__(self) -> None:
         if not self.round_s > 0:
             raise ValueError(f"sim.round_s: {self.round_s}; must be > 0")
-        if self.restart_overhead_s < 0:
-            raise ValueError(f"sim.restart_overhead_s: {self.restart_overhead_s}; must be >= 0")
+        for name in ("restart_overhead_s", "finish_overhead_s", "min_run_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"sim.{name}: {getattr(self, name)}; must be >= 0")
 
 
 class Simulation:
@@ -55,6 +62,8 @@ class Simulation:
         self.ready_at: dict[str, float] = {}  # running job -> when its restart overhead ends
         self.speed: dict[str, tuple[float, str]] = {}  # running job -> (steps/s, generation) where placed
         self.live: dict[str, JobState] = {}  # jobs arrived and not done or refused
+        self.tail_until: dict[str, float] = {}  # running job past its last step -> when it is done
+        self.deferred = 0  # preemptions not carried out (lease term, or past the last step)
         self.busy = self.useful = 0.0
         self.active_area = 0.0  # integral over time of the number of active jobs
         self.marks: dict[str, tuple[float, float]] = {}
@@ -73,14 +82,20 @@ class Simulation:
         del self.live[job_id]
 
     def preempt(self, job_id: str) -> None:
+        if job_id in self.tail_until or self.clock - self.ready_at[job_id] < self.config.min_run_s:
+            self.deferred += 1
+            return
         self.jobs[job_id].preempt(self.clock)
         self.cluster.release(job_id)
         self.ready_at.pop(job_id, None)
         self.speed.pop(job_id, None)
 
     def launch(self, job_id: str, nodes: tuple[str, ...]) -> None:
-        self.cluster.allocate(job_id, nodes)
         job = self.jobs[job_id]
+        wanted = devices_per_node(nodes).items()
+        if job.status == "running" or any(self.cluster.free_on(name) < n for name, n in wanted):
+            return  # its own or another's preemption was deferred: a later round decides again
+        self.cluster.allocate(job_id, nodes)
         job.start(self.clock, nodes)
         self.ready_at[job_id] = self.clock + self.config.restart_overhead_s
         generations = self.cluster.generations_of(nodes)
@@ -125,7 +140,7 @@ class Simulation:
             self.busy_at_last_arrival,
             self.pending[-1].submit_s if self.pending else 0.0,
             rounds,
-            self.scheduler.metrics.snapshot(),
+            self.scheduler.metrics.snapshot() | {"deferred_preemptions": float(self.deferred)},
         )
 
     def _active(self) -> bool:
@@ -138,8 +153,11 @@ class Simulation:
         return self.speed[job.job_id][0]
 
     def _next_completion(self) -> float:
+        """The next time a running job makes its last step or ends its finishing tail."""
         ends = [
-            max(self.clock, self.ready_at[j.job_id]) + j.remaining_steps / self._rate(j)
+            self.tail_until[j.job_id]
+            if j.job_id in self.tail_until
+            else max(self.clock, self.ready_at[j.job_id]) + j.remaining_steps / self._rate(j)
             for j in self._running()
         ]
         return min(ends, default=math.inf)
@@ -150,7 +168,11 @@ class Simulation:
             raise AssertionError(f"sim: time went back from {self.clock} to {t}")
         self.active_area += dt * len(self.live)
         for job in self._running():
-            working = max(0.0, t - max(self.clock, self.ready_at[job.job_id]))
+            working = (
+                0.0
+                if job.job_id in self.tail_until
+                else max(0.0, t - max(self.clock, self.ready_at[job.job_id]))
+            )
             rate, generation = self.speed[job.job_id]
             job.progress(dt, working * rate, generation)
             self.busy += dt * job.devices
@@ -158,13 +180,15 @@ class Simulation:
         self.clock = t
 
     def _complete(self) -> bool:
-        # Done when less than a microsecond of work is left: float steps never reach the total exactly.
-        done = [
-            j
-            for j in self._running()
-            if self.clock >= self.ready_at[j.job_id] and j.remaining_steps / self._rate(j) < 1e-6
-        ]
+        # Steps are over when less than a microsecond of work is left (float steps never reach the
+        # total exactly); the job is done once its finishing tail is over too.
+        for job in self._running():
+            over = self.clock >= self.ready_at[job.job_id] and job.remaining_steps / self._rate(job) < 1e-6
+            if over and job.job_id not in self.tail_until:
+                self.tail_until[job.job_id] = self.clock + self.config.finish_overhead_s
+        done = [j for j in self._running() if self.tail_until.get(j.job_id, math.inf) <= self.clock + _EPS]
         for job in done:
+            del self.tail_until[job.job_id]
             job.finish(self.clock)
             self.cluster.release(job.job_id)
             del self.ready_at[job.job_id], self.speed[job.job_id]

@@ -19,8 +19,14 @@ def two_jobs() -> list[TraceJob]:
     return [TraceJob("long", 0.0, 2, 1000, {"g": 1.0}), TraceJob("short", 50.0, 2, 10, {"g": 1.0})]
 
 
-def ends(policy: str, overhead: float) -> dict[str, float | None]:
-    config = SimConfig(round_s=1000.0, restart_overhead_s=overhead)
+def ends(
+    policy: str,
+    overhead: float,
+    round_s: float = 1000.0,
+    min_run_s: float = 0.0,
+    finish_overhead_s: float = 0.0,
+) -> dict[str, float | None]:
+    config = SimConfig(round_s, overhead, min_run_s=min_run_s, finish_overhead_s=finish_overhead_s)
     record = simulate(ONE_NODE, two_jobs(), Scheduler.from_names(policy=policy), config)
     return {j.job_id: j.finished_at for j in record.jobs}
 
@@ -32,6 +38,13 @@ def test_las_lets_the_short_job_through_and_fifo_makes_it_wait() -> None:
     assert ends("las", 5.0) == pytest.approx({"short": 65.0, "long": 70.0 + 955.0})
     # FIFO: in submission order.
     assert ends("fifo", 0.0) == pytest.approx({"long": 1000.0, "short": 1010.0})
+
+
+def test_the_lease_term_defers_a_preemption_and_the_finishing_tail_holds_the_devices() -> None:
+    # Lease term 100 s, rounds every 10 s: short arrives at 50, but long is preempted only at 100.
+    assert ends("las", 0.0, round_s=10.0, min_run_s=100.0) == pytest.approx({"short": 110.0, "long": 1010.0})
+    # A 7 s tail after the last step: long is done at 1007, short starts then and is done at 1024.
+    assert ends("fifo", 0.0, finish_overhead_s=7.0) == pytest.approx({"long": 1007.0, "short": 1024.0})
 
 
 def test_a_job_spread_over_generations_runs_at_the_slowest() -> None:
