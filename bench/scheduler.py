@@ -18,6 +18,10 @@ Ratios (each baseline measured in the same run; JCT inverted so that higher is b
                                 absent, with the reason printed, when no real-mode record exists
     sim_vs_real_jct_error_steps_only  the same with steps / throughput only (no startup, no tail)
 
+The real-mode record comes from ``bench._scheduler_real.measure_real`` (minutes); ``--quick``
+reads the one ``python -m bench._scheduler_real`` last wrote to bench/results/scheduler_real.json
+when it exists.
+
     python -m bench.scheduler [--quick] [--seed N]   -> bench/results/scheduler.json
 """
 
@@ -56,17 +60,22 @@ METRICS = (
 
 
 def real_record(quick: bool) -> tuple[dict[str, Any] | None, str]:
-    """The real-mode record, and where it came from (or why there is none)."""
+    """The real-mode record and where it came from (or why there is none). Real mode takes minutes
+    (six torchrun jobs and their restarts), so ``--quick`` reads the record its last run wrote
+    (``python -m bench._scheduler_real``) when there is one; otherwise it is measured now."""
+    path = RESULTS / "scheduler_real.json"
+    if quick and path.exists():
+        return json.loads(path.read_text()), str(path)
     try:
         module = importlib.import_module("bench._scheduler_real")
     except ModuleNotFoundError:
-        path = RESULTS / "scheduler_real.json"
         if path.exists():
             return json.loads(path.read_text()), str(path)
         return (
             None,
             "no bench/_scheduler_real.py and no bench/results/scheduler_real.json (real mode not wired yet)",
         )
+    print("measuring real mode (bench._scheduler_real.measure_real): minutes")
     return module.measure_real(quick), "bench._scheduler_real.measure_real"
 
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import pytest
 
-from cloud.scheduler.cluster import Node
+from cloud.scheduler.cluster import ClusterState, Node
+from cloud.scheduler.decision import RoundPlan
+from cloud.scheduler.jobs import JobState
 from cloud.scheduler.outcomes import summarize
 from cloud.scheduler.round import Scheduler
 from cloud.scheduler.sim import SimConfig, Simulation, simulate
@@ -70,7 +73,21 @@ class CheckedSimulation(Simulation):
 def test_every_job_finishes_and_work_and_devices_are_conserved(policy: str) -> None:
     nodes = [Node("old0", 4, "old"), Node("old1", 4, "old"), Node("new0", 4, "new"), Node("new1", 4, "new")]
     trace = philly_like(60, capacity=16, seed=3, load=1.3, median_s=600.0, max_s=7200.0)
-    sim = CheckedSimulation(nodes, trace, Scheduler.from_names(policy=policy), SimConfig(round_s=120.0))
+    scheduler = Scheduler.from_names(policy=policy)
+    plain_round = scheduler.round
+
+    def checked_round(cluster: ClusterState, jobs: Sequence[JobState], now: float) -> RoundPlan:
+        plan = plain_round(cluster, jobs, now)
+        started = {d.job_id for d in plan.starts}
+        for victim in (d.job_id for d in plan.preempts if d.job_id not in started):  # not a migration
+            position = plan.position(victim)
+            assert position is not None and any(
+                position.position > plan.position(s).position for s in started
+            )  # type: ignore[union-attr]
+        return plan
+
+    scheduler.round = checked_round  # type: ignore[method-assign]
+    sim = CheckedSimulation(nodes, trace, scheduler, SimConfig(round_s=120.0))
     record = sim.run()
     assert all(j.status == "done" and j.steps_done == j.total_steps for j in record.jobs)
     assert len(record.jobs) == len(trace)
