@@ -1,0 +1,15 @@
+"""Scheduling policies: one file each, and the registry that names them.
+
+A new policy is a ``Policy`` subclass in its own file plus one entry in ``POLICIES``
+(docs/scheduler.md, "Writing a policy").
+"""
+
+from __future__ import annotations
+
+from cloud.scheduler.policies.base import Policy, Rank
+from cloud.scheduler.policies.fifo import Fifo
+from cloud.scheduler.policies.las import Las
+
+POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (Fifo, Las)}
+
+__all__ = ["POLICIES", "Policy", "Rank"]
