@@ -33,6 +33,7 @@ from cloud.api.auth import operator_refusal
 from cloud.api.context import CONFIG, JOBS, REGISTRY, UPLOADS
 from cloud.api.errors import reject
 from cloud.jobs.manager import JobManager, JobNotFound, QueueFull
+from cloud.jobs.scheduling import scheduler_settings
 from cloud.jobs.spec import JobSpec, SpecError, parse_spec
 from cloud.jobs.table import FINAL, JobRow
 from cloud.jobs.uploads import fits_loss
@@ -50,6 +51,7 @@ def setup(app: web.Application) -> None:
         max_running=config.max_running_jobs,
         max_queued=config.max_queued_jobs,
         gate=config.gate,
+        scheduler=config.scheduler or scheduler_settings(default_devices=config.max_job_nproc),
     )
     app.cleanup_ctx.append(_manager_lifetime)
     app.on_shutdown.append(_close_streams)
@@ -90,6 +92,7 @@ async def post_job(request: web.Request) -> web.Response:
     try:
         spec = parse_spec(body, max_nproc=request.app[CONFIG].max_job_nproc, upload_exists=_uploads(request))
         _check_upload_fits(request, spec)
+        _check_fits_a_placement(manager, spec)
     except SpecError as exc:
         return reject(request, 400, "invalid_spec", str(exc))
     try:
@@ -111,6 +114,14 @@ def _check_upload_fits(request: web.Request, spec: JobSpec) -> None:
         raise SpecError(f"dataset: upload {spec.upload!r}: {why}")
 
 
+def _check_fits_a_placement(manager: JobManager, spec: JobSpec) -> None:
+    """A job larger than the whole cluster would wait forever: refused now."""
+    if spec.nproc > manager.settings.devices:
+        raise SpecError(
+            f"nproc: {spec.nproc} > the {manager.settings.devices} devices of this cloudd's nodes (--nodes)"
+        )
+
+
 def job_limits(app: web.Application) -> dict[str, int]:
     """What cloudd enforces on jobs; the dashboard's form and /v1/status show these very numbers."""
     config = app[CONFIG]
@@ -130,6 +141,10 @@ async def list_jobs(request: web.Request) -> web.Response:
             "jobs": [manager.summary(row) for row in manager.list()],
             "counts": manager.counts(),
             "limits": job_limits(request.app),
+            "scheduler": {
+                **manager.settings.describe(),
+                "metrics": manager.backend.scheduler.metrics.snapshot(),
+            },
         }
     )
 

@@ -12,7 +12,7 @@ the spec's ``pythonpath`` on PYTHONPATH (a model factory's folder). The torchrun
 
 Invariants: a run ends ``succeeded`` only after its model version is in the registry with its
 evaluation; it ends ``Preempted`` only when the trainer wrote its ``preempted`` line (after a
-complete checkpoint) or when the lease was revoked before torchrun started (nothing to save).
+complete checkpoint); the lease is revoked only while torchrun runs (``backend.TorchrunBackend``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud.jobs.events import JobEvents, tail_lines
-from cloud.jobs.spec import UPLOADED_DATASETS, JobSpec
+from cloud.jobs.spec import LEASE_FILE, UPLOADED_DATASETS, JobSpec
 from cloud.jobs.torchrun import launch_job, python_path
 from cloud.jobs.uploads import UploadedDatasets
 from cloud.registry import ModelRegistry
@@ -38,14 +38,13 @@ from models.artifact import ArtifactError, load_artifact
 
 STEP_DEADLINE_S = 600.0  # dataset build and export, each
 POLL_S = 0.25
-LEASE_FILE = "lease"  # in the job's folder; the job TOML's [preemption] lease names it
 
 
 class JobFailure(Exception):
     """A job step failed; the message says which and why."""
 
 
-class Preempted(Exception):  # noqa: N818 - an outcome, not an error
+class Preempted(Exception):
     """The run stopped because its lease was revoked; ``step`` is the checkpointed step."""
 
     def __init__(self, step: int) -> None:
@@ -65,6 +64,7 @@ class Run:
     proc: subprocess.Popen[bytes] | None = None
     revoked: bool = False
     steps: list[tuple[int, float]] = field(default_factory=list)  # (step, time) of its step lines
+    total_steps: int | None = None  # the trainer's start line says
 
     def revoke(self) -> None:
         """Take the lease back: the trainer stops at its next step boundary, checkpointed."""
@@ -161,7 +161,14 @@ class JobRunner:
         if from_gateways and not await asyncio.to_thread((workdir / "dataset.pt").exists):
             gateways = [arg for gw in spec.gateways for arg in ("--gateway", gw)]
             dataset = ["--kind", spec.dataset_name, "--data-dir", str(self.data_dir), "--out", str(workdir)]
-            command = [sys.executable, "-m", "cloud.jobs.datasets", *dataset, "--min-rows", str(spec.min_rows)]
+            command = [
+                sys.executable,
+                "-m",
+                "cloud.jobs.datasets",
+                *dataset,
+                "--min-rows",
+                str(spec.min_rows),
+            ]
             await self._step("dataset", [*command, *gateways], workdir, spec)
         upload_args = ["--upload", str(self.uploads.data_file(spec.upload))] if spec.upload else []
         prepare = [sys.executable, "-m", "cloud.jobs.prepare", "--workdir", str(workdir), *upload_args]
@@ -172,8 +179,6 @@ class JobRunner:
 
     async def _train(self, spec: JobSpec, run: Run, events: JobEvents) -> None:
         workdir = run.workdir
-        if run.revoked:  # revoked while the dataset or the job file was being prepared
-            raise Preempted(int(events.summary["step"] or 0))
         await asyncio.to_thread((workdir / LEASE_FILE).touch)
         run.proc = await asyncio.to_thread(
             launch_job, workdir / "job.toml", spec.nproc, workdir, pythonpath=spec.pythonpath
@@ -193,7 +198,16 @@ class JobRunner:
     ) -> dict[str, Any]:
         events.extend([{"event": "phase", "phase": "exporting", "time": self.clock()}])
         out = workdir / "artifact"
-        export = ["-m", "cloud.jobs.export", "--workdir", str(workdir), "--version", job_id, "--out", str(out)]
+        export = [
+            "-m",
+            "cloud.jobs.export",
+            "--workdir",
+            str(workdir),
+            "--version",
+            job_id,
+            "--out",
+            str(out),
+        ]
         await self._step("export", [sys.executable, *export], workdir, spec)
         try:
             artifact = await asyncio.to_thread(load_artifact, out)
@@ -227,7 +241,11 @@ class JobRunner:
             records, used = tail_lines(pending + chunk)
             pending = (pending + chunk)[used:]
             events.extend(records)
-            run.steps += [(r["step"], float(r["time"])) for r in records if r.get("event") == "step"]
+            for record in records:
+                if record.get("event") == "step":
+                    run.steps.append((int(record["step"]), float(record["time"])))
+                elif record.get("event") == "start":
+                    run.total_steps = int(record["total_steps"])
             if code is not None:
                 return code
             await asyncio.sleep(POLL_S)

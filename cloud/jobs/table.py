@@ -1,6 +1,7 @@
 """JobTable: every job cloudd was given, in SQLite at ``<data_dir>/jobs/jobs.sqlite``.
 
-A job moves ``queued -> running -> succeeded | failed | cancelled`` (or ``queued -> cancelled``);
+A job moves ``queued -> running -> succeeded | failed | cancelled`` (or ``queued -> cancelled``, or
+``queued -> failed`` when the scheduler's admission refuses it);
 a running job that cloudd was stopped under goes back to ``queued`` and resumes from its last
 complete checkpoint when cloudd starts again. A job the scheduler preempts moves ``running ->
 preempted`` (it waits in the queue again, its checkpoint on disk) and ``preempted -> running`` when
@@ -28,6 +29,7 @@ FINAL: frozenset[JobState] = frozenset({"succeeded", "failed", "cancelled"})
 _MOVES: set[tuple[JobState, JobState]] = {
     ("queued", "running"),
     ("queued", "cancelled"),
+    ("queued", "failed"),  # refused by the scheduler's admission
     ("running", "succeeded"),
     ("running", "failed"),
     ("running", "cancelled"),
