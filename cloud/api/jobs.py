@@ -2,9 +2,11 @@
 
     POST /v1/jobs                   body: a JobSpec as JSON (or TOML with Content-Type application/toml)
                                     201 the job | 400 invalid_spec | 429 queue_full
-    GET  /v1/jobs                   {"jobs": [job, ...], "counts": {...}, "limits": {...}}, oldest
-                                    first; limits: max_nproc, max_running, max_queued (what cloudd
-                                    enforces: --max-job-nproc, --max-running-jobs, --max-queued-jobs)
+    GET  /v1/jobs                   {"jobs": [job, ...], "counts": {...}, "limits": {...},
+                                    "scheduler": {...}}, oldest first; limits: max_nproc,
+                                    max_running, max_queued (what cloudd enforces: --max-job-nproc,
+                                    --max-running-jobs, --max-queued-jobs); scheduler: the policy,
+                                    placement, admission, nodes and the round counters
     GET  /v1/jobs/{job_id}          the job | 404 not_found
     POST /v1/jobs/{job_id}/cancel   the job, now cancelled | 409 already_finished
     GET  /v1/jobs/{job_id}/events   text/event-stream; ``?since=N`` or Last-Event-ID resumes
@@ -13,9 +15,11 @@ A job document is the ``JobTable`` row plus ``progress`` (step, total_steps, los
 samples_per_s, epoch), ``events`` (how many), ``phase`` (queued, starting, training, evaluating,
 exporting, or the final state), ``features`` (the start event's: compression, wire_codec, sync,
 balance, toggle, precision, device), ``live`` ({feature: the latest step's figures of it}),
-``elapsed_s`` and ``eta_s`` (``cloud.jobs.events``). Each server-sent event has ``id: <seq>``,
-``event: <kind>`` (start, step, eval, checkpoint, done, error, state, registered, ...) and
-``data: <the progress line as JSON>``; the stream ends with ``event: end`` once the job ended.
+``elapsed_s`` and ``eta_s`` (``cloud.jobs.events``), and ``schedule`` (queue position, the
+policy's reason, the last decision, preemptions, attained service: ``JobManager.summary``).
+Each server-sent event has ``id: <seq>``, ``event: <kind>`` (start, step, eval, checkpoint,
+done, preempted, error, state, registered, ...) and ``data: <the progress line as JSON>``; the
+stream ends with ``event: end`` once the job ended.
 
 Invariant: the manager is started after the store opens and stopped before it closes (it is
 the app's cleanup context appended after the store's), and every open event stream returns when
