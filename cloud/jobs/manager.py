@@ -242,7 +242,7 @@ class JobManager:
         while True:
             try:
                 self.backend.round()
-            except ValueError:  # a plan that must not run is a bug: log it, keep cloudd up
+            except Exception:  # a plan that must not run is a bug: log it, keep cloudd up
                 log.exception("scheduling round")
             await wait_event(self._wake, self.settings.round_interval_s)
             self._wake.clear()
