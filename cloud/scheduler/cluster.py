@@ -46,6 +46,7 @@ class ClusterState:
         self.nodes: tuple[Node, ...] = tuple(nodes)
         self._by_name = {n.name: n for n in nodes}
         self._held: dict[str, dict[str, int]] = {}  # job id -> node name -> devices
+        self._used: dict[str, int] = dict.fromkeys(names, 0)  # node name -> devices held (the sum of _held)
 
     def node(self, name: str) -> Node:
         try:
@@ -58,7 +59,8 @@ class ClusterState:
         return tuple(dict.fromkeys(n.generation for n in self.nodes))
 
     def used_on(self, name: str) -> int:
-        return sum(held.get(name, 0) for held in self._held.values())
+        self.node(name)
+        return self._used[name]
 
     def free_on(self, name: str) -> int:
         return self.node(name).devices - self.used_on(name)
@@ -95,16 +97,20 @@ class ClusterState:
                     f"allocate: job {job_id!r} wants {count} devices on {name!r}, {self.free_on(name)} free"
                 )
         self._held[job_id] = wanted
+        for name, count in wanted.items():
+            self._used[name] += count
 
     def release(self, job_id: str) -> tuple[str, ...]:
         """Free the job's devices; returns the placement it had (() if it held none)."""
         placement = self.placement_of(job_id)
-        self._held.pop(job_id, None)
+        for name, count in self._held.pop(job_id, {}).items():
+            self._used[name] -= count
         return placement
 
     def copy(self) -> ClusterState:
         twin = ClusterState(self.nodes)
         twin._held = {job: dict(held) for job, held in self._held.items()}
+        twin._used = dict(self._used)
         return twin
 
     def __repr__(self) -> str:

@@ -4,11 +4,12 @@
 the backend applies it (``backend.apply``). The walk over the policy's order:
 
 - a running job ranked here keeps its devices, unless the policy names generations it is not on
-  and room there exists: then it migrates (preempt + start in the same plan);
-- a waiting job is placed on free devices (on the generations the policy names, in its order of
-  preference); failing that, a preemptive policy frees devices of running jobs ranked below it,
-  lowest first, and gives back any it did not need; a policy without backfill stops starting jobs
-  at the first that does not fit (head of line).
+  and room there can be had: then it migrates (preempt + start in the same plan);
+- a waiting job is placed generation by generation in the policy's order of preference (any
+  node when it names none): on free devices, failing that (preemptive policies) on devices of
+  running jobs ranked below it, freed lowest first, giving back any it did not need (a job so
+  preempted may restart later in the walk if room for it remains elsewhere); a policy without
+  backfill stops starting jobs at the first that does not fit (head of line).
 
 Invariant: the plan passes ``decision.validate`` and never preempts a job ranked above one it starts.
 """
@@ -126,26 +127,26 @@ class _Walk:
         self.decisions: list[Decision] = []
         self.preempted: dict[str, str] = {}  # victim -> the job it made room for
         self.head_of_line: str | None = None
+        self.position = {r.job_id: i for i, r in enumerate(ranking)}
+        self.running = [r.job_id for r in ranking if jobs[r.job_id].status == "running"]  # in rank order
 
     def run(self) -> list[QueueEntry]:
         return [self._visit(index, rank) for index, rank in enumerate(self.ranking)]
 
     def _visit(self, index: int, rank: Rank) -> QueueEntry:
         job = self.jobs[rank.job_id]
-        if job.job_id in self.preempted:
-            return QueueEntry(
-                job.job_id, index, "waiting", f"{rank.reason}; preempted for {self.preempted[job.job_id]}"
-            )
-        if job.status == "running":
+        if job.status == "running" and job.job_id not in self.preempted:
             return self._keep_or_migrate(index, rank, job)
         if self.head_of_line is not None:
             return QueueEntry(job.job_id, index, "waiting", f"{rank.reason}; behind {self.head_of_line}")
-        nodes = self._place(job, rank, self.trial)
-        if nodes is None and self.s.policy.preemptive:
-            nodes = self._make_room(index, rank, job)
+        nodes = self._find_room(index, rank, job, self.trial, may_preempt=job.job_id not in self.preempted)
         if nodes is None:
             if not self.s.policy.backfill:
                 self.head_of_line = job.job_id
+            if job.job_id in self.preempted:
+                return QueueEntry(
+                    job.job_id, index, "waiting", f"{rank.reason}; preempted for {self.preempted[job.job_id]}"
+                )
             where = f" on {'/'.join(rank.generations)}" if rank.generations else ""
             return QueueEntry(
                 job.job_id, index, "waiting", f"{rank.reason}; no room for {job.devices}{where}"
@@ -155,50 +156,74 @@ class _Walk:
         return QueueEntry(job.job_id, index, "starting", rank.reason)
 
     def _keep_or_migrate(self, index: int, rank: Rank, job: JobState) -> QueueEntry:
+        """Keep a running job where it is, unless the policy wants it on other generations and
+        room there can be had (from free devices, or from running jobs ranked below it)."""
         current = self.trial.generations_of(job.placement)
         if not rank.generations or set(current) <= set(rank.generations):
             return QueueEntry(job.job_id, index, "running", rank.reason)
         moved = self.trial.copy()
         moved.release(job.job_id)
-        nodes = self._place(job, rank, moved)
+        nodes = self._find_room(index, rank, job, moved, may_preempt=True)
         if nodes is None:
             return QueueEntry(job.job_id, index, "running", f"{rank.reason}; stays on {'/'.join(current)}")
-        moved.allocate(job.job_id, nodes)
-        self.trial = moved
+        self.trial.allocate(job.job_id, nodes)
         reason = f"migrate to {'/'.join(self.trial.generations_of(nodes))}: {rank.reason}"
+        self.preempted[job.job_id] = job.job_id
         self.decisions += [Preempt(job.job_id, reason), Start(job.job_id, nodes, reason)]
         return QueueEntry(job.job_id, index, "starting", reason)
 
-    def _place(self, job: JobState, rank: Rank, cluster: ClusterState) -> tuple[str, ...] | None:
+    def _find_room(
+        self, index: int, rank: Rank, job: JobState, base: ClusterState, may_preempt: bool
+    ) -> tuple[str, ...] | None:
+        """Place ``job`` on ``base``, generation by generation in the policy's preference, each
+        from free devices first and then (``may_preempt``, preemptive policy) from running jobs
+        ranked below it; on success ``self.trial`` becomes the cluster after it (not yet holding
+        ``job``)."""
         for generation in rank.generations or (None,):
-            nodes = self.s.placement.place(job, cluster, self.s.allowed(job, generation))
+            nodes = self._place(job, generation, base)
             if nodes is not None:
+                self.trial = base
                 return nodes
+            if may_preempt and self.s.policy.preemptive:
+                room = self._make_room(index, rank, job, generation, base)
+                if room is not None:
+                    nodes, self.trial = room
+                    return nodes
         return None
 
-    def _make_room(self, index: int, rank: Rank, job: JobState) -> tuple[str, ...] | None:
-        below = [r.job_id for r in self.ranking[index + 1 :]]
-        victims = [v for v in reversed(below) if self.jobs[v].status == "running" and v not in self.preempted]
-        trial, taken = self.trial.copy(), []
+    def _place(self, job: JobState, generation: str | None, cluster: ClusterState) -> tuple[str, ...] | None:
+        return self.s.placement.place(job, cluster, self.s.allowed(job, generation))
+
+    def _make_room(
+        self, index: int, rank: Rank, job: JobState, generation: str | None, base: ClusterState
+    ) -> tuple[tuple[str, ...], ClusterState] | None:
+        """Preempt running jobs ranked below ``index`` (lowest first, then give back those not
+        needed) until ``job`` fits on ``base``; the placement and the cluster after, or None."""
+        victims = [v for v in reversed(self.running) if self.position[v] > index and v not in self.preempted]
+        everything = base.copy()
+        for victim in victims:
+            everything.release(victim)
+        if self._place(job, generation, everything) is None:
+            return None  # not even with every candidate gone: spare the search
+        trial, taken = base.copy(), []
         for victim in victims:
             taken.append((victim, trial.release(victim)))
-            if self._place(job, rank, trial) is not None:
+            if self._place(job, generation, trial) is not None:
                 break
         else:
             return None
         for victim, placement in list(reversed(taken))[1:]:  # give back what was not needed
             spare = trial.copy()
             spare.allocate(victim, placement)
-            if self._place(job, rank, spare) is not None:
+            if self._place(job, generation, spare) is not None:
                 trial = spare
                 taken.remove((victim, placement))
-        self.trial = trial
         for victim, _ in taken:
             self.preempted[victim] = job.job_id
-            self.decisions.append(
-                Preempt(victim, f"{self.s.policy.name}: {job.job_id} ranks higher ({rank.reason})")
-            )
-        return self._place(job, rank, trial)
+            self.decisions.append(Preempt(victim, f"{job.job_id} ranks higher: {rank.reason}"))
+        nodes = self._place(job, generation, trial)
+        assert nodes is not None  # it fitted with these victims gone
+        return nodes, trial
 
 
 def _check_consistent(cluster: ClusterState, jobs: Sequence[JobState]) -> None:
