@@ -174,20 +174,32 @@ def _replay_run(policy: str, outcome: dict[str, Any]) -> dict[str, Any]:
 
 
 def measure_real(quick: bool) -> dict[str, Any]:
-    """The experiment under LAS and FIFO on real cloudds (see the module docstring): ``runs``, one
-    record per policy in the form schedsim's replay reads, and ``policies``, every figure."""
+    """The experiment under LAS and FIFO on real cloudds (see the module docstring)."""
     with tempfile.TemporaryDirectory(prefix="scheduler-real-") as tmp:
         by_policy = {policy: run_policy(policy, quick, Path(tmp)) for policy in ("las", "fifo")}
+    return record(by_policy)
+
+
+def record(by_policy: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The experiment's record from each policy's outcome: the setting, ``startup_s_mean`` over
+    every run, ``policies`` (every figure) and ``runs`` (one replay record per policy)."""
+    startups = [
+        r["startup_s"] for o in by_policy.values() for j in o["jobs"] for r in j["runs"] if r["startup_s"]
+    ]
     return {
-        "runs": [_replay_run(policy, outcome) for policy, outcome in by_policy.items()],
+        "nodes": NODES_RECORD,
+        "min_run_s": MIN_RUN_S,
+        "round_interval_s": ROUND_INTERVAL_S,
+        "startup_s_mean": statistics.fmean(startups),
         "policies": by_policy,
+        "runs": [_replay_run(policy, outcome) for policy, outcome in by_policy.items()],
     }
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args("Real-mode scheduler experiment (issue 24): 3 torchrun jobs, LAS and FIFO.", argv)
     measured = measure_real(args.quick)
-    results = Results("scheduler_real", args.quick, extra=measured)  # "runs": what the replay reads
+    results = Results("scheduler_real", args.quick, extra=measured)  # what bench/_scheduler_replay.py reads
     for policy, outcome in measured["policies"].items():
         for job in outcome["jobs"]:
             results.add(job["name"], policy, "jct_s", job["jct_s"])
