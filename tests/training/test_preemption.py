@@ -32,16 +32,16 @@ def _worker_exit_codes(log: str) -> list[int]:
 
 def test_revoked_lease_preempts_and_the_rerun_equals_an_uninterrupted_run(tmp_path):
     batch, micro, steps = 16, 2, 40
+    pipeline = {"schedule": "gpipe", "stages": [(0, 3), (4, 8)]}  # gpipe: gradient accumulation too
     job = write_job(
         tmp_path,
-        schedule="1f1b-flush",
         microbatches=micro,
         batch_size=batch,
         steps=steps,
         epochs=4,
-        stages=[(0, 4), (5, 8)],
         log_every=1,
         sections=LEASE,
+        **pipeline,
     )
     lease = tmp_path / "lease"
     lease.touch()
