@@ -17,6 +17,7 @@ Ratios (each baseline measured in the same run; JCT inverted so that higher is b
                                 with the per-run costs real mode measured (bench/_scheduler_replay.py);
                                 absent, with the reason printed, when no real-mode record exists
     sim_vs_real_jct_error_steps_only  the same with steps / throughput only (no startup, no tail)
+    sim_vs_real_jct_error_own_costs   the same with each policy's own measured costs
 
 The real-mode record comes from ``bench._scheduler_real.measure_real`` (minutes); ``--quick``
 reads the one ``python -m bench._scheduler_real`` last wrote to bench/results/scheduler_real.json
@@ -113,12 +114,12 @@ def main() -> None:
         errors, rows = compare(record)
         results.ratios.update(errors)
         results.extra["sim_vs_real"] = {"source": source, "jobs": rows}
-        print("real mode replayed (JCT s):  policy  job  real  simulated  simulated-steps-only")
+        print("real mode replayed, JCT s: policy job | real | simulated | steps only | own policy's costs")
         for row in rows:
-            print(
-                f"  {row['policy']:<6} {row['job']:<10} {float(row['real_jct_s']):8.1f} "
-                f"{float(row['sim_jct_s']):8.1f} {float(row['steps_only_jct_s']):8.1f}"
+            figures = (
+                float(row[k]) for k in ("real_jct_s", "sim_jct_s", "steps_only_jct_s", "own_costs_jct_s")
             )
+            print(f"  {row['policy']:<6} {row['job']:<10}" + "".join(f"{v:10.1f}" for v in figures))
     results.extra["trace"] = {"jobs": n_jobs, "load": LOAD, "seed": args.seed, "round_s": CONFIG.round_s}
     results.extra["sim_wall_s"] = {p: round(r["sim_wall_s"], 2) for p, r in reports.items()}
     for name, value in results.ratios.items():

@@ -5,11 +5,12 @@ Events are arrivals, completions and round ticks (every ``round_s`` while jobs a
 (re)started pays ``restart_overhead_s`` holding its devices before it makes progress (loading its
 checkpoint, rendezvous), then runs at ``JobState.rate_on`` of its placement's generations: the
 slowest of them; after its last step it holds them ``finish_overhead_s`` more (export) before it
-is done. As in cloudd, ``min_run_s`` is a run's lease term: a preemption of a run that has made
-progress for less than that is not carried out (counted ``deferred_preemptions``; a later round
-decides again), nor is a preemption of a job past its last step, and a start whose devices are
-still held waits for a later round. ``Simulation.run`` returns the jobs and the device-time accounting
-(``outcomes.RunRecord``) that ``outcomes.summarize`` turns into the report.
+is done. As in cloudd, ``min_run_s`` (when > 0) is a run's lease term: a preemption of a run
+that has made progress for less than that (still starting up included) is not carried out
+(counted ``deferred_preemptions``; a later round decides again), nor is a preemption of a job
+past its last step, and a start whose devices are still held waits for a later round.
+``Simulation.run`` returns the jobs and the device-time accounting (``outcomes.RunRecord``) that
+``outcomes.summarize`` turns into the report.
 
 Invariant: at every instant the devices held never exceed the cluster's (``ClusterState``
 enforces it) and every job of the trace ends done or refused when ``run`` returns.
@@ -82,7 +83,8 @@ class Simulation:
         del self.live[job_id]
 
     def preempt(self, job_id: str) -> None:
-        if job_id in self.tail_until or self.clock - self.ready_at[job_id] < self.config.min_run_s:
+        young = self.config.min_run_s > 0 and self.clock - self.ready_at[job_id] < self.config.min_run_s
+        if job_id in self.tail_until or young:  # as cloudd: no preemption before a run's first step
             self.deferred += 1
             return
         self.jobs[job_id].preempt(self.clock)

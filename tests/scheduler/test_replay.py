@@ -41,10 +41,23 @@ def test_the_simulated_jct_adds_the_measured_startup_and_tail() -> None:
             "real_jct_s": 15.0,
             "sim_jct_s": pytest.approx(15.0),
             "steps_only_jct_s": 10.0,
+            "own_costs_jct_s": pytest.approx(13.0),  # no runs recorded: no startup of its own
         }
     ]
     assert errors["sim_vs_real_jct_error"] == pytest.approx(0.0)
     assert errors["sim_vs_real_jct_error_steps_only"] == pytest.approx(5.0 / 15.0)
+    assert errors["sim_vs_real_jct_error_own_costs"] == pytest.approx(2.0 / 15.0)
+
+
+def test_own_costs_are_each_policys_mean_startup_and_tail() -> None:
+    fifo = job("a", 100, end=125.0) | {"tail_s": 5.0, "runs": [{"startup_s": 10.0}]}
+    las = job("b", 100, end=112.0) | {"tail_s": 1.0, "runs": [{"startup_s": 1.0}, {"startup_s": None}]}
+    _, rows = compare(record(fifo=[fifo], las=[las]))
+    # fifo: 10 + 10 + 5; las: 1 + 10 + 1. Pooled: startup 2 (the record's), tail 3.
+    assert [(r["job"], r["own_costs_jct_s"], r["sim_jct_s"]) for r in rows] == [
+        ("a", pytest.approx(25.0), pytest.approx(15.0)),
+        ("b", pytest.approx(12.0), pytest.approx(15.0)),
+    ]
 
 
 def test_every_policy_is_replayed_and_fifo_queues_the_second_job() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,7 @@ from cloud.scheduler.jobs import JobState
 from cloud.scheduler.outcomes import summarize
 from cloud.scheduler.round import Scheduler
 from cloud.scheduler.sim import SimConfig, Simulation, simulate
-from cloud.scheduler.trace import TraceJob, philly_like
+from cloud.scheduler.trace import TraceJob, load, philly_like
 
 ONE_NODE = [Node("a", 2, "g")]
 
@@ -122,3 +123,12 @@ def test_same_seed_same_result_and_another_seed_differs() -> None:
     assert first == again
     assert first["avg_jct_s"] != other["avg_jct_s"]
     assert all(not math.isnan(v) for v in first.values())
+
+
+def test_the_sample_trace_file_replays_to_the_end() -> None:
+    sample = Path(__file__).resolve().parents[2] / "cloud" / "scheduler" / "traces" / "sample.jsonl"
+    trace = load(sample)
+    nodes = [Node("old0", 8, "old"), Node("new0", 8, "new")]
+    for policy in ("tiresias", "hetero"):
+        record = simulate(nodes, trace, Scheduler.from_names(policy=policy), SimConfig(round_s=60.0))
+        assert sorted(j.job_id for j in record.jobs if j.status == "done") == sorted(j.job_id for j in trace)
