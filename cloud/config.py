@@ -10,6 +10,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cloud.jobs.scheduling import SchedulerSettings
 from cloud.rollout.health import RolloutConfig
 from cloud.rollout.verdict import GateConfig
 from protocol.batch import MAX_BATCH_BYTES
@@ -36,6 +37,9 @@ class CloudConfig:
     max_queued_jobs: int = 16
     max_job_nproc: int = 4
     max_dataset_bytes: int = 512 * 1024 * 1024  # one uploaded dataset file (cloud.api.uploads)
+    # how jobs are scheduled on which nodes (cloud.jobs.scheduling); None: the default, FIFO on one
+    # node "local" with max_job_nproc devices
+    scheduler: SchedulerSettings | None = None
     # the cloud's half of the placement plan (cloud/tasks): on/off, how often it reads the store
     tasks_enabled: bool = True
     tasks_poll_interval_s: float = 0.5

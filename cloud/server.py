@@ -43,6 +43,7 @@ from cloud.api.blobs import BLOBS
 from cloud.api.context import CONFIG, METRICS, REGISTRY, STORE, TASKS
 from cloud.api.errors import json_errors
 from cloud.config import CloudConfig, ConfigError, load_tokens_file, parse_token_arg
+from cloud.jobs.scheduling import add_scheduler_arguments, scheduler_from_args
 from cloud.metrics import CloudMetrics
 from cloud.notify import ModelNotifier, NotifyConfig, add_notify_arguments, parse_notify_args
 from cloud.rollout.announce import announce_assignments
@@ -225,6 +226,7 @@ def parse_args(argv: Sequence[str] | None = None) -> CloudConfig:
     parser.add_argument("--max-running-jobs", type=int, default=1, help="torchrun jobs at once")
     parser.add_argument("--max-queued-jobs", type=int, default=16, help="waiting jobs before 429")
     parser.add_argument("--max-job-nproc", type=int, default=4, help="largest nproc a job may ask for")
+    add_scheduler_arguments(parser)
     parser.add_argument(
         "--max-dataset-bytes",
         type=int,
@@ -255,6 +257,7 @@ def parse_args(argv: Sequence[str] | None = None) -> CloudConfig:
         max_running_jobs=args.max_running_jobs,
         max_queued_jobs=args.max_queued_jobs,
         max_job_nproc=args.max_job_nproc,
+        scheduler=scheduler_from_args(args),
         max_dataset_bytes=args.max_dataset_bytes,
         tasks_enabled=not args.no_tasks,
         tasks_poll_interval_s=args.tasks_poll_interval,

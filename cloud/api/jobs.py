@@ -2,9 +2,11 @@
 
     POST /v1/jobs                   body: a JobSpec as JSON (or TOML with Content-Type application/toml)
                                     201 the job | 400 invalid_spec | 429 queue_full
-    GET  /v1/jobs                   {"jobs": [job, ...], "counts": {...}, "limits": {...}}, oldest
-                                    first; limits: max_nproc, max_running, max_queued (what cloudd
-                                    enforces: --max-job-nproc, --max-running-jobs, --max-queued-jobs)
+    GET  /v1/jobs                   {"jobs": [job, ...], "counts": {...}, "limits": {...},
+                                    "scheduler": {...}}, oldest first; limits: max_nproc,
+                                    max_running, max_queued (what cloudd enforces: --max-job-nproc,
+                                    --max-running-jobs, --max-queued-jobs); scheduler: the policy,
+                                    placement, admission, nodes and the round counters
     GET  /v1/jobs/{job_id}          the job | 404 not_found
     POST /v1/jobs/{job_id}/cancel   the job, now cancelled | 409 already_finished
     GET  /v1/jobs/{job_id}/events   text/event-stream; ``?since=N`` or Last-Event-ID resumes
@@ -13,9 +15,11 @@ A job document is the ``JobTable`` row plus ``progress`` (step, total_steps, los
 samples_per_s, epoch), ``events`` (how many), ``phase`` (queued, starting, training, evaluating,
 exporting, or the final state), ``features`` (the start event's: compression, wire_codec, sync,
 balance, toggle, precision, device), ``live`` ({feature: the latest step's figures of it}),
-``elapsed_s`` and ``eta_s`` (``cloud.jobs.events``). Each server-sent event has ``id: <seq>``,
-``event: <kind>`` (start, step, eval, checkpoint, done, error, state, registered, ...) and
-``data: <the progress line as JSON>``; the stream ends with ``event: end`` once the job ended.
+``elapsed_s`` and ``eta_s`` (``cloud.jobs.events``), and ``schedule`` (queue position, the
+policy's reason, the last decision, preemptions, attained service: ``JobManager.summary``).
+Each server-sent event has ``id: <seq>``, ``event: <kind>`` (start, step, eval, checkpoint,
+done, preempted, error, state, registered, ...) and ``data: <the progress line as JSON>``; the
+stream ends with ``event: end`` once the job ended.
 
 Invariant: the manager is started after the store opens and stopped before it closes (it is
 the app's cleanup context appended after the store's), and every open event stream returns when
@@ -33,6 +37,7 @@ from cloud.api.auth import operator_refusal
 from cloud.api.context import CONFIG, JOBS, REGISTRY, UPLOADS
 from cloud.api.errors import reject
 from cloud.jobs.manager import JobManager, JobNotFound, QueueFull
+from cloud.jobs.scheduling import scheduler_settings
 from cloud.jobs.spec import JobSpec, SpecError, parse_spec
 from cloud.jobs.table import FINAL, JobRow
 from cloud.jobs.uploads import fits_loss
@@ -50,6 +55,7 @@ def setup(app: web.Application) -> None:
         max_running=config.max_running_jobs,
         max_queued=config.max_queued_jobs,
         gate=config.gate,
+        scheduler=config.scheduler or scheduler_settings(default_devices=config.max_job_nproc),
     )
     app.cleanup_ctx.append(_manager_lifetime)
     app.on_shutdown.append(_close_streams)
@@ -90,6 +96,7 @@ async def post_job(request: web.Request) -> web.Response:
     try:
         spec = parse_spec(body, max_nproc=request.app[CONFIG].max_job_nproc, upload_exists=_uploads(request))
         _check_upload_fits(request, spec)
+        _check_fits_a_placement(manager, spec)
     except SpecError as exc:
         return reject(request, 400, "invalid_spec", str(exc))
     try:
@@ -111,6 +118,14 @@ def _check_upload_fits(request: web.Request, spec: JobSpec) -> None:
         raise SpecError(f"dataset: upload {spec.upload!r}: {why}")
 
 
+def _check_fits_a_placement(manager: JobManager, spec: JobSpec) -> None:
+    """A job larger than the whole cluster would wait forever: refused now."""
+    if spec.nproc > manager.settings.devices:
+        raise SpecError(
+            f"nproc: {spec.nproc} > the {manager.settings.devices} devices of this cloudd's nodes (--nodes)"
+        )
+
+
 def job_limits(app: web.Application) -> dict[str, int]:
     """What cloudd enforces on jobs; the dashboard's form and /v1/status show these very numbers."""
     config = app[CONFIG]
@@ -130,6 +145,10 @@ async def list_jobs(request: web.Request) -> web.Response:
             "jobs": [manager.summary(row) for row in manager.list()],
             "counts": manager.counts(),
             "limits": job_limits(request.app),
+            "scheduler": {
+                **manager.settings.describe(),
+                "metrics": manager.backend.scheduler.metrics.snapshot(),
+            },
         }
     )
 

@@ -56,8 +56,8 @@ def format_status(doc: dict[str, Any], now: float, jobs: dict[str, Any] | None =
 
 def format_job_progress(doc: dict[str, Any]) -> str:
     """``job-00003  running  scene_cnn  [####......] 2/6  loss 1.1`` per live job and the latest ended."""
-    live = [j for j in doc["jobs"] if j["state"] in ("running", "queued")]
-    ended = [j for j in doc["jobs"] if j["state"] not in ("running", "queued")][-1:]
+    live = [j for j in doc["jobs"] if j["state"] in ("running", "queued", "preempted")]
+    ended = [j for j in doc["jobs"] if j["state"] not in ("running", "queued", "preempted")][-1:]
     if not live and not ended:
         return "jobs: none"
     width = max(len(j["id"]) for j in ended + live)
@@ -88,16 +88,30 @@ def format_jobs(doc: dict[str, Any]) -> str:
                 _num(p.get("loss")),
                 _num(p.get("accuracy"), 3),
                 model,
+                *_schedule_cells(job.get("schedule")),
                 job.get("error"),
             ]
         )
     counts = doc.get("counts", {})
+    header = ["JOB", "STATE", "MODEL", "NPROC", "STEPS", "LOSS", "ACCURACY", "VERSION", "QUEUE", "PREEMPTED"]
     return (
-        format_table(
-            ["JOB", "STATE", "MODEL", "NPROC", "STEPS", "LOSS", "ACCURACY", "VERSION", "ERROR"], rows
-        )
+        format_table([*header, "SERVICE_S", "ERROR"], rows)
         + f"\n\n{counts.get('running', 0)} running, {counts.get('queued', 0)} queued"
+        + f", {counts.get('preempted', 0)} preempted"
     )
+
+
+def _schedule_cells(schedule: dict[str, Any] | None) -> list[Any]:
+    """QUEUE (position among the waiting jobs, ``#0`` next), PREEMPTED (times), SERVICE_S
+    (device-seconds attained)."""
+    if not schedule:
+        return [None, None, None]
+    position = schedule.get("queue_position")
+    return [
+        None if position is None else f"#{position}",
+        schedule.get("preemptions"),
+        _num(schedule.get("attained_service_s"), 4),
+    ]
 
 
 def _lineage_text(lineage: dict[str, Any] | None) -> str:
@@ -196,6 +210,12 @@ def format_job_detail(job: dict[str, Any]) -> str:
         f"phase {job.get('phase')}  elapsed {_num(job.get('elapsed_s'), 6) or '-'}s"
         + (f"  eta {eta:.0f}s" if eta is not None else "")
     )
+    schedule = job.get("schedule") or {}
+    if schedule.get("reason"):
+        lines.append(f"scheduler: {schedule.get('queue_state')}: {schedule['reason']}")
+    if decision := schedule.get("decision"):
+        applied = "" if decision.get("applied", True) else " (waits for devices)"
+        lines.append(f"last decision: {decision['decision']}{applied}: {decision.get('reason') or '-'}")
     features, live = job.get("features") or {}, job.get("live") or {}
     for name, setting in features.items():
         figures = live.get(name)

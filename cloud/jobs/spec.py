@@ -44,6 +44,7 @@ LossName = Literal["cross_entropy", "mse", "reconstruction"]  # the job file's [
 # keeps the two equal.
 WireCodec = Literal["fp32", "bfp8", "bfp6", "bfp4"]
 UPLOAD_PREFIX = "upload:"
+LEASE_FILE = "lease"  # the job's preemption lease, in its folder (cloud.training.lease)
 FACTORY_PATTERN = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$"
 DEFAULT_FACTORY_LR = 0.05
 DEFAULT_UPLOAD_TEST_FRACTION = 0.2
@@ -377,6 +378,7 @@ def job_toml(spec: JobSpec, layers: int | None = None) -> str:
         ("train", train),
         ("checkpoint", {"dir": "checkpoints", "every": spec.checkpoint_every}),
         ("progress", {"file": "progress.jsonl", "log_every": spec.log_every}),
+        ("preemption", {"lease": LEASE_FILE}),  # cloudd's scheduler may revoke it (cloud.jobs.runner)
     ]
     lines = [line for name, values in sections for line in section_lines(name, values)]
     lines += partition_lines(spec.replica_counts, layers, straight=spec.schedule == "1f1b-stash")

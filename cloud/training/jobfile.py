@@ -1,4 +1,5 @@
-"""The job TOML: what to train, how to pipeline it, where checkpoints and progress go, and the
+"""The job TOML: what to train, how to pipeline it, where checkpoints and progress go, the
+preemption lease (``[preemption]``), and the
 optional features (``[compression]``, ``[sync]``, ``[balance]``, ``[toggle]``: the sections of
 ``cloud.training.options``, shared with the job spec).
 
@@ -121,6 +122,14 @@ class ProgressSection(_Section):
     eval_every: int = Field(default=0, ge=0)  # steps; 0: at the end of each epoch
 
 
+class PreemptionSection(_Section):
+    """``lease``: a file that must exist while the job may train (``cloud.training.lease``); ""
+    means the job is never preempted. Checked every ``check_every`` steps."""
+
+    lease: str = ""
+    check_every: int = Field(default=1, ge=1)
+
+
 class JobConfig(_Section):
     model: ModelSection = ModelSection()
     data: DataSection = DataSection()
@@ -128,6 +137,7 @@ class JobConfig(_Section):
     partition: PartitionSection = PartitionSection()
     checkpoint: CheckpointSection = CheckpointSection()
     progress: ProgressSection = ProgressSection()
+    preemption: PreemptionSection = PreemptionSection()
     compression: CompressionOptions = CompressionOptions()
     sync: SyncOptions = SyncOptions()
     balance: BalanceOptions = BalanceOptions()
@@ -227,6 +237,8 @@ def load_job(path: str | Path) -> JobConfig:
     data = job.data.model_copy(update={"path": resolve(job.data.path)}) if job.data.path else job.data
     measured = job.sync.topology in ("", "probe")  # "probe": measured at start, not a file
     sync = job.sync if measured else job.sync.model_copy(update={"topology": resolve(job.sync.topology)})
+    lease = job.preemption.lease
+    preemption = job.preemption.model_copy(update={"lease": resolve(lease) if lease else ""})
     cache = job.partition.profile_cache
     partition = job.partition.model_copy(
         update={"profile_cache": resolve(cache) if cache else str(Path(checkpoint.dir) / "profile.json")}
@@ -238,6 +250,7 @@ def load_job(path: str | Path) -> JobConfig:
             "partition": partition,
             "data": data,
             "sync": sync,
+            "preemption": preemption,
         }
     )
 

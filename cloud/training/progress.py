@@ -1,5 +1,5 @@
 """The job's progress file: rank 0's JSON lines (``ProgressLog``) and the ``step`` line each
-``log_every`` steps sums up (``ProgressWindow``): loss, samples/s, per-stage busy/idle seconds,
+``log_every`` steps sums up (``ProgressWindow``): loss, samples/s and steps/s, per-stage busy/idle seconds,
 and the live figures of the features that run (``compression``, ``sync``, ``balance``, ``toggle``).
 
 Invariant: every rank calls ``ProgressWindow.write`` at the same steps (it gathers from all ranks);
@@ -54,12 +54,13 @@ class ProgressWindow:
 
     def _reset(self) -> None:
         self.sums = [0.0] * len(_COLUMNS)
-        self.samples = 0
+        self.samples = self.steps = 0
         self.started = time.perf_counter()
 
     def add(self, stats: StepStats, samples: int) -> None:
         self.sums = [total + getattr(stats, name) for total, name in zip(self.sums, _COLUMNS, strict=True)]
         self.samples += samples
+        self.steps += 1
 
     def write(
         self,
@@ -101,6 +102,7 @@ class ProgressWindow:
             epoch=epoch + index / stream.epoch_steps(epoch),
             loss=loss,
             samples_per_s=self.samples / elapsed,
+            steps_per_s=self.steps / elapsed,
             stages=per_stage,
             **extra,
         )

@@ -12,12 +12,14 @@ to the progress file (``progress.py``): ``phase`` (starting, training, evaluatin
 busy/idle seconds, and one sub-object per feature that runs: ``compression``, ``sync``,
 ``balance``, ``toggle``), ``compression_decision`` (one per adaptive format change), ``eval``
 (with held-out rows only), ``checkpoint`` (written only once every stage's file is on disk),
-``done`` or ``error``.
+``done``, ``preempted`` (the lease was revoked: ``lease.py``; written after the checkpoint of
+that step) or ``error``.
 
 Exit codes (of each worker; torchrun itself exits 1 when any worker fails):
 0 done, 2 invalid job file (or a data file that does not fit it, or ``device = "cuda"`` without a
 GPU), 3 plan does not fit the world size, 4 training diverged (loss not finite), 5 checkpoint
-belongs to a different plan or schedule.
+belongs to a different plan or schedule, 6 preempted (a complete checkpoint of the step it stopped
+at is on disk; a rerun resumes from it). A step with ``samples_per_s`` also has ``steps_per_s``.
 
 Invariant: the data order depends only on (seed, step), so a resumed job trains on exactly the
 minibatches an uninterrupted one would have. With ``[toggle]`` it also depends on the answers
@@ -44,12 +46,13 @@ from cloud.training.device import DeviceUnavailable, Placement, activate, placem
 from cloud.training.executor import StageExecutor
 from cloud.training.features import StageFeatures, toggle_stream
 from cloud.training.jobfile import JobConfig, JobError, build_model, load_job
+from cloud.training.lease import Lease
 from cloud.training.partition import Plan, StagePlan, even_plan, partition
 from cloud.training.profiler import cached_profile
 from cloud.training.progress import ProgressLog, ProgressWindow
 from cloud.training.schedules import Schedule, Topology, build_schedule, schedule_name
 
-EXIT_OK, EXIT_BAD_JOB, EXIT_PLAN, EXIT_DIVERGED, EXIT_CHECKPOINT = 0, 2, 3, 4, 5
+EXIT_OK, EXIT_BAD_JOB, EXIT_PLAN, EXIT_DIVERGED, EXIT_CHECKPOINT, EXIT_PREEMPTED = 0, 2, 3, 4, 5, 6
 
 
 class JobFailed(Exception):
@@ -73,6 +76,8 @@ def choose_plan(job: JobConfig, model: nn.Sequential, sample: torch.Tensor, worl
                 plan = Plan(tuple(StagePlan(f, last, r) for (f, last), r in spans), math.nan)
             elif p.mode == "even":
                 plan = even_plan(len(model), world)
+            elif (resumed := _checkpointed_plan(job, world)) is not None:
+                plan = resumed  # a measured partition may differ run to run: resume the saved one
             else:
                 costs = cached_profile(model, sample, p.profile_cache, threads=job.train.threads)
                 plan = partition(
@@ -93,6 +98,21 @@ def choose_plan(job: JobConfig, model: nn.Sequential, sample: torch.Tensor, worl
     if plan.workers != world or covered != list(range(len(model))):
         raise JobFailed(EXIT_PLAN, f"plan {text[0]} does not cover {len(model)} layers on {world} ranks")
     return plan
+
+
+def _checkpointed_plan(job: JobConfig, world: int) -> Plan | None:
+    """The plan of the job's last complete checkpoint when it fits ``world`` ranks (rank 0 only)."""
+    stage0 = checkpoint.stage_steps(job.checkpoint.dir, 0)
+    if not stage0:
+        return None
+    # the number of stages is the checkpoint's own: read it from the newest stage-0 file
+    saved = checkpoint.load_stage(job.checkpoint.dir, 0, stage0[-1])["identity"]["plan"]
+    step = checkpoint.latest_complete_step(job.checkpoint.dir, len(saved))
+    if step is None:
+        return None
+    stages = checkpoint.load_stage(job.checkpoint.dir, 0, step)["identity"]["plan"]
+    plan = Plan(tuple(StagePlan(*span) for span in stages), math.nan)
+    return plan if plan.workers == world else None
 
 
 def train(job: JobConfig, placement: Placement) -> int:
@@ -161,13 +181,13 @@ def train(job: JobConfig, placement: Placement) -> int:
         )
         step = stage_checkpoint.resume(progress)
         progress.write("phase", phase="training")
-        _run_steps(job, executor, schedule, stream, features, stage_checkpoint, progress, step, total)
+        code = _run_steps(job, executor, schedule, stream, features, stage_checkpoint, progress, step, total)
     finally:
         features.close()
     # Leave together: a rank that tore gloo down while its peer still wrote its last progress lines
     # sometimes aborted in the teardown (docs/measurements/2026-11-training-sync.md, bench/_torchrun.py).
     dist.barrier()
-    return EXIT_OK
+    return code
 
 
 def _run_steps(
@@ -180,11 +200,13 @@ def _run_steps(
     progress: ProgressLog,
     step: int,
     total: int,
-) -> None:
+) -> int:
+    """Train from ``step`` to ``total``; EXIT_OK, or EXIT_PREEMPTED once the lease is revoked."""
     t, rank, topology = job.train, executor.rank, schedule.topology
     stage = executor.stage
     last_stage_ranks = set(topology.stage_ranks(topology.n_stages - 1))
     window = ProgressWindow()
+    lease = Lease(job.preemption.lease, job.preemption.check_every)
     while step < total:
         sizes = features.microbatch_sizes()
         x, y = stream.minibatch(step)
@@ -216,10 +238,18 @@ def _run_steps(
             evaluate(executor, stream, topology, micro, progress, step, last_stage_ranks, classify=classify)
             if step < total:
                 progress.write("phase", phase="training")
-        if (job.checkpoint.every and step % job.checkpoint.every == 0) or step == total:
+        saved = (job.checkpoint.every and step % job.checkpoint.every == 0) or step == total
+        if saved:
             stage_checkpoint.save(step)
             progress.write("checkpoint", step=step)
+        if step < total and lease.revoked(step):  # the last step just finishes: nothing to resume
+            if not saved:
+                stage_checkpoint.save(step)
+                progress.write("checkpoint", step=step)
+            progress.write("preempted", step=step, total_steps=total)
+            return EXIT_PREEMPTED
     progress.write("done", step=step)
+    return EXIT_OK
 
 
 class StageCheckpoint:

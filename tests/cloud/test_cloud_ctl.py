@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from cloud.ctl import format_table
-from cloud.ctl.text import format_job_detail
+from cloud.ctl.text import format_job_detail, format_jobs
 from tests.harness.cloud_http import upload
 from tests.harness.cloudd import cloudctl
 from tests.harness.processes import free_port
@@ -58,3 +58,29 @@ def test_job_detail_shows_phase_times_and_each_features_figures():
     assert lines[3] == "phase training  elapsed 12.3s  eta 30s"
     assert lines[4].split() == ["compression", "adaptive+gist", "ratio=2.1"]
     assert lines[5].split() == ["sync", "on", "blocked_s=0.1"] and lines[6].split() == ["balance", "off"]
+
+
+def test_jobs_table_and_detail_show_where_the_scheduler_has_a_job():
+    schedule = {
+        "queue_position": 1,
+        "queue_state": "waiting",
+        "reason": "las: 42 device-s attained; no room for 2",
+        "decision": {"decision": "preempt", "reason": "las: job-00003 ranks higher", "applied": True},
+        "preemptions": 2,
+        "attained_service_s": 42.25,
+    }
+    job = {
+        "id": "job-00001",
+        "state": "preempted",
+        "spec": {"model": "digits_cnn", "nproc": 2},
+        "progress": {"step": 40, "total_steps": 1000},
+        "phase": "preempted",
+        "schedule": schedule,
+    }
+    table = format_jobs({"jobs": [job], "counts": {"preempted": 1}}).splitlines()
+    assert table[0].split()[8:11] == ["QUEUE", "PREEMPTED", "SERVICE_S"]
+    assert table[1].split()[8:11] == ["#1", "2", "42.25"]  # loss, accuracy, version are "-" before
+    assert table[-1].endswith("1 preempted")
+    detail = format_job_detail(job)
+    assert "scheduler: waiting: las: 42 device-s attained; no room for 2" in detail
+    assert "last decision: preempt: las: job-00003 ranks higher" in detail

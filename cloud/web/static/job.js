@@ -141,6 +141,13 @@ function jobPage(page, jobId) {
     return `<div class="figure"><b>${pages.esc(value)}</b><span>${label}</span>${extra || ""}</div>`;
   }
 
+  /* The scheduler's view: queue position and why, preemptions, attained service (device-s). */
+  function scheduleFigures(sc) {
+    if (!sc) return "";
+    return (sc.queue_position != null ? figure("#" + sc.queue_position, "queue", `<span>${pages.esc(sc.reason || "")}</span>`) : "") +
+      figure(String(sc.preemptions), "preemptions") + figure(charts.fmt(sc.attained_service_s), "device-s attained");
+  }
+
   function header() {
     const total = s.start ? s.start.total_steps : null, step = s.last ? s.last.step : 0;
     const pct = total ? Math.min(100, 100 * step / total) : 0;
@@ -159,6 +166,7 @@ function jobPage(page, jobId) {
       figure(s.start ? s.start.plan : "-", `plan (${pages.esc(s.start ? s.start.schedule : "-")})`) +
       figure(mode("precision"), "precision") + figure(mode("device"), "device") +
       figure(mode("compression"), "compression") + figure(mode("wire_codec"), "wire codec") +
+      scheduleFigures(summary && summary.schedule) +
       (s.registered ? figure(s.registered.name + "@" + s.registered.version, "registered") : "") +
       (s.error ? `<div class="figure"><b class="state-failed">error</b><span>${pages.esc(s.error)}</span></div>` : "");
   }

@@ -69,6 +69,11 @@ function jobsPage(page) {
      html: r => charts.fmt(r.progress && r.progress.accuracy)},
     {key: "registered", label: "model version", value: r => r.model && r.model.version,
      html: r => r.model ? esc(`${r.model.name}@${r.model.version}`) : "-"},
+    // where the scheduler has it: queue position (#0 runs next) and why, times preempted
+    {key: "queue", label: "queue", num: true, value: r => r.schedule && r.schedule.queue_position,
+     html: r => queueHtml(r.schedule)},
+    {key: "preemptions", label: "preempted", num: true, value: r => r.schedule ? r.schedule.preemptions : 0,
+     html: r => r.schedule ? r.schedule.preemptions : "-"},
     {key: "error", label: "error", wrap: true},
   ];
   let rows = [];
@@ -84,6 +89,12 @@ function jobsPage(page) {
     draw();
     submitForm.showLimits(page, doc);
   }, stop() {}};
+}
+
+/* "#2" with the policy's reason as its tooltip, for a waiting job; "-" for the others. */
+function queueHtml(schedule) {
+  if (!schedule || schedule.queue_position === null || schedule.queue_position === undefined) return "-";
+  return `<span title="${esc(schedule.reason || "")}">#${schedule.queue_position}</span>`;
 }
 
 /* Lineage in one short line (job, dataset, how many gateways) and, for uploaded data, the full
@@ -139,4 +150,4 @@ function datasetsPage(page) {
   }, stop() {}};
 }
 
-window.pages = {jobsPage, modelsPage, datasetsPage, esc, ago, linkText, sortableTable, bindSort};
+window.pages = {jobsPage, modelsPage, datasetsPage, esc, ago, linkText, sortableTable, bindSort, queueHtml};
