@@ -46,6 +46,7 @@ RejectionReason = Literal[
     "invalid_since",
     "queue_full",
     "already_finished",
+    "not_job_runner",
     "no_job",
     # model lifecycle (cloud/rollout/transitions.py)
     "not_promotable",

@@ -20,6 +20,9 @@ balance, toggle, precision, device), ``live`` ({feature: the latest step's figur
 Invariant: the manager is started after the store opens and stopped before it closes (it is
 the app's cleanup context appended after the store's), and every open event stream returns when
 cloudd shuts down (``on_shutdown`` closes them before aiohttp waits for in-flight requests).
+With replicas on PostgreSQL the manager runs only on the replica holding the ``jobs`` role
+(cloud/roles.py); the others answer every route here 503 ``not_job_runner`` (the load balancer
+sends these paths to the holder: docs/cloud.md, "Replicas").
 """
 
 from __future__ import annotations
@@ -30,12 +33,13 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 
 from cloud.api.auth import operator_refusal
-from cloud.api.context import CONFIG, JOBS, REGISTRY, UPLOADS
+from cloud.api.context import CONFIG, JOBS, REGISTRY, ROLES, STORE, UPLOADS
 from cloud.api.errors import reject
 from cloud.jobs.manager import JobManager, JobNotFound, QueueFull
 from cloud.jobs.spec import JobSpec, SpecError, parse_spec
 from cloud.jobs.table import FINAL, JobRow
 from cloud.jobs.uploads import fits_loss
+from cloud.roles import Role
 
 MAX_SPEC_BYTES = 64 * 1024
 KEEPALIVE_S = 15.0
@@ -61,11 +65,30 @@ def setup(app: web.Application) -> None:
 
 
 async def _manager_lifetime(app: web.Application) -> AsyncIterator[None]:
-    await app[JOBS].start()
+    manager, db = app[JOBS], app[STORE].store.db
+    manager.database = db if db.shared else None  # SQLite: the jobs' own file, as before replicas
+    role = app[ROLES]["jobs"] = Role("jobs", db, manager.start, manager.stop)
+    await role.open()
     try:
         yield
     finally:
-        await app[JOBS].stop()
+        await role.close()
+
+
+def _refusal(request: web.Request) -> web.Response | None:
+    """The operator's token, then whether this replica runs jobs."""
+    if (refusal := operator_refusal(request)) is not None:
+        return refusal
+    if not request.app[ROLES]["jobs"].held:
+        return reject(
+            request,
+            503,
+            "not_job_runner",
+            "jobs run on the cloudd replica that holds the jobs role; this one is a standby "
+            "(GET /v1/roles; docs/cloud.md, Replicas)",
+            headers={"Retry-After": "5"},
+        )
+    return None
 
 
 async def _close_streams(app: web.Application) -> None:
@@ -81,7 +104,7 @@ def _job_or_404(request: web.Request, manager: JobManager) -> JobRow | web.Respo
 
 
 async def post_job(request: web.Request) -> web.Response:
-    if (refusal := operator_refusal(request)) is not None:
+    if (refusal := _refusal(request)) is not None:
         return refusal
     if (request.content_length or 0) > MAX_SPEC_BYTES:
         return reject(request, 413, "too_large", f"job spec > {MAX_SPEC_BYTES} bytes")
@@ -122,7 +145,7 @@ def job_limits(app: web.Application) -> dict[str, int]:
 
 
 async def list_jobs(request: web.Request) -> web.Response:
-    if (refusal := operator_refusal(request)) is not None:
+    if (refusal := _refusal(request)) is not None:
         return refusal
     manager = request.app[JOBS]
     return web.json_response(
@@ -135,7 +158,7 @@ async def list_jobs(request: web.Request) -> web.Response:
 
 
 async def get_job(request: web.Request) -> web.Response:
-    if (refusal := operator_refusal(request)) is not None:
+    if (refusal := _refusal(request)) is not None:
         return refusal
     manager = request.app[JOBS]
     row = _job_or_404(request, manager)
@@ -143,7 +166,7 @@ async def get_job(request: web.Request) -> web.Response:
 
 
 async def cancel_job(request: web.Request) -> web.Response:
-    if (refusal := operator_refusal(request)) is not None:
+    if (refusal := _refusal(request)) is not None:
         return refusal
     manager = request.app[JOBS]
     row = _job_or_404(request, manager)
@@ -170,7 +193,7 @@ def _start_at(request: web.Request) -> int | web.Response:
 
 
 async def job_events(request: web.Request) -> web.StreamResponse:
-    if (refusal := operator_refusal(request)) is not None:
+    if (refusal := _refusal(request)) is not None:
         return refusal
     manager = request.app[JOBS]
     row = _job_or_404(request, manager)

@@ -40,6 +40,7 @@ from cloud.jobs.uploads import UploadedDatasets
 from cloud.registry import ModelRegistry
 from cloud.rollout.gate import gate_command
 from cloud.rollout.verdict import GateConfig
+from cloud.store.database import Database
 from models.artifact import ArtifactError, load_artifact
 from runtime.tasks import cancel_and_wait, wait_event
 
@@ -106,7 +107,9 @@ class JobManager:
         max_queued: int = 16,
         gate: GateConfig | None = None,
         clock: Callable[[], float] = time.time,
+        database: Database | None = None,  # the replicas' shared one; None: jobs/jobs.sqlite
     ) -> None:
+        self.database = database
         self.data_dir, self.root = data_dir, data_dir / "jobs"
         self.gate = gate or GateConfig()
         self.registry, self.clock = registry, clock
@@ -126,7 +129,7 @@ class JobManager:
     async def start(self) -> None:
         if self._table is not None:
             raise RuntimeError("JobManager already started")
-        self._table = JobTable(self.root / "jobs.sqlite")
+        self._table = JobTable(self.root / "jobs.sqlite", self.database)
         for row in self._table.all("running"):  # cloudd stopped (or crashed) under it: resume it
             self._table.set_state(row.id, "queued", error="interrupted by a cloudd restart; resumes")
         self._scheduler = asyncio.create_task(self._schedule(), name="jobs-scheduler")
