@@ -1,0 +1,157 @@
+"""Two cloudd replicas on one PostgreSQL and one shared data directory, behind a real haproxy:
+simulated sensors -> real Mosquitto -> two real gatewayd -> the load balancer -> the replicas.
+
+Replica 0 (which holds the jobs and task-runner roles) is SIGKILLed while both gateways upload.
+Every telemetry message is stored exactly once (counted per (gateway, device, seq)), none is lost,
+the survivor serves all of it and takes the roles over, and the killed replica, restarted, rejoins
+as a standby that serves the same data and refuses, as a duplicate, a batch the other stored.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from devices.sensors import SensorRun, SentRecord, run_sensors
+from tests.harness.cloud_http import upload
+from tests.harness.cloudd import OPERATOR_TOKEN
+from tests.harness.gatewayd import Gatewayd, write_config
+from tests.harness.haproxy import need_haproxy
+from tests.harness.poll import wait_until
+from tests.harness.replicas import ReplicaSet, start_replicas
+
+GATEWAYS = ("gw1", "gw2")
+SENSORS, MESSAGES = 2, 1500
+
+
+def _get(url: str) -> tuple[int, dict]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _pending_store_calls(cluster: ReplicaSet, replica: int) -> int:
+    with urllib.request.urlopen(f"{cluster.replicas[replica].url}/healthz", timeout=5) as response:
+        return int(json.loads(response.read())["pending_store_calls"])
+
+
+def _sensors(broker: str, gateway: str, seed: int, out: list[SentRecord]) -> threading.Thread:
+    run = SensorRun(
+        broker=broker,
+        gateway=gateway,
+        count=SENSORS,
+        rate_hz=150,
+        duration_s=None,
+        messages=MESSAGES,
+        dropout_probability=0.0,
+        seed=seed,
+    )
+    thread = threading.Thread(target=lambda: out.append(run_sensors(run)), name=f"sensors-{gateway}")
+    thread.start()
+    return thread
+
+
+def _telemetry(cluster: ReplicaSet, gateway: str) -> Counter:
+    stored = [r for r in cluster.records(gateway) if r.record["kind"] == "telemetry"]
+    return Counter((r.record["device"], r.record["body"]["seq"]) for r in stored)
+
+
+def _assert_exactly_once(sent: SentRecord, counts: Counter) -> None:
+    expected = {(device, seq) for device, seqs in sent.sent.items() for seq in seqs}
+    assert sent.total == SENSORS * MESSAGES
+    assert expected - counts.keys() == set(), "records lost"
+    assert counts.keys() - expected == set(), "records stored that were never sent"
+    duplicated = {key: n for key, n in counts.items() if n > 1}
+    assert duplicated == {}, f"{len(duplicated)} records stored more than once"
+
+
+@pytest.mark.slow
+def test_replica_sigkilled_mid_upload_loses_and_doubles_nothing(
+    mosquitto, postgresql_url: str, tmp_path: Path
+) -> None:
+    need_haproxy()
+    cluster = start_replicas(tmp_path / "cloud", postgresql_url, gateways=GATEWAYS)
+    gateways: dict[str, Gatewayd] = {}
+    try:
+        assert cluster.roles(0) == {"jobs": True, "tasks": True} and cluster.roles(1) == {
+            "jobs": False,
+            "tasks": False,
+        }
+        for gw in GATEWAYS:
+            config, port = write_config(
+                tmp_path,
+                mosquitto.url,
+                gateway_id=gw,
+                cloud_url=cluster.url,
+                token=cluster.token_for(gw),
+                extra='\n[devices]\nallow = ["sensor-*"]\n',
+            )
+            gateways[gw] = Gatewayd(config, port).wait_ready()
+        sent: dict[str, list[SentRecord]] = {gw: [] for gw in GATEWAYS}
+        threads = [_sensors(mosquitto.url, gw, i, sent[gw]) for i, gw in enumerate(GATEWAYS)]
+
+        # Mid-upload: both gateways have batches stored, their sensors are still publishing.
+        wait_until(
+            lambda: all(sum(_telemetry(cluster, gw).values()) >= SENSORS * MESSAGES // 4 for gw in GATEWAYS),
+            120,
+            "a quarter of each gateway's telemetry stored",
+        )
+        assert all(t.is_alive() for t in threads), "the sensors finished before the kill"
+        # The kill lands while replica 0 is storing a batch (its store has a call in flight).
+        wait_until(lambda: _pending_store_calls(cluster, 0) > 0, 60, "replica 0 storing a batch")
+        cluster.replicas[0].kill()
+
+        # The survivor takes the singleton roles over once the dead session's locks are released.
+        wait_until(lambda: cluster.roles(1) == {"jobs": True, "tasks": True}, 60, "replica 1 holds the roles")
+        for t in threads:
+            t.join(180)
+            assert not t.is_alive()
+        for gw in GATEWAYS:
+            wait_until(
+                lambda gw=gw: len(_telemetry(cluster, gw)) >= SENSORS * MESSAGES,
+                180,
+                f"all of {gw}'s telemetry stored",
+            )
+            wait_until(lambda gw=gw: gateways[gw].status()["uplink"]["backlog"] == 0, 60, f"{gw} drained")
+        # The batch replica 0 was storing was cut: its gateway saw it fail, and sent it again.
+        assert any("batch failed" in gateways[gw].log.text() for gw in GATEWAYS)
+        for gw in GATEWAYS:
+            _assert_exactly_once(sent[gw][0], _telemetry(cluster, gw))
+            gateways.pop(gw).kill()  # nothing more arrives (a gateway also uploads its own events)
+
+        # The survivor serves everything, through the balancer and directly.
+        stored = {gw: len(cluster.records(gw)) for gw in GATEWAYS}
+        of_device = sum(1 for r in cluster.records("gw1") if r.record["device"] == "sensor-000")
+        for base in (cluster.url, cluster.replicas[1].url):
+            status, doc = _get(f"{base}/v1/status")
+            assert status == 200
+            assert {g["id"]: g["records"] for g in doc["gateways"] if g["id"] in GATEWAYS} == stored
+            status, device = _get(f"{base}/v1/devices/gw1/sensor-000")
+            assert status == 200 and device["records"] == of_device
+            assert device["window"]["gaps"] == 0
+        assert _get(f"{cluster.url}/v1/jobs")[0] == 200  # the balancer sends jobs to the holder
+
+        # The killed replica rejoins: a standby for the roles, the same data, the same ranges.
+        cluster.replicas[0].start()
+        assert cluster.roles(0) == {"jobs": False, "tasks": False}
+        status, doc = _get(f"{cluster.replicas[0].url}/v1/status")
+        assert {g["id"]: g["records"] for g in doc["gateways"] if g["id"] in GATEWAYS} == stored
+        assert _get(f"{cluster.replicas[0].url}/v1/jobs")[0] == 503  # not_job_runner
+        lsns = list(range(1, 26))
+        first = upload(cluster.replicas[0].url, cluster.token_for("gw1"), "gw1", "feedface02", lsns)
+        again = upload(cluster.replicas[1].url, cluster.token_for("gw1"), "gw1", "feedface02", lsns)
+        assert first == (200, {**first[1], "stored": 25, "duplicates": 0})
+        assert again == (200, {**again[1], "stored": 0, "duplicates": 25})
+    finally:
+        for gateway in gateways.values():
+            gateway.kill()
+        cluster.stop()
