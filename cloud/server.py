@@ -37,6 +37,7 @@ from cloud.api import (
     openapi,
     probe,
     registry,
+    roles,
     rollout,
     status,
     uploads,
@@ -68,6 +69,7 @@ log = logging.getLogger("cloudd")
 
 ROUTE_GROUPS: tuple[Callable[[web.Application], None], ...] = (
     health.setup,
+    roles.setup,
     ingest.setup,
     status.setup,
     probe.setup,

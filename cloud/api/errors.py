@@ -46,7 +46,6 @@ RejectionReason = Literal[
     "invalid_since",
     "queue_full",
     "already_finished",
-    "not_job_runner",
     "no_job",
     # model lifecycle (cloud/rollout/transitions.py)
     "not_promotable",
@@ -58,6 +57,7 @@ RejectionReason = Literal[
     "no_assignment",
     # cloudd itself
     "busy",
+    "standby",
     "store_failed",
     "internal",
 ]

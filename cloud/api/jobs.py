@@ -21,7 +21,7 @@ Invariant: the manager is started after the store opens and stopped before it cl
 the app's cleanup context appended after the store's), and every open event stream returns when
 cloudd shuts down (``on_shutdown`` closes them before aiohttp waits for in-flight requests).
 With replicas on PostgreSQL the manager runs only on the replica holding the ``jobs`` role
-(cloud/roles.py); the others answer every route here 503 ``not_job_runner`` (the load balancer
+(cloud/roles.py); the others answer every route here 503 ``standby`` (the load balancer
 sends these paths to the holder: docs/cloud.md, "Replicas").
 """
 
@@ -35,6 +35,7 @@ from aiohttp import web
 from cloud.api.auth import operator_refusal
 from cloud.api.context import CONFIG, JOBS, REGISTRY, ROLES, STORE, UPLOADS
 from cloud.api.errors import reject
+from cloud.api.roles import standby_refusal
 from cloud.jobs.manager import JobManager, JobNotFound, QueueFull
 from cloud.jobs.spec import JobSpec, SpecError, parse_spec
 from cloud.jobs.table import FINAL, JobRow
@@ -77,18 +78,7 @@ async def _manager_lifetime(app: web.Application) -> AsyncIterator[None]:
 
 def _refusal(request: web.Request) -> web.Response | None:
     """The operator's token, then whether this replica runs jobs."""
-    if (refusal := operator_refusal(request)) is not None:
-        return refusal
-    if not request.app[ROLES]["jobs"].held:
-        return reject(
-            request,
-            503,
-            "not_job_runner",
-            "jobs run on the cloudd replica that holds the jobs role; this one is a standby "
-            "(GET /v1/roles; docs/cloud.md, Replicas)",
-            headers={"Retry-After": "5"},
-        )
-    return None
+    return operator_refusal(request) or standby_refusal(request, "jobs")
 
 
 async def _close_streams(app: web.Application) -> None:

@@ -35,9 +35,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import models
 from cloud.api.auth import gateway_refusal, operator_refusal
-from cloud.api.context import CONFIG, FLEET, REGISTRY, ROLLOUT
+from cloud.api.context import CONFIG, FLEET, REGISTRY, ROLES, ROLLOUT, STORE
 from cloud.api.errors import error_response, reject
 from cloud.registry import ModelRegistry, RegistryEntry
+from cloud.roles import Role
 from cloud.rollout.controller import RolloutController
 from cloud.rollout.lifecycle import Lifecycle
 from cloud.rollout.transitions import (
@@ -122,11 +123,14 @@ async def _lifetime(app: web.Application) -> AsyncIterator[None]:
     await register_factory_models(registry)
     controller = RolloutController(registry, app[FLEET], app[CONFIG].rollout)
     app[ROLLOUT] = controller
-    await controller.start()
+    # One controller acts on a name's lifecycle: with replicas, the holder of the rollout role
+    # (the load balancer sends it the heartbeats its health judgement reads: docs/cloud.md).
+    role = app[ROLES]["rollout"] = Role("rollout", app[STORE].store.db, controller.start, controller.stop)
+    await role.open()
     try:
         yield
     finally:
-        await controller.stop()
+        await role.close()
 
 
 def _name(request: web.Request) -> str:

@@ -4,8 +4,10 @@ The configuration is what docs/cloud.md recommends ("Replicas"): round robin ove
 that answer ``GET /healthz`` (checked every 300 ms, out after one miss, back after one answer);
 a request whose connection a dead replica refused is sent to another (``retries`` +
 ``option redispatch``); a request cut mid-way (a replica killed while storing) is not replayed by
-haproxy: the gateway retries it, and cloudd's idempotency makes that safe. ``/v1/jobs`` goes to
-the one replica that holds the jobs role (its check is ``GET /v1/roles/jobs``, 503 elsewhere).
+haproxy: the gateway retries it, and cloudd's idempotency makes that safe. The paths of a
+singleton role (``ROLE_PATHS``: jobs, federated training, and the fleet view the rollout
+controller judges from, heartbeats included) go to the one replica holding it (the check of its
+backend is ``GET /v1/roles/<role>``, 503 elsewhere).
 
 ``need_haproxy()`` fails the test, naming the package, where haproxy is not installed (CONTRIBUTING:
 a missing tool is a failure, not a skip).
@@ -30,9 +32,25 @@ def need_haproxy() -> str:
     return path
 
 
+# role -> the haproxy conditions of the requests only its holder serves (cloud/roles.py)
+ROLE_PATHS = {
+    "jobs": ("path_beg /v1/jobs",),
+    "federated": ("path_beg /v1/federated",),
+    "rollout": ("path_beg /v1/fleet", "path_reg ^/v1/gateways/[^/]+/heartbeat$"),
+}
+
+
 def haproxy_config(port: int, backends: list[int]) -> str:
     """The load balancer's whole configuration for cloudd replicas listening on ``backends``."""
     servers = "\n".join(f"    server r{i} 127.0.0.1:{p} check" for i, p in enumerate(backends))
+    routes = "\n".join(
+        f"    use_backend {role} if {{ {condition} }}"
+        for role, conditions in ROLE_PATHS.items()
+        for condition in conditions
+    )
+    role_backends = "\n".join(
+        f"backend {role}\n    option httpchk GET /v1/roles/{role}\n{servers}\n" for role in ROLE_PATHS
+    )
     return f"""global
     maxconn 4096
 
@@ -47,7 +65,7 @@ defaults
 
 frontend cloudd
     bind 127.0.0.1:{port}
-    use_backend jobs if {{ path_beg /v1/jobs }}
+{routes}
     default_backend replicas
 
 backend replicas
@@ -55,10 +73,7 @@ backend replicas
     option httpchk GET /healthz
 {servers}
 
-backend jobs
-    option httpchk GET /v1/roles/jobs
-{servers}
-"""
+{role_backends}"""
 
 
 @dataclass
