@@ -45,6 +45,7 @@ from cloud.api import (
 from cloud.api.blobs import BLOBS
 from cloud.api.context import CONFIG, METRICS, REGISTRY, ROLES, STORE, TASKS
 from cloud.api.errors import json_errors
+from cloud.api.roles import role_lifetime
 from cloud.config import (
     CloudConfig,
     ConfigError,
@@ -55,7 +56,6 @@ from cloud.config import (
 )
 from cloud.metrics import CloudMetrics
 from cloud.notify import ModelNotifier, NotifyConfig, add_notify_arguments, parse_notify_args
-from cloud.roles import Role
 from cloud.rollout.announce import announce_assignments
 from cloud.rollout.flags import add_rollout_arguments, rollout_config
 from cloud.rollout.verdict import GateConfig
@@ -134,12 +134,8 @@ def build_app(
 
 async def _tasks_lifetime(app: web.Application) -> AsyncIterator[None]:
     runner = app[TASKS]
-    role = app[ROLES]["tasks"] = Role("tasks", app[STORE].store.db, runner.start, runner.stop)
-    await role.open()
-    try:
+    async with role_lifetime(app, "tasks", runner.start, runner.stop):
         yield
-    finally:
-        await role.close()
 
 
 class CloudServer:

@@ -29,10 +29,9 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from cloud.api.auth import gateway_refusal, operator_refusal
-from cloud.api.context import CONFIG, REGISTRY, ROLES, STORE
+from cloud.api.context import CONFIG, REGISTRY
 from cloud.api.errors import reject, reject_invalid
-from cloud.api.roles import standby_refusal
-from cloud.roles import Role
+from cloud.api.roles import role_lifetime, standby_refusal
 
 if TYPE_CHECKING:  # the coordinator imports torch: at run time only once federated training is on
     from cloud.federated.coordinator import FederatedCoordinator
@@ -90,12 +89,8 @@ async def _lifetime(app: web.Application) -> AsyncIterator[None]:
         if coordinator is not None:
             await coordinator.stop()
 
-    role = app[ROLES]["federated"] = Role("federated", app[STORE].store.db, resume, stop)
-    await role.open()
-    try:
+    async with role_lifetime(app, "federated", resume, stop):
         yield
-    finally:
-        await role.close()
 
 
 def _refusal(request: web.Request) -> web.Response | None:

@@ -33,14 +33,13 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 
 from cloud.api.auth import operator_refusal
-from cloud.api.context import CONFIG, JOBS, REGISTRY, ROLES, STORE, UPLOADS
+from cloud.api.context import CONFIG, JOBS, REGISTRY, STORE, UPLOADS
 from cloud.api.errors import reject
-from cloud.api.roles import standby_refusal
+from cloud.api.roles import role_lifetime, standby_refusal
 from cloud.jobs.manager import JobManager, JobNotFound, QueueFull
 from cloud.jobs.spec import JobSpec, SpecError, parse_spec
 from cloud.jobs.table import FINAL, JobRow
 from cloud.jobs.uploads import fits_loss
-from cloud.roles import Role
 
 MAX_SPEC_BYTES = 64 * 1024
 KEEPALIVE_S = 15.0
@@ -68,12 +67,8 @@ def setup(app: web.Application) -> None:
 async def _manager_lifetime(app: web.Application) -> AsyncIterator[None]:
     manager, db = app[JOBS], app[STORE].store.db
     manager.database = db if db.shared else None  # SQLite: the jobs' own file, as before replicas
-    role = app[ROLES]["jobs"] = Role("jobs", db, manager.start, manager.stop)
-    await role.open()
-    try:
+    async with role_lifetime(app, "jobs", manager.start, manager.stop):
         yield
-    finally:
-        await role.close()
 
 
 def _refusal(request: web.Request) -> web.Response | None:

@@ -10,9 +10,12 @@ replica that does not hold it, never with this replica's empty or stale view.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
 from aiohttp import web
 
-from cloud.api.context import ROLES
+from cloud.api.context import ROLES, STORE
 from cloud.api.errors import error_response, reject
 from cloud.roles import Role
 
@@ -20,6 +23,20 @@ from cloud.roles import Role
 def setup(app: web.Application) -> None:
     app.router.add_get("/v1/roles", get_roles)
     app.router.add_get("/v1/roles/{name}", get_role)
+
+
+@asynccontextmanager
+async def role_lifetime(
+    app: web.Application, name: str, start: Callable[[], Awaitable[None]], stop: Callable[[], Awaitable[None]]
+) -> AsyncIterator[Role]:
+    """Within it, this replica runs ``start``..``stop`` while it holds role ``name`` (a cleanup
+    context's body: after the store opened, before it closes)."""
+    role = app[ROLES][name] = Role(name, app[STORE].store.db, start, stop)
+    await role.open()
+    try:
+        yield role
+    finally:
+        await role.close()
 
 
 def standby_refusal(request: web.Request, name: str) -> web.Response | None:

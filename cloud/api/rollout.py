@@ -35,10 +35,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import models
 from cloud.api.auth import gateway_refusal, operator_refusal
-from cloud.api.context import CONFIG, FLEET, REGISTRY, ROLES, ROLLOUT, STORE
+from cloud.api.context import CONFIG, FLEET, REGISTRY, ROLLOUT
 from cloud.api.errors import error_response, reject
+from cloud.api.roles import role_lifetime
 from cloud.registry import ModelRegistry, RegistryEntry
-from cloud.roles import Role
 from cloud.rollout.controller import RolloutController
 from cloud.rollout.lifecycle import Lifecycle
 from cloud.rollout.transitions import (
@@ -125,12 +125,8 @@ async def _lifetime(app: web.Application) -> AsyncIterator[None]:
     app[ROLLOUT] = controller
     # One controller acts on a name's lifecycle: with replicas, the holder of the rollout role
     # (the load balancer sends it the heartbeats its health judgement reads: docs/cloud.md).
-    role = app[ROLES]["rollout"] = Role("rollout", app[STORE].store.db, controller.start, controller.stop)
-    await role.open()
-    try:
+    async with role_lifetime(app, "rollout", controller.start, controller.stop):
         yield
-    finally:
-        await role.close()
 
 
 def _name(request: web.Request) -> str:
