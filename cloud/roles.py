@@ -75,7 +75,10 @@ class Role:
         while not self.lost:
             await asyncio.sleep(self.retry_s)  # the polling period of a standby: the scenario, not a wait
             if self._lease is None:
-                await self._try()
+                try:
+                    await self._try()
+                except Exception:  # the work failed to start: a standby still, it asks again
+                    log.exception("role %s: starting it failed", self.name)
             elif not await asyncio.to_thread(self._lease.alive):
                 log.error("role %s: lost the lease (database connection gone); stopping it", self.name)
                 self.lost = True

@@ -81,9 +81,10 @@ class AsyncStoreWriter:
         if executor is None:
             return
         store, self._store = self._store, None
-        if store is not None:
-            await asyncio.get_running_loop().run_in_executor(executor, store.close)
+        # Every queued call first (on PostgreSQL several run at once), then the store they use.
         await asyncio.to_thread(executor.shutdown, wait=True)
+        if store is not None:
+            await asyncio.to_thread(store.close)
 
     async def store_batch(self, batch: UploadBatch) -> BatchAck:
         return await self._run(lambda: self.store.store_batch(batch))
