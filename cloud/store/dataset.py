@@ -115,8 +115,9 @@ class DatasetStore:
         clock: Callable[[], float] = time.time,
     ) -> DatasetStore:
         """Open (creating if needed) the store whose metadata is in ``database`` (a PostgreSQL URL;
-        None: the database the data directory names, else its SQLite file). A SQLite writer takes
-        the directory's lock and recovers first; any writer brings the schema up to date."""
+        None: the data directory's SQLite file, or, for a reader, the database the directory's
+        marker names). A SQLite writer takes the directory's lock and recovers first; any writer
+        brings the schema up to date."""
         data_dir = Path(data_dir)
         if not readonly:
             data_dir.mkdir(parents=True, exist_ok=True)

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from devices.sensors import SensorRun, SentRecord, run_sensors
 from tests.harness.cloud_http import upload
 from tests.harness.cloudd import OPERATOR_TOKEN
 from tests.harness.gatewayd import Gatewayd, write_config
 from tests.harness.haproxy import need_haproxy
 from tests.harness.poll import wait_until
 from tests.harness.replicas import ReplicaSet, start_replicas
+from tests.harness.sensors import assert_stored_exactly_once, start_sensors, telemetry_counts
 
 GATEWAYS = ("gw1", "gw2")
 BIG_GATEWAY, BIG_LOG, BIG_BATCH = "gw3", "b16b00b5", 3000
@@ -84,34 +84,8 @@ def _pending_store_calls(cluster: ReplicaSet, replica: int) -> int:
         return int(json.loads(response.read())["pending_store_calls"])
 
 
-def _sensors(broker: str, gateway: str, seed: int, out: list[SentRecord]) -> threading.Thread:
-    run = SensorRun(
-        broker=broker,
-        gateway=gateway,
-        count=SENSORS,
-        rate_hz=150,
-        duration_s=None,
-        messages=MESSAGES,
-        dropout_probability=0.0,
-        seed=seed,
-    )
-    thread = threading.Thread(target=lambda: out.append(run_sensors(run)), name=f"sensors-{gateway}")
-    thread.start()
-    return thread
-
-
 def _telemetry(cluster: ReplicaSet, gateway: str) -> Counter:
-    stored = [r for r in cluster.records(gateway) if r.record["kind"] == "telemetry"]
-    return Counter((r.record["device"], r.record["body"]["seq"]) for r in stored)
-
-
-def _assert_exactly_once(sent: SentRecord, counts: Counter) -> None:
-    expected = {(device, seq) for device, seqs in sent.sent.items() for seq in seqs}
-    assert sent.total == SENSORS * MESSAGES
-    assert expected - counts.keys() == set(), "records lost"
-    assert counts.keys() - expected == set(), "records stored that were never sent"
-    duplicated = {key: n for key, n in counts.items() if n > 1}
-    assert duplicated == {}, f"{len(duplicated)} records stored more than once"
+    return telemetry_counts(cluster.records(gateway))
 
 
 @pytest.mark.slow
@@ -135,8 +109,13 @@ def test_replica_sigkilled_mid_upload_loses_and_doubles_nothing(
                 extra='\n[devices]\nallow = ["sensor-*"]\n',
             )
             gateways[gw] = Gatewayd(config, port).wait_ready()
-        sent: dict[str, list[SentRecord]] = {gw: [] for gw in GATEWAYS}
-        threads = [_sensors(mosquitto.url, gw, i, sent[gw]) for i, gw in enumerate(GATEWAYS)]
+        publishing = {
+            gw: start_sensors(
+                mosquitto.url, gateway=gw, count=SENSORS, messages=MESSAGES, rate_hz=150, seed=i
+            )
+            for i, gw in enumerate(GATEWAYS)
+        }
+        threads = [thread for thread, _ in publishing.values()]
 
         # Mid-upload: both gateways have batches stored, their sensors are still publishing.
         wait_until(
@@ -174,7 +153,7 @@ def test_replica_sigkilled_mid_upload_loses_and_doubles_nothing(
         assert set(big_stored) == {(BIG_LOG, lsn) for batch in big.sent for lsn in batch}, "big batch lost"
         assert set(big_stored.values()) == {1}, "a record of the big batches stored twice"
         for gw in GATEWAYS:
-            _assert_exactly_once(sent[gw][0], _telemetry(cluster, gw))
+            assert_stored_exactly_once(publishing[gw][1][0], cluster.records(gw), SENSORS * MESSAGES)
             gateways.pop(gw).kill()  # nothing more arrives (a gateway also uploads its own events)
 
         # The survivor serves everything, through the balancer and directly.
