@@ -68,7 +68,8 @@ class Role:
             self._lease = None
             raise
         self._running = True
-        log.info("role %s: this replica holds it", self.name)
+        if self.db.shared:  # on SQLite every role is the one cloudd's: nothing to tell
+            log.info("role %s: this replica holds it", self.name)
         return True
 
     async def _watch_lease(self) -> None:
