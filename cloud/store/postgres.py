@@ -114,8 +114,8 @@ class PostgresDatabase(Database):
                 if first is not None:
                     raw.execute(first)
                 return fn(Conn(raw, POSTGRESQL, lock))
-        except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
-            # The server or the link went away: the caller sees ours, with the reason.
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            # The server or the link went away, or it refused a statement: ours, with the reason.
             raise self._fail(exc) from exc
 
     def write(self, fn: Callable[[Conn], T], *, lock: str | None = None) -> T:
