@@ -25,6 +25,8 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class CloudConfig:
     data_dir: Path
+    # the metadata database: a postgresql:// URL (replicas share it), None: <data_dir>/meta.sqlite
+    database: str | None = None
     host: str = "127.0.0.1"
     port: int = 8700
     gateway_tokens: dict[str, str] = field(default_factory=dict)
@@ -79,3 +81,26 @@ def load_tokens_file(path: Path) -> dict[str, str]:
             raise ConfigError(f"--tokens-file {path}: gateways.{gateway}: {exc.detail}") from None
         tokens[gateway] = token
     return tokens
+
+
+def check_database_url(url: str, where: str) -> str:
+    """A PostgreSQL URL as cloudd takes it (``where`` names the flag or field); ConfigError if not."""
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise ConfigError(f"{where}: {url!r} is not a postgresql://USER@HOST:PORT/DB URL")
+    return url
+
+
+def load_database_url(path: Path) -> str | None:
+    """``[database] url = "postgresql://..."`` from the TOML file of ``--tokens-file`` (a password
+    is better kept there than on a command line every ``ps`` shows); None when absent."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"--tokens-file {path}: {exc}") from None
+    table = data.get("database")
+    if table is None:
+        return None
+    url = table.get("url") if isinstance(table, dict) else None
+    if not isinstance(url, str):
+        raise ConfigError(f"--tokens-file {path}: database.url must be a string")
+    return check_database_url(url, f"--tokens-file {path}: database.url")

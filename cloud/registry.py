@@ -11,16 +11,22 @@ evaluations read as track "central", evaluation None, factory False.
 
 Invariant: a version folder is visible (has ``registry.json``) only after its ONNX file and
 metadata are durably written and the bytes hash to the metadata's sha256; a stored version is
-never overwritten nor deleted; lifecycle changes and seq assignment are serialized by one lock.
+never overwritten nor deleted; lifecycle changes and seq assignment are serialized by one lock,
+across processes too (an asyncio lock, then an exclusive ``flock`` on ``DATA_DIR/models/.lock``):
+cloudd replicas sharing the data directory (docs/cloud.md, "Replicas") never number two versions
+alike nor lose a lifecycle change.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
+import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal, TypedDict, TypeVar, cast
 
@@ -31,6 +37,8 @@ from protocol.topics import check_id
 from runtime.files import atomic_write
 
 ENTRY_FILE = "registry.json"
+LOCK_FILE = ".lock"  # a file, so never listed as a model name (names() lists folders)
+LOCK_WAIT_S = 60.0  # another replica storing a large model holds it while it writes
 # What ``store`` did: 201 stored, 200 already stored with the same hash, 409 stored with other bytes.
 StoreStatus = Literal[201, 200, 409]
 Track = Literal["central", "federated"]
@@ -61,6 +69,18 @@ def _read_entry(entry_file: Path) -> RegistryEntry:
     return cast(RegistryEntry, raw)
 
 
+def _try_lock(path: Path) -> int | None:
+    """The fd holding an exclusive flock on ``path``, or None if another process holds it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
 class ModelRegistry:
     """Files under ``root``; one instance per process (the lock orders seq assignment).
 
@@ -73,6 +93,21 @@ class ModelRegistry:
         self._lock = asyncio.Lock()
         self._listeners: list[Callable[[ModelMetadata], None]] = []
         self._lifecycle_listeners: list[Callable[[str], None]] = []
+
+    @asynccontextmanager
+    async def _serialised(self) -> AsyncIterator[None]:
+        """This process's lock, then every process's (polled without blocking, so a cancelled
+        caller never leaves a lock taken behind it)."""
+        async with self._lock:
+            async with asyncio.timeout(LOCK_WAIT_S):
+                fd = _try_lock(self.root / LOCK_FILE)
+                while fd is None:
+                    await asyncio.sleep(0.02)  # another replica holds it: its changes take milliseconds
+                    fd = _try_lock(self.root / LOCK_FILE)
+            try:
+                yield
+            finally:
+                os.close(fd)  # releases the flock
 
     def add_listener(self, listener: Callable[[ModelMetadata], None]) -> None:
         """Call ``listener(metadata)`` (on the loop; it must not block) after each new version."""
@@ -104,7 +139,7 @@ class ModelRegistry:
 
     async def change_lifecycle(self, name: str, change: Callable[[Lifecycle], T]) -> T:
         """Apply ``change`` (which may raise, changing nothing) to the name's lifecycle and persist it."""
-        async with self._lock:
+        async with self._serialised():
             state = self.lifecycle(name)
             result = change(state)
             await asyncio.to_thread(write_lifecycle, self.root / check_id("model", name), state)
@@ -153,7 +188,7 @@ class ModelRegistry:
         """(HTTP status, entry): 201 stored (stage candidate), 200 already stored with the same hash,
         409 conflict."""
         metadata = artifact.metadata
-        async with self._lock:
+        async with self._serialised():
             existing = self.entry(metadata.name, metadata.version)
             if existing is not None:
                 return (200 if existing["sha256"] == metadata.sha256 else 409), existing

@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 from aiohttp import web
 
@@ -35,14 +37,23 @@ from cloud.api import (
     openapi,
     probe,
     registry,
+    roles,
     rollout,
     status,
     uploads,
 )
 from cloud.api.blobs import BLOBS
-from cloud.api.context import CONFIG, METRICS, REGISTRY, STORE, TASKS
+from cloud.api.context import CONFIG, METRICS, REGISTRY, ROLES, STORE, TASKS
 from cloud.api.errors import json_errors
-from cloud.config import CloudConfig, ConfigError, load_tokens_file, parse_token_arg
+from cloud.api.roles import role_lifetime
+from cloud.config import (
+    CloudConfig,
+    ConfigError,
+    check_database_url,
+    load_database_url,
+    load_tokens_file,
+    parse_token_arg,
+)
 from cloud.jobs.scheduling import add_scheduler_arguments, scheduler_from_args
 from cloud.metrics import CloudMetrics
 from cloud.notify import ModelNotifier, NotifyConfig, add_notify_arguments, parse_notify_args
@@ -50,6 +61,7 @@ from cloud.rollout.announce import announce_assignments
 from cloud.rollout.flags import add_rollout_arguments, rollout_config
 from cloud.rollout.verdict import GateConfig
 from cloud.store import StoreLocked
+from cloud.store.database import DatabaseError
 from cloud.store.writer import AsyncStoreWriter
 from cloud.tasks.runner import TaskRunner, TaskRunnerConfig
 from cloud.web import routes as web_routes
@@ -58,6 +70,7 @@ log = logging.getLogger("cloudd")
 
 ROUTE_GROUPS: tuple[Callable[[web.Application], None], ...] = (
     health.setup,
+    roles.setup,
     ingest.setup,
     status.setup,
     probe.setup,
@@ -98,7 +111,10 @@ def build_app(
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[json_errors])
     app[CONFIG] = config
     app[METRICS] = CloudMetrics()
-    app[STORE] = AsyncStoreWriter(config.data_dir, max_pending=config.max_pending_writes)
+    app[ROLES] = {}
+    app[STORE] = AsyncStoreWriter(
+        config.data_dir, database=config.database, max_pending=config.max_pending_writes
+    )
     app.cleanup_ctx.append(_store_lifetime)
     for setup in (*ROUTE_GROUPS, *extra_routes):
         setup(app)
@@ -118,11 +134,9 @@ def build_app(
 
 
 async def _tasks_lifetime(app: web.Application) -> AsyncIterator[None]:
-    await app[TASKS].start()
-    try:
+    runner = app[TASKS]
+    async with role_lifetime(app, "tasks", runner.start, runner.stop):
         yield
-    finally:
-        await app[TASKS].stop()
 
 
 class CloudServer:
@@ -210,7 +224,18 @@ async def serve(
 
 def parse_args(argv: Sequence[str] | None = None) -> CloudConfig:
     parser = argparse.ArgumentParser(prog="cloudd", description="edgefed cloud daemon")
-    parser.add_argument("--data-dir", required=True, type=Path, help="datasets and meta.sqlite live here")
+    parser.add_argument(
+        "--data-dir",
+        required=True,
+        type=Path,
+        help="datasets (and meta.sqlite without --database)",
+    )
+    parser.add_argument(
+        "--database",
+        metavar="URL",
+        help="postgresql://USER[:PASSWORD]@HOST:PORT/DB: the metadata database replicas share "
+        "(default: DATA_DIR/meta.sqlite; also [database] url in --tokens-file)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", default=8700, type=int)
     parser.add_argument(
@@ -243,12 +268,16 @@ def parse_args(argv: Sequence[str] | None = None) -> CloudConfig:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     tokens = load_tokens_file(args.tokens_file) if args.tokens_file else {}
+    database = load_database_url(args.tokens_file) if args.tokens_file else None
+    if args.database is not None:
+        database = check_database_url(args.database, "--database")
     tokens.update(parse_token_arg(arg) for arg in args.token)
     if args.operator_token == "":
         raise ConfigError("--operator-token must not be empty")
     return CloudConfig(
         # absolute: the job steps (prepare, torchrun, export, gate) run in their job's own folder
         data_dir=Path(args.data_dir).resolve(),
+        database=database,
         host=args.host,
         port=args.port,
         gateway_tokens=tokens,
@@ -266,6 +295,14 @@ def parse_args(argv: Sequence[str] | None = None) -> CloudConfig:
     )
 
 
+def share_password(url: str) -> None:
+    """Put the URL's password in ``PGPASSWORD`` for this process's children: a job's dataset step
+    opens the store by the data directory's marker, which never holds the password."""
+    password = urlsplit(url).password
+    if password:
+        os.environ["PGPASSWORD"] = unquote(password)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = parse_args(argv)
@@ -273,11 +310,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"cloudd: {exc}", file=sys.stderr)
         return 2
+    if config.database is not None:
+        share_password(config.database)
     if not config.gateway_tokens:
         log.warning("no gateway tokens configured: every upload will be refused (use --token GW=TOKEN)")
     try:
         asyncio.run(serve(config, notify=notify))
-    except StoreLocked as exc:
+    except (StoreLocked, DatabaseError) as exc:
         print(f"cloudd: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:

@@ -3,6 +3,7 @@ are in tests/harness/."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from tests.harness.broker import Broker, SecureBroker, start_broker, start_secure_broker
 from tests.harness.cloudd import Cloudd, start_cloudd
+from tests.harness.postgres import Postgres, postgres_binaries, start_postgres
 
 
 @pytest.fixture
@@ -34,3 +36,29 @@ def cloudd(tmp_path: Path) -> Iterator[Cloudd]:
     server = start_cloudd(tmp_path / "cloudd")
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[Postgres]:
+    """One real PostgreSQL cluster for the session (tests.harness.postgres: its own initdb, on a
+    free port); skipped, with the reason, only where its binaries are missing."""
+    reason = postgres_binaries()
+    if reason is not None:
+        pytest.skip(reason)
+    server = start_postgres()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgresql_url(postgres_cluster: Postgres) -> str:
+    """The URL of a new, empty database of this test's own."""
+    return postgres_cluster.create_database(f"t{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest) -> str | None:
+    """Each backend of the metadata database: None (the data dir's SQLite file) or a PostgreSQL URL."""
+    if request.param == "sqlite":
+        return None
+    return str(request.getfixturevalue("postgresql_url"))

@@ -11,7 +11,6 @@ Invariant: an acknowledgement is written through the store's writer in one trans
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from typing import Any
 
@@ -22,6 +21,7 @@ from cloud.api.auth import operator_refusal
 from cloud.api.context import STORE
 from cloud.api.errors import error_response
 from cloud.store import alerts
+from cloud.store.database import Conn
 
 MAX_ACK_IDS = 1000
 
@@ -42,7 +42,7 @@ async def get_alerts(request: web.Request) -> web.Response:
         return params.bad_param(exc)
     gateway, open_only = request.query.get("gateway"), params.flag(request, "open")
 
-    def query(conn: sqlite3.Connection) -> dict[str, Any]:
+    def query(conn: Conn) -> dict[str, Any]:
         return {
             "v": 1,
             "alerts": alerts.listing(conn, gateway, open_only, limit, before),

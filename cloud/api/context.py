@@ -10,6 +10,7 @@ from cloud.jobs.manager import JobManager
 from cloud.jobs.uploads import UploadedDatasets
 from cloud.metrics import CloudMetrics
 from cloud.registry import ModelRegistry
+from cloud.roles import Role
 from cloud.rollout.controller import RolloutController
 from cloud.store.writer import AsyncStoreWriter
 from cloud.tasks.runner import TaskRunner
@@ -24,3 +25,4 @@ UPLOADS = web.AppKey("uploads", UploadedDatasets)  # datasets users upload (clou
 FLEET = web.AppKey("fleet", FleetView)
 TASKS = web.AppKey("tasks", TaskRunner)  # set by build_app when config.tasks_enabled
 ROLLOUT = web.AppKey("rollout", RolloutController)  # set by cloud.api.rollout's cleanup context
+ROLES = web.AppKey("roles", dict[str, Role])  # the roles this replica may hold (cloud/roles.py)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import csv
 import io
-import sqlite3
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +24,7 @@ from cloud.api.auth import operator_refusal
 from cloud.api.context import STORE
 from cloud.api.errors import error_response
 from cloud.store import series
+from cloud.store.database import Conn
 
 DEVICE_PATH = "/v1/devices/{gateway_id}/{device}"
 WEEK_S = 7 * 86400.0
@@ -48,8 +48,8 @@ def _window(request: web.Request) -> tuple[float, float, int]:
 
 def _device(
     gateway: str, device: str, start: float, end: float, points: int
-) -> Callable[[sqlite3.Connection], dict[str, Any] | None]:
-    def query(conn: sqlite3.Connection) -> dict[str, Any] | None:
+) -> Callable[[Conn], dict[str, Any] | None]:
+    def query(conn: Conn) -> dict[str, Any] | None:
         known = conn.execute(
             "SELECT records, last_ts FROM devices WHERE gateway=? AND device=?", (gateway, device)
         ).fetchone()

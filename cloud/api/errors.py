@@ -57,6 +57,7 @@ RejectionReason = Literal[
     "no_assignment",
     # cloudd itself
     "busy",
+    "standby",
     "store_failed",
     "internal",
 ]

@@ -13,7 +13,9 @@
 The coordinator (``cloud/federated/coordinator.py``) imports torch; this module does not, and
 starts the coordinator only when a job exists (on disk at startup, or PUT), so a cloudd without
 federated training never imports torch. Invariant: the coordinator is started and stopped by the
-app's cleanup context, after the store opened and before it closes.
+app's cleanup context, after the store opened and before it closes. With replicas on PostgreSQL it
+runs only on the replica holding the ``federated`` role (cloud/roles.py); the others answer every
+route here 503 ``standby``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from aiohttp import web
 from cloud.api.auth import gateway_refusal, operator_refusal
 from cloud.api.context import CONFIG, REGISTRY
 from cloud.api.errors import reject, reject_invalid
+from cloud.api.roles import role_lifetime, standby_refusal
 
 if TYPE_CHECKING:  # the coordinator imports torch: at run time only once federated training is on
     from cloud.federated.coordinator import FederatedCoordinator
@@ -76,15 +79,22 @@ async def _start_coordinator(app: web.Application) -> FederatedCoordinator:
 
 
 async def _lifetime(app: web.Application) -> AsyncIterator[None]:
-    if (app[CONFIG].data_dir / STATE_FILE).exists():
-        await _start_coordinator(app)
-    try:
-        yield
-    finally:
+    async def resume() -> None:
+        if (app[CONFIG].data_dir / STATE_FILE).exists():
+            await _start_coordinator(app)
+
+    async def stop() -> None:
         slot = app[FEDERATED]
         coordinator, slot.coordinator = slot.coordinator, None
         if coordinator is not None:
             await coordinator.stop()
+
+    async with role_lifetime(app, "federated", resume, stop):
+        yield
+
+
+def _refusal(request: web.Request) -> web.Response | None:
+    return operator_refusal(request) or standby_refusal(request, "federated")
 
 
 def _no_job(request: web.Request) -> web.Response:
@@ -95,7 +105,7 @@ async def put_job(request: web.Request) -> web.Response:
     from protocol.errors import ProtocolError
     from protocol.federated import parse_job
 
-    if (refusal := operator_refusal(request)) is not None:
+    if (refusal := _refusal(request)) is not None:
         return refusal
     body = await request.read()
     if len(body) > MAX_JOB_BYTES:
@@ -117,7 +127,7 @@ async def put_job(request: web.Request) -> web.Response:
 
 
 async def delete_job(request: web.Request) -> web.Response:
-    if (refusal := operator_refusal(request)) is not None:
+    if (refusal := _refusal(request)) is not None:
         return refusal
     slot = request.app[FEDERATED]
     async with slot.starting:
@@ -135,7 +145,7 @@ async def delete_job(request: web.Request) -> web.Response:
 
 
 async def get_job(request: web.Request) -> web.Response:
-    if (refusal := operator_refusal(request)) is not None:
+    if (refusal := _refusal(request)) is not None:
         return refusal
     coordinator = request.app[FEDERATED].coordinator
     if coordinator is None or coordinator.status.get("job") is None:
@@ -144,7 +154,7 @@ async def get_job(request: web.Request) -> web.Response:
 
 
 async def get_status(request: web.Request) -> web.Response:
-    if (refusal := operator_refusal(request)) is not None:
+    if (refusal := _refusal(request)) is not None:
         return refusal
     coordinator = request.app[FEDERATED].coordinator
     if coordinator is None:
@@ -154,7 +164,7 @@ async def get_status(request: web.Request) -> web.Response:
 
 async def get_model(request: web.Request) -> web.Response:
     gateway = request.match_info["gateway_id"]
-    if (refusal := gateway_refusal(request, gateway)) is not None:
+    if (refusal := gateway_refusal(request, gateway) or standby_refusal(request, "federated")) is not None:
         return refusal
     coordinator = request.app[FEDERATED].coordinator
     document = coordinator.model_document if coordinator is not None else None

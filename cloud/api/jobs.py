@@ -24,6 +24,9 @@ stream ends with ``event: end`` once the job ended.
 Invariant: the manager is started after the store opens and stopped before it closes (it is
 the app's cleanup context appended after the store's), and every open event stream returns when
 cloudd shuts down (``on_shutdown`` closes them before aiohttp waits for in-flight requests).
+With replicas on PostgreSQL the manager runs only on the replica holding the ``jobs`` role
+(cloud/roles.py); the others answer every route here 503 ``standby`` (the load balancer
+sends these paths to the holder: docs/cloud.md, "Replicas").
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 
 from cloud.api.auth import operator_refusal
-from cloud.api.context import CONFIG, JOBS, REGISTRY, UPLOADS
+from cloud.api.context import CONFIG, JOBS, REGISTRY, STORE, UPLOADS
 from cloud.api.errors import reject
+from cloud.api.roles import role_lifetime, standby_refusal
 from cloud.jobs.manager import JobManager, JobNotFound, QueueFull
 from cloud.jobs.scheduling import scheduler_settings
 from cloud.jobs.spec import JobSpec, SpecError, parse_spec
@@ -67,11 +71,15 @@ def setup(app: web.Application) -> None:
 
 
 async def _manager_lifetime(app: web.Application) -> AsyncIterator[None]:
-    await app[JOBS].start()
-    try:
+    manager, db = app[JOBS], app[STORE].store.db
+    manager.database = db if db.shared else None  # SQLite: the jobs' own file, as before replicas
+    async with role_lifetime(app, "jobs", manager.start, manager.stop):
         yield
-    finally:
-        await app[JOBS].stop()
+
+
+def _refusal(request: web.Request) -> web.Response | None:
+    """The operator's token, then whether this replica runs jobs."""
+    return operator_refusal(request) or standby_refusal(request, "jobs")
 
 
 async def _close_streams(app: web.Application) -> None:
@@ -87,7 +95,7 @@ def _job_or_404(request: web.Request, manager: JobManager) -> JobRow | web.Respo
 
 
 async def post_job(request: web.Request) -> web.Response:
-    if (refusal := operator_refusal(request)) is not None:
+    if (refusal := _refusal(request)) is not None:
         return refusal
     if (request.content_length or 0) > MAX_SPEC_BYTES:
         return reject(request, 413, "too_large", f"job spec > {MAX_SPEC_BYTES} bytes")
@@ -137,7 +145,7 @@ def job_limits(app: web.Application) -> dict[str, int]:
 
 
 async def list_jobs(request: web.Request) -> web.Response:
-    if (refusal := operator_refusal(request)) is not None:
+    if (refusal := _refusal(request)) is not None:
         return refusal
     manager = request.app[JOBS]
     return web.json_response(
@@ -154,7 +162,7 @@ async def list_jobs(request: web.Request) -> web.Response:
 
 
 async def get_job(request: web.Request) -> web.Response:
-    if (refusal := operator_refusal(request)) is not None:
+    if (refusal := _refusal(request)) is not None:
         return refusal
     manager = request.app[JOBS]
     row = _job_or_404(request, manager)
@@ -162,7 +170,7 @@ async def get_job(request: web.Request) -> web.Response:
 
 
 async def cancel_job(request: web.Request) -> web.Response:
-    if (refusal := operator_refusal(request)) is not None:
+    if (refusal := _refusal(request)) is not None:
         return refusal
     manager = request.app[JOBS]
     row = _job_or_404(request, manager)
@@ -189,7 +197,7 @@ def _start_at(request: web.Request) -> int | web.Response:
 
 
 async def job_events(request: web.Request) -> web.StreamResponse:
-    if (refusal := operator_refusal(request)) is not None:
+    if (refusal := _refusal(request)) is not None:
         return refusal
     manager = request.app[JOBS]
     row = _job_or_404(request, manager)

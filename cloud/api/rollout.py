@@ -37,6 +37,7 @@ import models
 from cloud.api.auth import gateway_refusal, operator_refusal
 from cloud.api.context import CONFIG, FLEET, REGISTRY, ROLLOUT
 from cloud.api.errors import error_response, reject
+from cloud.api.roles import role_lifetime
 from cloud.registry import ModelRegistry, RegistryEntry
 from cloud.rollout.controller import RolloutController
 from cloud.rollout.lifecycle import Lifecycle
@@ -122,11 +123,10 @@ async def _lifetime(app: web.Application) -> AsyncIterator[None]:
     await register_factory_models(registry)
     controller = RolloutController(registry, app[FLEET], app[CONFIG].rollout)
     app[ROLLOUT] = controller
-    await controller.start()
-    try:
+    # One controller acts on a name's lifecycle: with replicas, the holder of the rollout role
+    # (the load balancer sends it the heartbeats its health judgement reads: docs/cloud.md).
+    async with role_lifetime(app, "rollout", controller.start, controller.stop):
         yield
-    finally:
-        await controller.stop()
 
 
 def _name(request: web.Request) -> str:

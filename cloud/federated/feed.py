@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cloud.store import meta, segments
+from cloud.store import marker, meta, segments
+from cloud.store.database import SQLITE_FILE, open_database
 
 Position = tuple[int, int]  # (segment seq, byte offset)
 _UPDATE_MARK = b'"kind":"update"'
@@ -49,14 +50,13 @@ class UpdateFeed:
         self.scanned_bytes = 0
 
     def _committed(self) -> list[tuple[str, int, int]]:
-        db = self.data_dir / "meta.sqlite"
-        if not db.exists():
-            return []
-        conn = meta.connect(db, readonly=True)
+        if not (self.data_dir / SQLITE_FILE).exists() and marker.read(self.data_dir) is None:
+            return []  # no store yet
+        db = open_database(None, self.data_dir, readonly=True)
         try:
-            return meta.segments(conn)
+            return db.read(meta.segments)
         finally:
-            conn.close()
+            db.close()
 
     def skip_to_end(self) -> None:
         """Move the cursor past everything committed now, without reading it."""

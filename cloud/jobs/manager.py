@@ -37,6 +37,7 @@ from cloud.jobs.torchrun import cancel_job
 from cloud.jobs.uploads import UploadedDatasets
 from cloud.registry import ModelRegistry
 from cloud.rollout.verdict import GateConfig
+from cloud.store.database import Database
 from runtime.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,9 @@ class JobManager:
         gate: GateConfig | None = None,
         scheduler: SchedulerSettings | None = None,
         clock: Callable[[], float] = time.time,
+        database: Database | None = None,  # the replicas' shared one; None: jobs/jobs.sqlite
     ) -> None:
+        self.database = database
         self.data_dir, self.root = data_dir, data_dir / "jobs"
         self.clock = clock
         uploads = uploads or UploadedDatasets(data_dir / "uploads", max_bytes=0)
@@ -90,7 +93,7 @@ class JobManager:
     async def start(self) -> None:
         if self._table is not None:
             raise RuntimeError("JobManager already started")
-        self._table = JobTable(self.root / "jobs.sqlite")
+        self._table = JobTable(self.root / "jobs.sqlite", self.database)
         for row in self._table.all("running"):  # cloudd stopped (or crashed) under it: resume it
             self._table.set_state(row.id, "queued", error="interrupted by a cloudd restart; resumes")
         for row in self._table.all():

@@ -1,27 +1,28 @@
-"""JobTable: every job cloudd was given, in SQLite at ``<data_dir>/jobs/jobs.sqlite``.
+"""JobTable: every job cloudd was given, in the metadata database (cloud/store/database.py): its
+own SQLite file ``<data_dir>/jobs/jobs.sqlite`` by default, or the replicas' PostgreSQL database.
 
-A job moves ``queued -> running -> succeeded | failed | cancelled`` (or ``queued -> cancelled``, or
-``queued -> failed`` when the scheduler's admission refuses it);
+A job moves ``queued -> running -> succeeded | failed | cancelled`` (or ``queued -> cancelled``,
+``queued -> failed`` when admission refuses it, ``running -> preempted -> running`` when the scheduler
+preempts and later resumes it);
 a running job that cloudd was stopped under goes back to ``queued`` and resumes from its last
-complete checkpoint when cloudd starts again. A job the scheduler preempts moves ``running ->
-preempted`` (it waits in the queue again, its checkpoint on disk) and ``preempted -> running`` when
-it resumes (or ``preempted -> cancelled``). Each row keeps what the scheduler needs of a job across
-restarts: ``attained_service_s`` (device-seconds held by its finished runs), ``steps_done``,
-``throughput`` (steps/s measured per node generation) and ``preemptions``.
+complete checkpoint when cloudd starts again.
 
 Invariant: a row's state only moves forward along those arrows (``set_state`` refuses any other
 move), and each change is committed before the manager acts on it, so a restarted cloudd shows
-the same history.
+the same history. With replicas, only the one holding the ``jobs`` role (cloud/roles.py) opens
+the table, so one process moves states; ``insert`` also takes the table's lock for ``seq``.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from cloud.store.database import Conn, Database, SqliteDatabase
+from cloud.store.migrations import Migration, migrate
 
 JobState = Literal["queued", "running", "preempted", "succeeded", "failed", "cancelled"]
 WAITING: frozenset[JobState] = frozenset({"queued", "preempted"})
@@ -39,35 +40,39 @@ _MOVES: set[tuple[JobState, JobState]] = {
     ("preempted", "cancelled"),
 }
 
-_SCHEMA = """
+_COLUMNS = (
+    "id, seq, spec, state, created_ts, started_ts, finished_ts, exit_code, error, model, lineage, "
+    "attained_service_s, steps_done, throughput, preemptions"
+)
+_JSON_COLUMNS = ("model", "lineage", "throughput")
+MIGRATIONS = (
+    Migration(
+        1,
+        "jobs",
+        """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY,
     seq INTEGER NOT NULL,
     spec TEXT NOT NULL,
     state TEXT NOT NULL,
-    created_ts REAL NOT NULL,
-    started_ts REAL,
-    finished_ts REAL,
+    created_ts {real} NOT NULL,
+    started_ts {real},
+    finished_ts {real},
     exit_code INTEGER,
     error TEXT,
     model TEXT,
     lineage TEXT
-)
-"""
-# Columns added after the first release: a table of an older cloudd gains them, zero-valued.
-_ADDED_COLUMNS = {
-    "attained_service_s": "REAL NOT NULL DEFAULT 0",
-    "steps_done": "INTEGER NOT NULL DEFAULT 0",
-    "throughput": "TEXT NOT NULL DEFAULT '{}'",
-    "preemptions": "INTEGER NOT NULL DEFAULT 0",
-}
-_JSON_COLUMNS = ("model", "lineage", "throughput")
-
-
-# the column order JobTable._row unpacks (an older table gained the added columns at its end too)
-_SELECTED = (
-    "id, seq, spec, state, created_ts, started_ts, finished_ts, exit_code, error, model, lineage, "
-    + ", ".join(_ADDED_COLUMNS)
+)""",
+    ),
+    Migration(
+        2,
+        "jobs: the scheduler's figures (a table of an older cloudd gains them, zero-valued)",
+        """
+ALTER TABLE jobs ADD COLUMN attained_service_s {real} NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN steps_done INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN throughput TEXT NOT NULL DEFAULT '{{}}';
+ALTER TABLE jobs ADD COLUMN preemptions INTEGER NOT NULL DEFAULT 0""",
+    ),
 )
 
 
@@ -94,21 +99,22 @@ class JobRow:
 
 
 class JobTable:
-    """One connection, used from the event loop's thread only (each call is a short transaction)."""
+    """Each call is one short transaction (called from the event loop's thread)."""
 
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(path, isolation_level=None)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=FULL")
-        self._conn.execute(_SCHEMA)
-        present = {row[1] for row in self._conn.execute("PRAGMA table_info(jobs)")}
-        for name, kind in _ADDED_COLUMNS.items():
-            if name not in present:
-                self._conn.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+    def __init__(self, path: Path, database: Database | None = None) -> None:
+        """The table in ``database`` (shared by replicas), or else in its own SQLite file at ``path``."""
+        if database is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            database = SqliteDatabase(path)
+            self._owned: Database | None = database
+        else:
+            self._owned = None  # the store's: closed by the store
+        self._db = database
+        migrate(database, "jobs", MIGRATIONS)
 
     def close(self) -> None:
-        self._conn.close()
+        if self._owned is not None:
+            self._owned.close()
 
     def _row(self, values: tuple[Any, ...]) -> JobRow:
         (id_, seq, spec, state, created, started, finished, code, error, model, lineage) = values[:11]
@@ -132,17 +138,21 @@ class JobTable:
         )
 
     def insert(self, spec: dict[str, Any], now: float | None = None) -> JobRow:
-        with self._conn:
-            seq = 1 + (self._conn.execute("SELECT MAX(seq) FROM jobs").fetchone()[0] or 0)
+        def add(conn: Conn) -> str:
+            seq = 1 + (conn.execute("SELECT MAX(seq) FROM jobs").fetchone()[0] or 0)
             job_id = f"job-{seq:05d}"
-            self._conn.execute(
+            conn.execute(
                 "INSERT INTO jobs (id, seq, spec, state, created_ts) VALUES (?, ?, ?, ?, ?)",
                 (job_id, seq, json.dumps(spec), "queued", now or time.time()),
             )
-        return self._existing(job_id)
+            return job_id
+
+        return self._existing(self._db.write(add, lock="jobs"))
 
     def get(self, job_id: str) -> JobRow | None:
-        values = self._conn.execute(f"SELECT {_SELECTED} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        values = self._db.read(
+            lambda conn: conn.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        )
         return self._row(values) if values else None
 
     def _existing(self, job_id: str) -> JobRow:
@@ -153,31 +163,30 @@ class JobTable:
         return row
 
     def all(self, state: JobState | None = None) -> list[JobRow]:
-        query = f"SELECT {_SELECTED} FROM jobs"
+        query = f"SELECT {_COLUMNS} FROM jobs"
         args: tuple[str, ...] = ()
         if state is not None:
             query, args = query + " WHERE state = ?", (state,)
-        return [self._row(v) for v in self._conn.execute(query + " ORDER BY seq", args)]
+        rows = self._db.read(lambda conn: conn.execute(query + " ORDER BY seq", args).fetchall())
+        return [self._row(v) for v in rows]
 
     def set_state(self, job_id: str, state: JobState, **fields: Any) -> JobRow:
         """Move a job (only along the allowed arrows) and set ``fields`` in the same transaction."""
         row = self._existing(job_id)
         if (row.state, state) not in _MOVES:
             raise ValueError(f"{job_id}: cannot move from {row.state} to {state}")
-        columns = {
-            "state": state,
-            **{k: json.dumps(v) if k in _JSON_COLUMNS else v for k, v in fields.items()},
-        }
-        assignments = ", ".join(f"{name} = ?" for name in columns)
-        with self._conn:
-            self._conn.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*columns.values(), job_id))
+        self._update(job_id, {"state": state, **fields})
         return self._existing(job_id)
 
     def set_fields(self, job_id: str, **fields: Any) -> None:
         """Fields that do not change the state (the model a job registered, its lineage)."""
+        self._update(job_id, fields)
+
+    def _update(self, job_id: str, fields: dict[str, Any]) -> None:
         columns = {k: json.dumps(v) if k in _JSON_COLUMNS else v for k, v in fields.items()}
-        with self._conn:
-            self._conn.execute(
-                f"UPDATE jobs SET {', '.join(f'{n} = ?' for n in columns)} WHERE id = ?",
-                (*columns.values(), job_id),
+        assignments = ", ".join(f"{name} = ?" for name in columns)
+        self._db.write(
+            lambda conn: conn.execute(
+                f"UPDATE jobs SET {assignments} WHERE id = ?", (*columns.values(), job_id)
             )
+        )

@@ -13,17 +13,17 @@ the first time and who.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterable
 from typing import Any
 
+from cloud.store.database import Conn
 from protocol.records import Record
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS alerts (
-    id INTEGER PRIMARY KEY, gateway TEXT NOT NULL, log_id TEXT NOT NULL, lsn INTEGER NOT NULL,
-    device TEXT NOT NULL, ts REAL NOT NULL, type TEXT NOT NULL, body TEXT NOT NULL,
-    acked_ts REAL, acked_by TEXT, UNIQUE (gateway, log_id, lsn));
+    id {serial_pk}, gateway TEXT NOT NULL, log_id TEXT NOT NULL, lsn {int8} NOT NULL,
+    device TEXT NOT NULL, ts {real} NOT NULL, type TEXT NOT NULL, body TEXT NOT NULL,
+    acked_ts {real}, acked_by TEXT, UNIQUE (gateway, log_id, lsn));
 CREATE INDEX IF NOT EXISTS alerts_by_gateway ON alerts (gateway, id);
 CREATE INDEX IF NOT EXISTS alerts_open ON alerts (acked_ts, gateway);
 """
@@ -48,17 +48,17 @@ def collect(gateway: str, log_id: str, records: Iterable[tuple[int, Record]]) ->
     ]
 
 
-def insert(conn: sqlite3.Connection, rows: list[AlertRow]) -> None:
+def insert(conn: Conn, rows: list[AlertRow]) -> None:
     """Add the rows; the caller holds the transaction."""
     conn.executemany(
-        "INSERT OR IGNORE INTO alerts (gateway, log_id, lsn, device, ts, type, body) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO alerts (gateway, log_id, lsn, device, ts, type, body) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
         rows,
     )
 
 
 def listing(
-    conn: sqlite3.Connection, gateway: str | None, open_only: bool, limit: int, before: int | None
+    conn: Conn, gateway: str | None, open_only: bool, limit: int, before: int | None
 ) -> list[dict[str, Any]]:
     """Newest first, at most ``limit``; ``before`` (an id) pages further back."""
     where, args = ["1=1"], list[Any]()
@@ -82,13 +82,13 @@ def listing(
     return out
 
 
-def open_counts(conn: sqlite3.Connection) -> dict[str, int]:
+def open_counts(conn: Conn) -> dict[str, int]:
     """Unacknowledged alerts per gateway (gateways without any are absent)."""
     rows = conn.execute("SELECT gateway, count(*) FROM alerts WHERE acked_ts IS NULL GROUP BY gateway")
     return dict(rows.fetchall())
 
 
-def acknowledge(conn: sqlite3.Connection, ids: list[int], now: float, by: str) -> int:
+def acknowledge(conn: Conn, ids: list[int], now: float, by: str) -> int:
     """Mark the alerts acknowledged (those already are keep their first acknowledgement); return
     how many of ``ids`` exist. The caller holds the transaction."""
     conn.executemany(

@@ -1,7 +1,8 @@
 """DatasetStore: the records gateways uploaded, stored once each, and what they add up to.
 
 Records live in append-only segment files (``segments.py``), one series per gateway under
-``<data_dir>/datasets/``; metadata lives in SQLite at ``<data_dir>/meta.sqlite`` (``meta.py``).
+``<data_dir>/datasets/``; metadata lives in the metadata database (``database.py``: SQLite at
+``<data_dir>/meta.sqlite`` by default, or PostgreSQL shared by several cloudd replicas; ``meta.py``).
 
 Crash-consistency invariant: ``store_batch`` returns (so cloudd acknowledges a batch) only after
 (1) the new records' bytes are fsynced in a segment, and then (2) one metadata transaction that
@@ -15,10 +16,17 @@ the merged intervals of LSNs it holds; a batch stores only the LSNs outside them
 arrive in any LSN order; nothing assumes contiguity). A replayed batch stores nothing and is
 still acknowledged.
 
-Concurrency: one writer per data directory (an exclusive ``flock``), used from one thread at a
-time (``AsyncStoreWriter`` gives it one). Readers (``iter_records``, ``counts``) use their own
-SQLite connection per call and see only committed batches, so they are safe from any thread, and
-from another process with ``DatasetStore.open(dir, readonly=True)`` (which never recovers).
+Concurrency: every batch runs in one metadata transaction holding its gateway's lock
+(``meta.gateway_lock``) from before it reads the stored intervals until its commit, and writes
+its segment bytes inside it; so batches of one gateway are serialised, and that holds across
+cloudd replicas sharing one PostgreSQL database and one data directory: two replicas never store
+a record twice nor write one segment at once. On SQLite there is one writer per data directory
+(an exclusive ``flock``), which recovers at ``open``; on PostgreSQL no process owns the directory,
+so ``open`` only reports missing bytes, and an uncommitted tail (a replica killed between its
+fsync and its commit) is cut by the next write to that segment, under the gateway's lock.
+Readers (``iter_records``, ``counts``) read one committed snapshot per call and segment bytes
+only up to committed lengths, so they are safe from any thread, and from another process with
+``DatasetStore.open(dir, readonly=True)`` (which never recovers).
 """
 
 from __future__ import annotations
@@ -26,7 +34,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -34,7 +41,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from cloud.store import alerts, meta, segments, series
+from cloud.store.database import Conn, Database, open_database
 from cloud.store.intervals import merge, runs, split_new
+from cloud.store.migrations import migrate
 from protocol.batch import BatchAck, UploadBatch
 
 log = logging.getLogger(__name__)
@@ -82,17 +91,18 @@ class RecoveryReport:
 
 class DatasetStore:
     def __init__(
-        self, data_dir: Path, *, readonly: bool, segment_max_bytes: int, clock: Callable[[], float]
+        self, data_dir: Path, db: Database, *, segment_max_bytes: int, clock: Callable[[], float]
     ) -> None:
         self.data_dir = Path(data_dir)
+        self.db = db
         self.datasets_dir = self.data_dir / "datasets"
-        self.readonly = readonly
+        self.readonly = db.readonly
         self.segment_max_bytes = segment_max_bytes
         self.clock = clock
         self.corrupt_lines = 0  # committed lines that did not parse, seen by readers
         self.recovery = RecoveryReport()
         self._lock_fd: int | None = None
-        self._conn = None if readonly else meta.connect(self.data_dir / "meta.sqlite")
+        self._closed = False
 
     @classmethod
     def open(
@@ -100,35 +110,35 @@ class DatasetStore:
         data_dir: Path | str,
         *,
         readonly: bool = False,
+        database: str | None = None,
         segment_max_bytes: int = segments.DEFAULT_SEGMENT_MAX_BYTES,
         clock: Callable[[], float] = time.time,
     ) -> DatasetStore:
-        """Open (creating if needed) the store; a writer takes the lock and recovers first."""
+        """Open (creating if needed) the store whose metadata is in ``database`` (a PostgreSQL URL;
+        None: the data directory's SQLite file, or, for a reader, the database the directory's
+        marker names). A SQLite writer takes the directory's lock and recovers first; any writer
+        brings the schema up to date."""
         data_dir = Path(data_dir)
+        if not readonly:
+            data_dir.mkdir(parents=True, exist_ok=True)
+        db = open_database(database, data_dir, readonly=readonly)
+        store = cls(data_dir, db, segment_max_bytes=segment_max_bytes, clock=clock)
         if readonly:
-            if not (data_dir / "meta.sqlite").exists():
-                raise FileNotFoundError(f"{data_dir}: no meta.sqlite (has cloudd ever run here?)")
-            return cls(data_dir, readonly=True, segment_max_bytes=segment_max_bytes, clock=clock)
-        data_dir.mkdir(parents=True, exist_ok=True)
-        lock_fd = os.open(data_dir / "cloudd.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            return store
         try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(lock_fd)
-            raise StoreLocked(f"{data_dir} is in use by another cloudd") from None
-        try:
-            store = cls(data_dir, readonly=False, segment_max_bytes=segment_max_bytes, clock=clock)
+            if not db.shared:
+                store._lock_fd = _lock_directory(data_dir)
+            migrate(db, meta.COMPONENT, meta.MIGRATIONS)
+            store._recover()
         except BaseException:
-            os.close(lock_fd)
+            store.close()
             raise
-        store._lock_fd = lock_fd
-        store._recover()
         return store
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        if not self._closed:
+            self._closed = True
+            self.db.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
@@ -136,15 +146,16 @@ class DatasetStore:
     # -- recovery -------------------------------------------------------------------------------
 
     def _recover(self) -> None:
-        assert self._conn is not None
-        committed = {(gw, seq): n for gw, seq, n in meta.segments(self._conn)}
+        committed = {(gw, seq): n for gw, seq, n in self.db.read(meta.segments)}
         report = self.recovery
+        # Shared (PostgreSQL): another replica may be writing past a committed length right now.
+        check = segments.check if self.db.shared else segments.recover
         for (gw, seq), n in committed.items():
-            result = segments.recover(segments.segment_path(self.datasets_dir, gw, seq), n)
+            result = check(segments.segment_path(self.datasets_dir, gw, seq), n)
             report.cut_bytes += result.cut_bytes
             if result.missing_bytes:
                 report.missing_bytes[result.path] = result.missing_bytes
-        if self.datasets_dir.exists():
+        if self.datasets_dir.exists() and not self.db.shared:
             for path in sorted(self.datasets_dir.glob(f"*/*{segments.SEGMENT_SUFFIX}")):
                 key = (path.parent.name, int(path.stem))
                 if key not in committed:
@@ -165,9 +176,12 @@ class DatasetStore:
 
     def store_batch(self, batch: UploadBatch) -> BatchAck:
         """Store the records of ``batch`` not stored before; return once durable (see invariant)."""
-        if self._conn is None:
+        if self.readonly or self._closed:
             raise RuntimeError("store is closed or read-only")
-        conn = self._conn
+        return self.db.write(lambda conn: self._store(conn, batch), lock=meta.gateway_lock(batch.gateway))
+
+    def _store(self, conn: Conn, batch: UploadBatch) -> BatchAck:
+        """The batch's transaction: holds the gateway's lock, so what it reads stays true until commit."""
         gw, log_id = batch.gateway, batch.log_id
         old = meta.ranges_near(conn, gw, log_id, batch.first_lsn, batch.last_lsn)
         new_lsns, duplicates = split_new(old, (e.lsn for e in batch.records))
@@ -179,7 +193,7 @@ class DatasetStore:
             data = b"".join(
                 segments.encode_line(log_id, e.lsn, e.data.model_dump_json().encode()) for e in fresh
             )
-            seq, committed_len = self._segment_for(gw, len(data))
+            seq, committed_len = self._segment_for(conn, gw, len(data))
             path = segments.segment_path(self.datasets_dir, gw, seq)
             segment = (seq, segments.append_at(path, committed_len, data))
             for e in fresh:
@@ -203,10 +217,9 @@ class DatasetStore:
             stored=len(fresh), duplicates=duplicates, first_lsn=batch.first_lsn, last_lsn=batch.last_lsn
         )
 
-    def _segment_for(self, gateway: str, nbytes: int) -> tuple[int, int]:
+    def _segment_for(self, conn: Conn, gateway: str, nbytes: int) -> tuple[int, int]:
         """(seq, committed_len) of the segment the next write goes to; rolls over when full."""
-        assert self._conn is not None
-        rows = meta.segments(self._conn, gateway)
+        rows = meta.segments(conn, gateway)
         if not rows:
             return 1, 0
         _, seq, committed_len = rows[-1]
@@ -216,16 +229,9 @@ class DatasetStore:
 
     # -- reading --------------------------------------------------------------------------------
 
-    def _reader(self) -> sqlite3.Connection:
-        return meta.connect(self.data_dir / "meta.sqlite", readonly=True)
-
     def iter_records(self, gateway: str | None = None) -> Iterator[StoredRecord]:
         """Every committed record (of one gateway, or all), in storage order per gateway."""
-        conn = self._reader()
-        try:
-            snapshot = meta.segments(conn, gateway)
-        finally:
-            conn.close()
+        snapshot = self.db.read(lambda conn: meta.segments(conn, gateway))
         for gw, seq, committed_len in snapshot:
             path = segments.segment_path(self.datasets_dir, gw, seq)
             for offset, line in segments.read_lines(path, committed_len):
@@ -243,11 +249,7 @@ class DatasetStore:
         seq, byte offset; ``(0, 0)`` is the start), and the position after the last one returned:
         a reader that follows the store as it grows (cloud/tasks). Committed bytes never change, so a
         position stays valid for ever."""
-        conn = self._reader()
-        try:
-            snapshot = meta.segments(conn, gateway)
-        finally:
-            conn.close()
+        snapshot = self.db.read(lambda conn: meta.segments(conn, gateway))
         out: list[StoredRecord] = []
         for _, seq, committed_len in snapshot:
             if seq < position[0]:
@@ -266,36 +268,30 @@ class DatasetStore:
                     log.error("corruption: %s offset %d: committed line is not a record", path, offset)
         return out, position
 
-    def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``query`` (a function of ``series`` or ``alerts``) on a reader connection of its own,
-        in one snapshot: safe from any thread."""
-        conn = self._reader()
-        try:
-            conn.execute("BEGIN")
-            return query(conn)
-        finally:
-            conn.close()
+    def read(self, query: Callable[[Conn], T]) -> T:
+        """Run ``query`` (a function of ``series`` or ``alerts``) on one snapshot: safe from any thread."""
+        return self.db.read(query)
 
-    def write(self, change: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``change`` in one transaction on the writer's connection (the writer's thread only)."""
-        if self._conn is None:
+    def write(self, change: Callable[[Conn], T]) -> T:
+        """Run ``change`` (an operator's write, e.g. acknowledging alerts) in one transaction."""
+        if self.readonly or self._closed:
             raise RuntimeError("store is closed or read-only")
-        return meta.write(self._conn, change)
+        return self.db.write(change)
 
     def counts(self) -> StoreCounts:
-        conn = self._reader()
-        try:
-            conn.execute("BEGIN")  # one snapshot for both tables
-            result = StoreCounts(meta.gateway_counts(conn), meta.device_counts(conn))
-            conn.execute("COMMIT")
-            return result
-        finally:
-            conn.close()
+        return self.db.read(lambda conn: StoreCounts(meta.gateway_counts(conn), meta.device_counts(conn)))
 
     def stored_ranges(self, gateway: str, log_id: str) -> list[tuple[int, int]]:
         """The merged LSN intervals held for (gateway, log_id)."""
-        conn = self._reader()
-        try:
-            return meta.all_ranges(conn, gateway, log_id)
-        finally:
-            conn.close()
+        return self.db.read(lambda conn: meta.all_ranges(conn, gateway, log_id))
+
+
+def _lock_directory(data_dir: Path) -> int:
+    """The SQLite store's one writer: an exclusive flock on ``cloudd.lock`` (released with its fd)."""
+    lock_fd = os.open(data_dir / "cloudd.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(lock_fd)
+        raise StoreLocked(f"{data_dir} is in use by another cloudd") from None
+    return lock_fd

@@ -1,65 +1,55 @@
-"""The metadata database (SQLite, WAL, ``synchronous=FULL``): what the segments mean.
+"""The store's metadata (cloud/store/database.py: SQLite or PostgreSQL): what the segments mean.
 
 Tables: ``segments`` (committed length of each segment file), ``lsn_ranges`` (per gateway and
 log_id, the merged intervals of LSNs already stored), ``gateways`` and ``devices`` (counts), and
 the tables of ``series.py`` (device charts) and ``alerts.py``, written in the same transaction.
-Invariant: every row here describes bytes that are already fsynced in a segment; the writer
-changes them only inside one transaction per batch (``commit_batch``), so a reader sees a batch
-entirely or not at all. Functions take a connection; they never open or commit one themselves,
-except ``connect``, ``commit_batch`` and ``write``.
+Invariant: every row here describes bytes that are already fsynced in a segment; a batch changes
+them only inside one transaction (``commit_batch``, run by ``DatasetStore.store_batch`` under the
+gateway's lock), so a reader sees a batch entirely or not at all. Functions take a ``Conn`` inside
+a transaction; they never begin or commit one themselves.
 """
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TypeVar
 
 from cloud.store import alerts, series
+from cloud.store.database import Conn
 from cloud.store.intervals import Interval
+from cloud.store.migrations import Migration
 
+COMPONENT = "store"
 # 2 added the series and alerts tables (cloud/store/series.py, alerts.py); a version-1 database
 # is upgraded in place by creating them: records stored before have no series rows and no alerts.
-SCHEMA_VERSION = 2
-T = TypeVar("T")
-
-_SCHEMA = """
+MIGRATIONS = (
+    Migration(
+        1,
+        "segments, LSN ranges, gateway and device counts",
+        """
 CREATE TABLE IF NOT EXISTS segments (
-    gateway TEXT NOT NULL, seq INTEGER NOT NULL, committed_len INTEGER NOT NULL,
+    gateway TEXT NOT NULL, seq {int8} NOT NULL, committed_len {int8} NOT NULL,
     PRIMARY KEY (gateway, seq));
 CREATE TABLE IF NOT EXISTS lsn_ranges (
-    gateway TEXT NOT NULL, log_id TEXT NOT NULL, lo INTEGER NOT NULL, hi INTEGER NOT NULL,
+    gateway TEXT NOT NULL, log_id TEXT NOT NULL, lo {int8} NOT NULL, hi {int8} NOT NULL,
     PRIMARY KEY (gateway, log_id, lo));
 CREATE TABLE IF NOT EXISTS gateways (
-    id TEXT PRIMARY KEY, last_seen REAL, records INTEGER NOT NULL DEFAULT 0,
-    batches INTEGER NOT NULL DEFAULT 0, duplicates INTEGER NOT NULL DEFAULT 0);
+    id TEXT PRIMARY KEY, last_seen {real}, records {int8} NOT NULL DEFAULT 0,
+    batches {int8} NOT NULL DEFAULT 0, duplicates {int8} NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS devices (
-    gateway TEXT NOT NULL, device TEXT NOT NULL, records INTEGER NOT NULL DEFAULT 0, last_ts REAL,
+    gateway TEXT NOT NULL, device TEXT NOT NULL, records {int8} NOT NULL DEFAULT 0, last_ts {real},
     PRIMARY KEY (gateway, device));
-"""
+""",
+    ),
+    Migration(2, "device series and alerts", series.SCHEMA + alerts.SCHEMA),
+)
 
 
-def connect(path: Path, readonly: bool = False) -> sqlite3.Connection:
-    """Open the database; the writer creates the schema, a reader opens it read-only."""
-    if readonly:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10.0, check_same_thread=False)
-        return conn
-    # isolation_level=None: we issue BEGIN/COMMIT ourselves, so the transaction boundary is explicit.
-    conn = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")  # a COMMIT that returned is on disk
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version not in (0, 1, SCHEMA_VERSION):
-        conn.close()
-        raise RuntimeError(f"{path}: metadata schema version {version}, this cloudd knows {SCHEMA_VERSION}")
-    conn.executescript(_SCHEMA + series.SCHEMA + alerts.SCHEMA)
-    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-    return conn
+def gateway_lock(gateway: str) -> str:
+    """The lock key a batch of ``gateway`` holds: its segment files and LSN ranges change under it."""
+    return f"gateway:{gateway}"
 
 
-def segments(conn: sqlite3.Connection, gateway: str | None = None) -> list[tuple[str, int, int]]:
+def segments(conn: Conn, gateway: str | None = None) -> list[tuple[str, int, int]]:
     """(gateway, seq, committed_len), ordered by gateway then seq."""
     if gateway is None:
         rows = conn.execute("SELECT gateway, seq, committed_len FROM segments ORDER BY gateway, seq")
@@ -70,7 +60,7 @@ def segments(conn: sqlite3.Connection, gateway: str | None = None) -> list[tuple
     return [(g, s, n) for g, s, n in rows]
 
 
-def ranges_near(conn: sqlite3.Connection, gateway: str, log_id: str, first: int, last: int) -> list[Interval]:
+def ranges_near(conn: Conn, gateway: str, log_id: str, first: int, last: int) -> list[Interval]:
     """Stored intervals that overlap or touch [first, last] (those a merge may join), sorted.
 
     Two seeks on the primary key (gateway, log_id, lo), never a scan: the stored intervals are
@@ -89,7 +79,7 @@ def ranges_near(conn: sqlite3.Connection, gateway: str, log_id: str, first: int,
     return [(lo, hi) for lo, hi in before if hi >= first - 1] + [(lo, hi) for lo, hi in inside]
 
 
-def all_ranges(conn: sqlite3.Connection, gateway: str, log_id: str) -> list[Interval]:
+def all_ranges(conn: Conn, gateway: str, log_id: str) -> list[Interval]:
     rows = conn.execute(
         "SELECT lo, hi FROM lsn_ranges WHERE gateway=? AND log_id=? ORDER BY lo", (gateway, log_id)
     )
@@ -113,43 +103,38 @@ class BatchCommit:
     alerts: list[alerts.AlertRow] = field(default_factory=list)
 
 
-def commit_batch(conn: sqlite3.Connection, change: BatchCommit) -> None:
-    """Apply ``change`` in one transaction; on any error nothing of it is applied."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        if change.segment is not None:
-            seq, committed_len = change.segment
-            conn.execute(
-                "INSERT INTO segments (gateway, seq, committed_len) VALUES (?, ?, ?) "
-                "ON CONFLICT (gateway, seq) DO UPDATE SET committed_len=excluded.committed_len",
-                (change.gateway, seq, committed_len),
-            )
-        conn.executemany(
-            "DELETE FROM lsn_ranges WHERE gateway=? AND log_id=? AND lo=?",
-            [(change.gateway, change.log_id, lo) for lo, _ in change.old_ranges],
-        )
-        conn.executemany(
-            "INSERT INTO lsn_ranges (gateway, log_id, lo, hi) VALUES (?, ?, ?, ?)",
-            [(change.gateway, change.log_id, lo, hi) for lo, hi in change.new_ranges],
-        )
-        conn.executemany(
-            "INSERT INTO devices (gateway, device, records, last_ts) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (gateway, device) DO UPDATE SET records=records+excluded.records, "
-            "last_ts=max(coalesce(last_ts, excluded.last_ts), excluded.last_ts)",
-            [(change.gateway, dev, n, ts) for dev, (n, ts) in change.devices.items()],
-        )
+def commit_batch(conn: Conn, change: BatchCommit) -> None:
+    """Apply ``change``; the caller holds the transaction (and the gateway's lock)."""
+    if change.segment is not None:
+        seq, committed_len = change.segment
         conn.execute(
-            "INSERT INTO gateways (id, last_seen, records, batches, duplicates) VALUES (?, ?, ?, 1, ?) "
-            "ON CONFLICT (id) DO UPDATE SET last_seen=excluded.last_seen, "
-            "records=records+excluded.records, batches=batches+1, duplicates=duplicates+excluded.duplicates",
-            (change.gateway, change.now, change.stored, change.duplicates),
+            "INSERT INTO segments (gateway, seq, committed_len) VALUES (?, ?, ?) "
+            "ON CONFLICT (gateway, seq) DO UPDATE SET committed_len=excluded.committed_len",
+            (change.gateway, seq, committed_len),
         )
-        series.apply(conn, change.gateway, change.series)
-        alerts.insert(conn, change.alerts)
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
+    conn.executemany(
+        "DELETE FROM lsn_ranges WHERE gateway=? AND log_id=? AND lo=?",
+        [(change.gateway, change.log_id, lo) for lo, _ in change.old_ranges],
+    )
+    conn.executemany(
+        "INSERT INTO lsn_ranges (gateway, log_id, lo, hi) VALUES (?, ?, ?, ?)",
+        [(change.gateway, change.log_id, lo, hi) for lo, hi in change.new_ranges],
+    )
+    conn.executemany(
+        "INSERT INTO devices (gateway, device, records, last_ts) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT (gateway, device) DO UPDATE SET records=devices.records+excluded.records, "
+        "last_ts=greatest(devices.last_ts, excluded.last_ts)",
+        [(change.gateway, dev, n, ts) for dev, (n, ts) in change.devices.items()],
+    )
+    conn.execute(
+        "INSERT INTO gateways (id, last_seen, records, batches, duplicates) VALUES (?, ?, ?, 1, ?) "
+        "ON CONFLICT (id) DO UPDATE SET last_seen=excluded.last_seen, "
+        "records=gateways.records+excluded.records, batches=gateways.batches+1, "
+        "duplicates=gateways.duplicates+excluded.duplicates",
+        (change.gateway, change.now, change.stored, change.duplicates),
+    )
+    series.apply(conn, change.gateway, change.series)
+    alerts.insert(conn, change.alerts)
 
 
 @dataclass(frozen=True)
@@ -169,23 +154,11 @@ class DeviceCounts:
     last_ts: float | None
 
 
-def gateway_counts(conn: sqlite3.Connection) -> list[GatewayCounts]:
+def gateway_counts(conn: Conn) -> list[GatewayCounts]:
     rows = conn.execute("SELECT id, last_seen, records, batches, duplicates FROM gateways ORDER BY id")
     return [GatewayCounts(*row) for row in rows]
 
 
-def device_counts(conn: sqlite3.Connection) -> list[DeviceCounts]:
+def device_counts(conn: Conn) -> list[DeviceCounts]:
     rows = conn.execute("SELECT gateway, device, records, last_ts FROM devices ORDER BY gateway, device")
     return [DeviceCounts(*row) for row in rows]
-
-
-def write(conn: sqlite3.Connection, change: Callable[[sqlite3.Connection], T]) -> T:
-    """Run ``change`` (an operator's write, e.g. acknowledging alerts) in one transaction."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        result = change(conn)
-        conn.execute("COMMIT")
-        return result
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise

@@ -98,6 +98,13 @@ def recover(path: Path, committed_len: int) -> SegmentRecovery:
     return SegmentRecovery(path, missing_bytes=committed_len - size)
 
 
+def check(path: Path, committed_len: int) -> SegmentRecovery:
+    """Report committed bytes missing from a segment, changing nothing (a segment other cloudd
+    replicas may be appending to: bytes past its committed length may be theirs, in flight)."""
+    size = path.stat().st_size if path.exists() else 0
+    return SegmentRecovery(path, missing_bytes=max(0, committed_len - size))
+
+
 def read_lines(path: Path, committed_len: int, start: int = 0) -> Iterator[tuple[int, bytes]]:
     """Yield (offset, line) for each committed line from ``start`` (a line's first byte); stops at
     the committed length or at EOF."""

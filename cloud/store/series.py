@@ -1,7 +1,7 @@
 """Device telemetry as series: the rows a device chart reads, kept at batch commit.
 
-Tables (SQLite; every query a device page makes lives in this module, so another backend
-reimplements these functions and nothing else):
+Tables (every query a device page makes lives in this module, written once for SQLite and
+PostgreSQL: cloud/store/database.py):
 
     samples           one row per stored telemetry message: (gateway, device, ts, seq, status,
                       readings JSON); the raw tier, read for short windows
@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import json
 import math
-import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cloud.store.database import Conn
 from protocol.records import Record
 
 # Seconds; the raw tier has width 0. Neighbours are at most 10x apart, so a window read from the
@@ -37,17 +37,17 @@ MAX_RAW_ROWS = 20_000  # a raw window longer than this is cut (its answer says s
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS samples (
-    gateway TEXT NOT NULL, device TEXT NOT NULL, ts REAL NOT NULL, seq INTEGER NOT NULL,
+    gateway TEXT NOT NULL, device TEXT NOT NULL, ts {real} NOT NULL, seq {int8} NOT NULL,
     status TEXT NOT NULL, readings TEXT NOT NULL,
-    PRIMARY KEY (gateway, device, ts, seq)) WITHOUT ROWID;
+    PRIMARY KEY (gateway, device, ts, seq)) {norowid};
 CREATE TABLE IF NOT EXISTS rollups (
     gateway TEXT NOT NULL, device TEXT NOT NULL, width INTEGER NOT NULL, name TEXT NOT NULL,
-    bucket INTEGER NOT NULL, n INTEGER NOT NULL, total REAL NOT NULL, lo REAL NOT NULL, hi REAL NOT NULL,
-    PRIMARY KEY (gateway, device, width, name, bucket)) WITHOUT ROWID;
+    bucket {int8} NOT NULL, n INTEGER NOT NULL, total {real} NOT NULL, lo {real} NOT NULL, hi {real} NOT NULL,
+    PRIMARY KEY (gateway, device, width, name, bucket)) {norowid};
 CREATE TABLE IF NOT EXISTS message_rollups (
-    gateway TEXT NOT NULL, device TEXT NOT NULL, width INTEGER NOT NULL, bucket INTEGER NOT NULL,
-    n INTEGER NOT NULL, faults INTEGER NOT NULL, seq_lo INTEGER NOT NULL, seq_hi INTEGER NOT NULL,
-    PRIMARY KEY (gateway, device, width, bucket)) WITHOUT ROWID;
+    gateway TEXT NOT NULL, device TEXT NOT NULL, width INTEGER NOT NULL, bucket {int8} NOT NULL,
+    n INTEGER NOT NULL, faults INTEGER NOT NULL, seq_lo {int8} NOT NULL, seq_hi {int8} NOT NULL,
+    PRIMARY KEY (gateway, device, width, bucket)) {norowid};
 """
 
 
@@ -124,20 +124,22 @@ def _widen(out: SeriesBatch) -> None:
                 r[0], r[1], r[2], r[3] = r[0] + count, r[1] + total, min(r[2], low), max(r[3], high)
 
 
-def apply(conn: sqlite3.Connection, gateway: str, batch: SeriesBatch) -> None:
+def apply(conn: Conn, gateway: str, batch: SeriesBatch) -> None:
     """Add ``batch`` to the tables; the caller holds the transaction."""
-    conn.executemany("INSERT OR IGNORE INTO samples VALUES (?, ?, ?, ?, ?, ?)", batch.samples)
+    conn.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING", batch.samples)
     conn.executemany(
         "INSERT INTO rollups VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-        "ON CONFLICT (gateway, device, width, name, bucket) DO UPDATE SET n=n+excluded.n, "
-        "total=total+excluded.total, lo=min(lo, excluded.lo), hi=max(hi, excluded.hi)",
+        "ON CONFLICT (gateway, device, width, name, bucket) DO UPDATE SET n=rollups.n+excluded.n, "
+        "total=rollups.total+excluded.total, lo=least(rollups.lo, excluded.lo), "
+        "hi=greatest(rollups.hi, excluded.hi)",
         [(gateway, d, w, name, b, *v) for (d, w, name, b), v in batch.rollups.items()],
     )
     conn.executemany(
         "INSERT INTO message_rollups VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
-        "ON CONFLICT (gateway, device, width, bucket) DO UPDATE SET n=n+excluded.n, "
-        "faults=faults+excluded.faults, seq_lo=min(seq_lo, excluded.seq_lo), "
-        "seq_hi=max(seq_hi, excluded.seq_hi)",
+        "ON CONFLICT (gateway, device, width, bucket) DO UPDATE SET n=message_rollups.n+excluded.n, "
+        "faults=message_rollups.faults+excluded.faults, "
+        "seq_lo=least(message_rollups.seq_lo, excluded.seq_lo), "
+        "seq_hi=greatest(message_rollups.seq_hi, excluded.seq_hi)",
         [(gateway, d, w, b, *v) for (d, w, b), v in batch.messages.items()],
     )
 
@@ -148,9 +150,7 @@ def tier_for(step_s: float) -> int:
     return max(fitting) if fitting else 0
 
 
-def window(
-    conn: sqlite3.Connection, gateway: str, device: str, start: float, end: float, points: int
-) -> dict[str, Any]:
+def window(conn: Conn, gateway: str, device: str, start: float, end: float, points: int) -> dict[str, Any]:
     """The readings of one device in [start, end) as at most about ``points`` buckets per reading.
 
     Answer: ``{"width", "step", "series": {name: [[t, mean, min, max, n], ...]}, "seq"}``; ``t``
@@ -162,7 +162,8 @@ def window(
     if width == 0:
         return _raw(conn, gateway, device, start, end, step)
     rows = conn.execute(
-        "SELECT name, CAST((bucket * ? - ?) / ? AS INTEGER) AS b, sum(n), sum(total), min(lo), max(hi) "
+        "SELECT name, CAST(trunc((bucket * ? - ?) / ?) AS INTEGER) AS b, "
+        "sum(n), sum(total), min(lo), max(hi) "
         "FROM rollups WHERE gateway=? AND device=? AND width=? AND bucket>=? AND bucket<? "
         "GROUP BY name, b ORDER BY name, b",
         (width, start, step, gateway, device, width, math.floor(start / width), math.ceil(end / width)),
@@ -173,9 +174,7 @@ def window(
     return {"width": width, "step": step, "series": series, "seq": None, "cut": False}
 
 
-def _raw(
-    conn: sqlite3.Connection, gateway: str, device: str, start: float, end: float, step: float
-) -> dict[str, Any]:
+def _raw(conn: Conn, gateway: str, device: str, start: float, end: float, step: float) -> dict[str, Any]:
     rows = conn.execute(
         "SELECT ts, seq, readings FROM samples WHERE gateway=? AND device=? AND ts>=? AND ts<? "
         "ORDER BY ts, seq LIMIT ?",
@@ -192,7 +191,7 @@ def _raw(
     return {"width": 0, "step": step, "series": series, "seq": seqs, "cut": cut}
 
 
-def messages(conn: sqlite3.Connection, gateway: str, device: str, start: float, end: float) -> dict[str, Any]:
+def messages(conn: Conn, gateway: str, device: str, start: float, end: float) -> dict[str, Any]:
     """Messages, faults and gaps (seq numbers never stored) of one device in [start, end), counted
     on minute buckets (whole minutes around the window); ``gap_buckets`` lists the worst ones.
 
@@ -220,7 +219,7 @@ def messages(conn: sqlite3.Connection, gateway: str, device: str, start: float, 
     }
 
 
-def rate(conn: sqlite3.Connection, gateway: str, device: str, now: float, over_s: int = 60) -> float:
+def rate(conn: Conn, gateway: str, device: str, now: float, over_s: int = 60) -> float:
     """Messages per second over the last ``over_s`` seconds (whole seconds up to ``now``)."""
     (n,) = conn.execute(
         "SELECT coalesce(sum(n), 0) FROM message_rollups WHERE gateway=? AND device=? AND width=1 "
@@ -230,7 +229,7 @@ def rate(conn: sqlite3.Connection, gateway: str, device: str, now: float, over_s
     return float(n) / over_s
 
 
-def last_message(conn: sqlite3.Connection, gateway: str, device: str) -> dict[str, Any] | None:
+def last_message(conn: Conn, gateway: str, device: str) -> dict[str, Any] | None:
     row = conn.execute(
         "SELECT ts, seq, status, readings FROM samples WHERE gateway=? AND device=? "
         "ORDER BY ts DESC, seq DESC LIMIT 1",

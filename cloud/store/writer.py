@@ -1,7 +1,9 @@
 """AsyncStoreWriter: the one thread that does the store's blocking work for cloudd's event loop.
 
-Owns a ``ThreadPoolExecutor(max_workers=1)``: opening (recovery), every write and the status
-reads run on it, one at a time, so writes are serialised and the loop never waits for a disk.
+Owns a ``ThreadPoolExecutor``: opening (recovery), every write and the status reads run on it,
+so the loop never waits for a disk. On SQLite it has one thread, so writes are serialised; on
+PostgreSQL ``SHARED_WRITER_THREADS``, since batches of different gateways may commit at once there
+(each holds its own gateway's lock: cloud/store/dataset.py).
 Reads of the charts and alerts (``read``) run on threads of their own: a reader connection sees
 committed batches only, so they need not queue behind the writes. Invariant: at most
 ``max_pending`` calls are queued or running here; one more is refused at once with
@@ -11,17 +13,18 @@ committed batches only, so they need not queue behind the writes. Invariant: at 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from cloud.store.database import Conn
 from cloud.store.dataset import DatasetStore, StoreCounts
 from cloud.store.segments import DEFAULT_SEGMENT_MAX_BYTES
 from protocol.batch import BatchAck, UploadBatch
 
 T = TypeVar("T")
+SHARED_WRITER_THREADS = 4  # at most the database pool's size less room for readers
 
 
 class StoreBusy(Exception):
@@ -30,9 +33,15 @@ class StoreBusy(Exception):
 
 class AsyncStoreWriter:
     def __init__(
-        self, data_dir: Path, *, max_pending: int = 64, segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES
+        self,
+        data_dir: Path,
+        *,
+        database: str | None = None,
+        max_pending: int = 64,
+        segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
     ) -> None:
         self.data_dir = Path(data_dir)
+        self.database = database  # a PostgreSQL URL; None: the data directory's SQLite file
         self.max_pending = max_pending
         self.segment_max_bytes = segment_max_bytes
         self.busy_rejections = 0
@@ -53,10 +62,13 @@ class AsyncStoreWriter:
     async def open(self) -> None:
         if self._executor is not None:
             raise RuntimeError("AsyncStoreWriter is already open")
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-writer")
+        threads = 1 if self.database is None else SHARED_WRITER_THREADS
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="store-writer")
         try:
             self._store = await self._run(
-                lambda: DatasetStore.open(self.data_dir, segment_max_bytes=self.segment_max_bytes)
+                lambda: DatasetStore.open(
+                    self.data_dir, database=self.database, segment_max_bytes=self.segment_max_bytes
+                )
             )
         except BaseException:
             self._executor.shutdown(wait=True)
@@ -69,9 +81,10 @@ class AsyncStoreWriter:
         if executor is None:
             return
         store, self._store = self._store, None
-        if store is not None:
-            await asyncio.get_running_loop().run_in_executor(executor, store.close)
+        # Every queued call first (on PostgreSQL several run at once), then the store they use.
         await asyncio.to_thread(executor.shutdown, wait=True)
+        if store is not None:
+            await asyncio.to_thread(store.close)
 
     async def store_batch(self, batch: UploadBatch) -> BatchAck:
         return await self._run(lambda: self.store.store_batch(batch))
@@ -79,11 +92,11 @@ class AsyncStoreWriter:
     async def counts(self) -> StoreCounts:
         return await self._run(lambda: self.store.counts())
 
-    async def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
+    async def read(self, query: Callable[[Conn], T]) -> T:
         """A read on a thread of its own (readers never wait behind the writes queued here)."""
         return await asyncio.to_thread(self.store.read, query)
 
-    async def write(self, change: Callable[[sqlite3.Connection], T]) -> T:
+    async def write(self, change: Callable[[Conn], T]) -> T:
         """An operator's write (acknowledging alerts), queued with the batches."""
         return await self._run(lambda: self.store.write(change))
 

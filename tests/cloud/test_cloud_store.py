@@ -1,4 +1,7 @@
-"""DatasetStore on real files: idempotency, ordering, recovery of torn segments, reporting corruption."""
+"""DatasetStore on real files: idempotency, ordering, recovery of torn segments, reporting corruption.
+
+The ``store`` fixture and the tests that take ``database_url`` run on both metadata backends
+(SQLite, and a real PostgreSQL of the test's own: tests/harness/postgres.py)."""
 
 from __future__ import annotations
 
@@ -21,8 +24,8 @@ def lsns_of(store, gateway=None):
 
 
 @pytest.fixture
-def store(tmp_path):
-    s = DatasetStore.open(tmp_path / "data")
+def store(tmp_path, database_url):
+    s = DatasetStore.open(tmp_path / "data", database=database_url)
     yield s
     s.close()
 
@@ -75,12 +78,12 @@ def test_log_ids_and_gateways_are_separate_namespaces(store):
     assert {(g.id, g.records) for g in store.counts().gateways} == {("gw1", 4), ("gw2", 2)}
 
 
-def test_segments_roll_over_and_survive_reopen(tmp_path):
-    s = DatasetStore.open(tmp_path / "data", segment_max_bytes=2000)
+def test_segments_roll_over_and_survive_reopen(tmp_path, database_url):
+    s = DatasetStore.open(tmp_path / "data", database=database_url, segment_max_bytes=2000)
     for start in range(1, 60, 5):
         s.store_batch(batch(list(range(start, start + 5))))
     s.close()
-    s = DatasetStore.open(tmp_path / "data", segment_max_bytes=2000)
+    s = DatasetStore.open(tmp_path / "data", database=database_url, segment_max_bytes=2000)
     assert len(list((tmp_path / "data" / "datasets" / "gw1").iterdir())) > 1
     assert [r.lsn for r in s.iter_records()] == list(range(1, 61))
     assert s.recovery.cut_bytes == 0 and not s.recovery.corrupt
@@ -128,8 +131,8 @@ def test_crash_between_fsync_and_commit(tmp_path, monkeypatch):
     s.close()
 
 
-def test_failed_commit_then_next_write_in_same_process(tmp_path, monkeypatch):
-    s = DatasetStore.open(tmp_path / "data")
+def test_failed_commit_then_next_write_in_same_process(tmp_path, monkeypatch, database_url):
+    s = DatasetStore.open(tmp_path / "data", database=database_url)
     monkeypatch.setattr(meta, "commit_batch", lambda conn, change: (_ for _ in ()).throw(OSError("boom")))
     with pytest.raises(OSError):
         s.store_batch(batch([1, 2]))
@@ -177,3 +180,57 @@ def test_one_writer_per_data_dir_and_readers_do_not_recover(tmp_path):
     assert [r.lsn for r in reader.iter_records()] == [1, 2]
     assert path.read_bytes().endswith(b"partial")  # a reader never cuts the writer's tail
     s.close()
+
+
+def test_shared_store_cuts_an_uncommitted_tail_at_the_next_write_not_at_open(tmp_path, postgresql_url):
+    """On PostgreSQL no process owns the data directory: bytes past a committed length may be
+    another replica's write in flight, so ``open`` leaves them; the next write to that segment,
+    under the gateway's lock, cuts them (they were never acknowledged)."""
+    s = DatasetStore.open(tmp_path / "data", database=postgresql_url)
+    s.store_batch(batch([1, 2, 3]))
+    path = segment_path(tmp_path / "data" / "datasets", "gw1", 1)
+    committed = path.stat().st_size
+    with open(path, "ab") as f:  # a replica killed between its fsync and its commit
+        f.write(b'{"log_id":"abcdef12","lsn":4,"data":{"v":1,"ki')
+    other = DatasetStore.open(tmp_path / "data", database=postgresql_url)  # a second replica starting
+    assert other.recovery.cut_bytes == 0 and not other.recovery.corrupt
+    assert path.stat().st_size > committed
+    assert [r.lsn for r in other.iter_records()] == [1, 2, 3]
+    assert other.store_batch(batch([3, 4])).stored == 1  # the retry, through the other replica
+    assert [r.lsn for r in s.iter_records()] == [1, 2, 3, 4]
+    s.close()
+    other.close()
+
+
+def test_two_writers_on_one_postgresql_store_each_record_once(tmp_path, postgresql_url):
+    """Two stores (as two replicas) on one database and one data directory, the same batches sent
+    to both from threads at once: every LSN is stored exactly once, every ack is true."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    a = DatasetStore.open(tmp_path / "data", database=postgresql_url, segment_max_bytes=3000)
+    b = DatasetStore.open(tmp_path / "data", database=postgresql_url, segment_max_bytes=3000)
+    batches = [batch(list(range(start, start + 7))) for start in range(1, 200, 5)]  # overlapping
+    with ThreadPoolExecutor(4) as pool:
+        acks = list(pool.map(lambda i: (a, b)[i % 2].store_batch(batches[i // 2]), range(2 * len(batches))))
+    lsns = [r.lsn for r in a.iter_records()]
+    assert sorted(lsns) == list(range(1, 203)) and len(set(lsns)) == len(lsns)
+    assert sum(ack.stored for ack in acks) == 202
+    assert a.counts().records == 202 and b.stored_ranges("gw1", LOG) == [(1, 202)]
+    a.close()
+    b.close()
+
+
+def test_a_data_dir_is_bound_to_one_database(tmp_path, postgres_cluster, postgresql_url):
+    from cloud.store.database import DatabaseError
+
+    DatasetStore.open(tmp_path / "sqlite").close()
+    with pytest.raises(DatabaseError, match="holds a SQLite store"):
+        DatasetStore.open(tmp_path / "sqlite", database=postgresql_url)
+    DatasetStore.open(tmp_path / "pg", database=postgresql_url).close()
+    with pytest.raises(DatabaseError, match="metadata is in PostgreSQL"):
+        DatasetStore.open(tmp_path / "pg")
+    other = postgres_cluster.create_database("other_of_" + postgresql_url.rsplit("/", 1)[1])
+    with pytest.raises(DatabaseError, match="holds the store of PostgreSQL"):
+        DatasetStore.open(tmp_path / "pg", database=other)
+    reader = DatasetStore.open(tmp_path / "pg", readonly=True)  # a reader follows the marker
+    assert reader.counts().records == 0

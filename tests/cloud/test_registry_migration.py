@@ -3,6 +3,7 @@ before for gateways: its latest central version is production, the others candid
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -46,3 +47,18 @@ async def test_old_entries_migrate_on_first_read(tmp_path: Path) -> None:
     assert state.production == "c" and state.stage("d") == "candidate"
     assert [e["action"] for e in state.events] == ["migrated", "stored"]
     assert json.loads((root / "scene" / "d" / "registry.json").read_text())["track"] == "central"
+
+
+async def test_two_registries_on_one_folder_never_number_two_versions_alike(tmp_path):
+    """As two cloudd replicas sharing the data directory: each has its own registry (its own asyncio
+    lock), the folder's flock serialises them."""
+    one, two = ModelRegistry(tmp_path / "models"), ModelRegistry(tmp_path / "models")
+    versions = [f"v{i}" for i in range(8)]
+    results = await asyncio.gather(
+        *((one if i % 2 else two).store(scene_variant(v)) for i, v in enumerate(versions))
+    )
+    assert [status for status, _ in results] == [201] * len(versions)
+    entries = one.entries("scene")
+    assert sorted(e["seq"] for e in entries) == list(range(1, len(versions) + 1))
+    events = [e for e in one.lifecycle("scene").events if e["action"] == "stored"]
+    assert sorted(e["version"] for e in events) == sorted(versions)  # no change lost

@@ -18,8 +18,8 @@ def _store(store: DatasetStore, first: int, count: int) -> None:
     store.store_batch(decode_batch(body))
 
 
-def test_every_tier_counts_each_reading_once(tmp_path):
-    store = DatasetStore.open(tmp_path)
+def test_every_tier_counts_each_reading_once(tmp_path, database_url):
+    store = DatasetStore.open(tmp_path, database=database_url)
     try:
         _store(store, 2001, 2000)  # later records first: batches arrive in any order
         _store(store, 1, 2000)

@@ -4,7 +4,8 @@ plus ``cloudctl``.
 A ``Cloudd`` keeps its data directory, port and log file across ``kill``/``stop`` and ``start``, so a
 test can crash it and bring the same server back. Gateway ``gwN`` uploads with ``cloudd_token("gwN")``;
 the operator API wants ``OPERATOR_TOKEN`` unless the server was made with ``operator_token=None``.
-Job limits, ``--broker`` and other flags go in ``extra_args``.
+Job limits, ``--broker`` and other flags go in ``extra_args``; ``database`` (a PostgreSQL URL) is
+``--database``. Replicas behind a load balancer: tests/harness/replicas.py.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Cloudd:
     operator_token: str | None
     log_path: Path
     extra_args: list[str] = field(default_factory=list)
+    database: str | None = None
     proc: subprocess.Popen | None = None
 
     @property
@@ -62,6 +64,8 @@ class Cloudd:
             args += ["--token", f"{gateway}={cloudd_token(gateway)}"]
         if self.operator_token is not None:
             args += ["--operator-token", self.operator_token]
+        if self.database is not None:
+            args += ["--database", self.database]
         return args + list(self.extra_args)
 
     def start(self, timeout_s: float = 30.0) -> None:
@@ -121,11 +125,15 @@ def make_cloudd(
     operator_token: str | None = OPERATOR_TOKEN,
     extra_args: Sequence[str] = (),
     port: int | None = None,
+    database: str | None = None,
+    data_dir: Path | None = None,
 ) -> Cloudd:
-    """A cloudd with its data and log under ``base``, not started yet."""
+    """A cloudd with its log (and, unless ``data_dir`` says otherwise, its data) under ``base``,
+    not started yet."""
     base.mkdir(parents=True, exist_ok=True)
     return Cloudd(
-        data_dir=base / "cloud-data",
+        data_dir=data_dir or base / "cloud-data",
+        database=database,
         port=port or free_port(),
         gateways=tuple(gateways),
         operator_token=operator_token,

@@ -27,8 +27,17 @@ def test_events_are_numbered_and_bounded():
     assert events.since(2) == events.events[2:]
 
 
-def test_job_table_moves_only_forward(tmp_path):
-    table = JobTable(tmp_path / "jobs.sqlite")
+def _job_database(url):
+    """None: the table's own SQLite file; else the replicas' PostgreSQL database."""
+    if url is None:
+        return None
+    from cloud.store.postgres import PostgresDatabase
+
+    return PostgresDatabase(url, pool_size=2)
+
+
+def test_job_table_moves_only_forward(tmp_path, database_url):
+    table = JobTable(tmp_path / "jobs.sqlite", _job_database(database_url))
     row = table.insert({"model": "digits_cnn"}, now=1.0)
     assert (row.id, row.state) == ("job-00001", "queued")
     table.set_state(row.id, "running", started_ts=2.0)
@@ -36,7 +45,7 @@ def test_job_table_moves_only_forward(tmp_path):
     with pytest.raises(ValueError):
         table.set_state(row.id, "running")
     table.close()
-    again = JobTable(tmp_path / "jobs.sqlite")
+    again = JobTable(tmp_path / "jobs.sqlite", _job_database(database_url))
     assert again.get("job-00001").model == {"name": "digits"} and again.insert({}).id == "job-00002"
 
 
