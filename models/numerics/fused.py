@@ -186,24 +186,35 @@ def decode_into(mantissas, exponents, n, width, offset, decode_scales, out):
 @njit(cache=True, nogil=True)
 def pack_mask(x, bits):
     """Bit i of ``bits`` (little-endian within each byte, ``np.packbits(..., bitorder="little")``)
-    set where float32 ``x[i] != 0``; returns the largest element, NaN if any is NaN."""
+    set where float32 ``x[i] != 0``; returns the largest element (0.0 if none is positive), NaN if
+    any is NaN. On int32 bit
+    patterns, as ``_encode_codes`` (their order is the float order among positive values, and a
+    magnitude pattern above 0x7F800000 is a NaN), whole bytes in a loop of constant length: a
+    float max with NaN semantics or a loop of variable length measured 5-10x slower."""
     n = x.shape[0]
-    top = np.float32(-np.inf)
-    seen_nan = False
-    for k in range(bits.shape[0]):
-        start = 8 * k
-        chunk = x[start : min(start + 8, n)]
+    words = x.view(np.int32)
+    top, top_magnitude = np.int32(-(2**31)), np.int32(0)
+    for k in range(n // 8):
         byte = np.uint8(0)
-        for j in range(chunk.shape[0]):
-            value = chunk[j]
-            if value != 0:
-                byte |= np.uint8(1 << j)
-            if value > top:
-                top = value
-            elif value != value:
-                seen_nan = True
+        for j in range(8):
+            word = words[8 * k + j]
+            magnitude = word & np.int32(0x7FFFFFFF)
+            byte |= np.uint8(1 << j) if magnitude != 0 else np.uint8(0)
+            top, top_magnitude = max(top, word), max(top_magnitude, magnitude)
         bits[k] = byte
-    return np.float32(np.nan) if seen_nan else top
+    if n % 8:
+        byte = np.uint8(0)
+        for i in range(n - n % 8, n):
+            word = words[i]
+            magnitude = word & np.int32(0x7FFFFFFF)
+            byte |= np.uint8(1 << (i % 8)) if magnitude != 0 else np.uint8(0)
+            top, top_magnitude = max(top, word), max(top_magnitude, magnitude)
+        bits[n // 8] = byte
+    if top_magnitude > _NON_FINITE_BITS:
+        return np.float32(np.nan)
+    # The largest pattern is the largest value when any is positive; otherwise a value <= 0,
+    # which the caller refuses either way.
+    return np.array([top], dtype=np.int32).view(np.float32)[0] if top > 0 else np.float32(0.0)
 
 
 @njit(cache=True, nogil=True)
@@ -211,9 +222,10 @@ def unpack_mask(bits, scale, out):
     """``out[i]`` (float32) = ``scale`` where bit i of ``bits`` is set, else +0.0: the inverse of
     ``pack_mask`` for a mask whose non-zero elements all equal ``scale``."""
     n = out.shape[0]
-    zero = np.float32(0.0)
-    for k in range(bits.shape[0]):
-        start = 8 * k
-        target, byte = out[start : min(start + 8, n)], bits[k]
-        for j in range(target.shape[0]):
-            target[j] = scale if (byte >> j) & 1 else zero
+    value, zero = np.float32(scale), np.float32(0.0)
+    for k in range(n // 8):
+        byte = bits[k]
+        for j in range(8):
+            out[8 * k + j] = value if (byte >> j) & 1 else zero
+    for i in range(n - n % 8, n):
+        out[i] = value if (bits[i // 8] >> (i % 8)) & 1 else zero
