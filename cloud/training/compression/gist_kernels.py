@@ -89,17 +89,12 @@ def binarize_backward(packed, h, w, two_rows, blocked_bit, width, grad_pooled, g
     grad_x[:] = 0.0
     out_h, out_w = (h // 2 if two_rows else h), w // 2
     zero = np.float32(0.0)
-    k = 0
-    for plane_start in range(0, grad_x.shape[0], h * w):
-        for i in range(out_h):
-            row_start = plane_start + (2 * i if two_rows else i) * w
-            top = grad_x[row_start : row_start + 2 * out_w]
-            bottom = grad_x[row_start + w : row_start + w + 2 * out_w] if two_rows else top
-            code_row, grad_row = codes[k : k + out_w], grad_pooled[k : k + out_w]
-            for j in range(out_w):
-                code = code_row[j]
-                if code >> blocked_bit:
-                    continue
-                target = bottom if code >> 1 else top
-                target[2 * j + (code & 1)] = zero + grad_row[j]
-            k += out_w
+    for window_row in range(grad_x.shape[0] // (h * w) * out_h):
+        plane, i = divmod(window_row, out_h)
+        corner = plane * h * w + (2 * i if two_rows else i) * w  # of the row's first window
+        k = window_row * out_w
+        code_row, grad_row = codes[k : k + out_w], grad_pooled[k : k + out_w]
+        for j in range(out_w):
+            code = code_row[j]
+            if not code >> blocked_bit:  # open: the argmax is row code >> 1, column code & 1
+                grad_x[corner + (w if code >> 1 else 0) + 2 * j + (code & 1)] = zero + grad_row[j]
