@@ -4,7 +4,8 @@
   backward keeps, per pooling window, the argmax as a position inside the window (log2(kh*kw)
   bits) and one bit "the pooled ReLU output is <= 0", in a planar width of 2, 4 or 8 bits, instead
   of the fp32 ReLU output and int64 pool indices: 4 bits per 2x2 window, 1 bit per ReLU output.
-  Lossless. A 1-D pool is the 2-D case with (1, k) windows.
+  Lossless. A 1-D pool is the 2-D case with (1, k) windows. On float32 CPU tensors with 1x2 or
+  2x2 windows the pair runs compiled (``gist_kernels.py``: the same codes and gradient bits).
 - Dropout: its mask (saved by PyTorch as one byte per element) is stored as bits by
   ``ActivationCompressor``, like every bool tensor saved for backward. Lossless.
 - ReLU -> Conv/Linear: **sparse storage, dense compute (SSDC)**. The ReLU output (saved by both
