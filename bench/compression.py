@@ -140,12 +140,8 @@ def step_time(times: list[float], probe_steps: list[int], warmup: int) -> float:
 def run_case(task: str, case: str, quick: bool, device: str = "cpu") -> dict:
     import torch
 
-    from cloud.training.compression import (
-        ActivationCompressor,
-        LayerPolicy,
-        count_saved_bytes,
-        train_compressed,
-    )
+    from bench.compression_families import counted_step
+    from cloud.training.compression import train_compressed
     from models.digits import DigitsSplit, accuracy, digits_cnn
     from models.scene import scene_cnn
 
@@ -174,10 +170,7 @@ def run_case(task: str, case: str, quick: bool, device: str = "cpu") -> dict:
         wall.append(step_time(result.step_wall_s, result.probe_steps, WARMUP))
         decisions += len(controller.decisions) if controller else 0
     peak = _rss_kb("VmHWM") if measured_rss else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    counter = compressor or ActivationCompressor(model, LayerPolicy(), mask_bits=False)
-    if controller is not None:
-        counter.policy = controller.policy
-    count_saved_bytes(model, counter, split.train_x[:batch], split.train_y[:batch])
+    counter = counted_step(model, compressor, controller, split.train_x[:batch], split.train_y[:batch])
     return {
         "saved_bytes": counter.total().stored,
         "peak_saved_bytes": counter.peak_live_bytes,

@@ -216,13 +216,7 @@ def _accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 
 def run_family_case(family: str, case: str, data: Dataset, quick: bool, step_time, warmup: int) -> dict:
     """Trains ``family`` under ``case`` for each seed; the figures bench/compression.py records."""
-    from cloud.training.compression import (
-        ActivationCompressor,
-        LayerPolicy,
-        count_saved_bytes,
-        fit_compressed,
-        shuffled_batches,
-    )
+    from cloud.training.compression import fit_compressed, shuffled_batches
 
     _, epochs, batch, lr = FAMILIES[family]
     accuracies, cpu, decisions = [], [], 0
@@ -243,10 +237,7 @@ def run_family_case(family: str, case: str, data: Dataset, quick: bool, step_tim
         accuracies.append(result.evaluations[-1])
         cpu.append(step_time(result.step_cpu_s, result.probe_steps, warmup))
         decisions += len(controller.decisions) if controller else 0
-    counter = compressor or ActivationCompressor(model, LayerPolicy(), mask_bits=False)
-    if controller is not None:
-        counter.policy = controller.policy
-    count_saved_bytes(model, counter, data.train_x[:batch], data.train_y[:batch])
+    counter = counted_step(model, compressor, controller, data.train_x[:batch], data.train_y[:batch])
     return {
         "saved_bytes": counter.total().stored,
         "accuracy": statistics.mean(accuracies),
@@ -255,6 +246,18 @@ def run_family_case(family: str, case: str, data: Dataset, quick: bool, step_tim
         "decisions": decisions,
         "formats": {} if controller is None else controller.status()["formats"],
     }
+
+
+def counted_step(model: nn.Module, compressor, controller, x: torch.Tensor, y: torch.Tensor):
+    """The compressor (for fp32, one that keeps every tensor as it is) after one counted step on
+    (x, y), under the controller's final policy: what a case's ``saved_bytes`` and
+    ``peak_saved_bytes`` are read from (bench/compression.py's cases and the families alike)."""
+    from cloud.training.compression import ActivationCompressor, LayerPolicy, count_saved_bytes
+
+    counter = compressor or ActivationCompressor(model, LayerPolicy(), mask_bits=False)
+    if controller is not None:
+        counter.policy = controller.policy
+    return count_saved_bytes(model, counter, x, y)
 
 
 def family_ratios(measured: dict[tuple[str, str], dict]) -> dict[str, float]:

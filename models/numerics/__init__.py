@@ -8,6 +8,7 @@ fused numba kernels (fused.py) that the codec uses where they give the same byte
 from models.numerics.bitpack import pack_bits, packed_length, unpack_bits
 from models.numerics.codec import BfpCodec, Packed, decode, encode
 from models.numerics.format import BfpFormat, packed_nbytes, side_entry_bytes
+from models.numerics.scales import fused_kernels
 from models.numerics.stats import ErrorStats, error_stats
 from models.numerics.wire import WireFormatError, from_bytes, pack_for_wire, to_bytes, unpack_from_wire
 
@@ -21,6 +22,7 @@ __all__ = [
     "encode",
     "error_stats",
     "from_bytes",
+    "fused_kernels",
     "pack_bits",
     "pack_for_wire",
     "packed_length",

@@ -25,7 +25,8 @@ costs page faults; so the cost is the number of ops. The encoder makes ~10 passe
 per-thread scratch buffers and their cached views (``out=``): |x| once, block maxima by ``amax``
 on a (blocks, B) view, ``frexp`` once per block, the scale by one gather from a per-format table,
 scale + round + clamp + sign in place; the signed float codes go straight to ``pack_signed``.
-Outliers touch only the k chosen blocks. Non-uniform levels use a 32768-entry table indexed by
+Outliers touch only the k chosen blocks (``outliers.py``); the exponent scale tables and the
+kernels' loader are in ``scales.py``. Non-uniform levels use a 32768-entry table indexed by
 the top 16 bits of the float (no ``log2``/``bucketize`` per element). With ``use_kernels=True``
 (the trainer's hooks and wire codec) the common case (float32 on the CPU, blocks of 32, uniform
 levels, nearest rounding, no outliers) skips all that: compiled kernels (``fused.py``) make the
@@ -40,7 +41,6 @@ exponent bits saturate blocks whose top reaches 2**exponent_range[1]; the bound 
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -51,16 +51,17 @@ from models.numerics.bitpack import (
     pack_bits,
     pack_signed,
     packed_length,
-    unpack_bits,
     unpack_signed,
     unpack_u8,
 )
 from models.numerics.dtypes import keep_flushed_signs, narrow
 from models.numerics.format import BfpFormat, packed_nbytes
 from models.numerics.levels import LevelTables, level_tables
+from models.numerics.outliers import side_indices
+from models.numerics.scales import fused_kernels, power_of_two, scale_table, stored_exponents
 from models.numerics.scratch import scratch
 
-_TINY = 1e-30
+_EMPTY_INDEX = torch.zeros(0, dtype=torch.int32)
 
 
 @dataclass(frozen=True, eq=False)
@@ -125,10 +126,10 @@ class BfpCodec:
         self._special_at = 2.0**127 if fmt.levels == "log" else math.inf
         # The fused kernels, if asked for and they cover this format (float32 CPU tensors; fused.py).
         kernels = use_kernels and preserve_signs
-        self._fused = _fused_kernels() if kernels and _fused_kernels().covers(fmt) else None
+        self._fused = fused_kernels() if kernels and fused_kernels().covers(fmt) else None
         if self._fused:
-            self._encode_scales = _scale_table(fmt, "encode", torch.device("cpu")).numpy()
-            self._decode_scales = _scale_table(fmt, "decode", torch.device("cpu")).numpy()
+            self._encode_scales = scale_table(fmt, "encode", torch.device("cpu")).numpy()
+            self._decode_scales = scale_table(fmt, "decode", torch.device("cpu")).numpy()
 
     def encode(self, tensor: torch.Tensor) -> Packed:
         if not tensor.is_floating_point():
@@ -160,7 +161,7 @@ class BfpCodec:
         if special or fmt.outlier_fraction > 0:
             if special and not owned:  # non-finite values must leave the blocks the codes are made of
                 blocks = self._padded_copy(flat, n_pad, work).view_as(blocks)
-            side, block_max = self._side_indices(blocks, magnitude, block_max, n, special)
+            side, block_max = side_indices(fmt, self._special_at, blocks, magnitude, block_max, n, special)
         exponent = torch.frexp(block_max).exponent.clamp_(fmt.exponent_floor, fmt.exponent_range[1])
         q = self._mantissa_codes(blocks, magnitude, exponent, n, work)
         mantissas = pack_signed(
@@ -219,7 +220,7 @@ class BfpCodec:
             index = work.get("index", n_pad, torch.int32)
             index.copy_(codes[:n_pad])
             torch.index_select(self._tables_on(device, fmt).signed_levels, 0, index, out=out[:n_pad])
-        blocks.mul_(_power_of_two(packed).unsqueeze(1))
+        blocks.mul_(power_of_two(packed).unsqueeze(1))
         result = out[:n]
         if packed.dtype != torch.float32:
             result = narrow(result, packed.dtype)
@@ -232,7 +233,7 @@ class BfpCodec:
         fmt = packed.fmt
         n = packed.numel
         n_blocks = max(1, math.ceil(n / fmt.block_size))
-        exponent = _exponents(packed, n_blocks)
+        exponent = stored_exponents(packed, n_blocks)
         per_block = fmt.max_error_fraction() * torch.exp2(exponent.double())
         bound = per_block.repeat_interleave(fmt.block_size)[:n].clone()
         bound[packed.side_index.long()] = 0.0
@@ -276,49 +277,6 @@ class BfpCodec:
         buffer[flat.numel() :].zero_()
         return buffer
 
-    def _side_indices(
-        self, blocks: torch.Tensor, magnitude: torch.Tensor, block_max: torch.Tensor, n: int, special: bool
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(sorted unique flat indices, block maxima without them). Non-finite elements (and, for
-        log levels, |x| >= 2**127) plus the outlier budget k = floor(fraction * n), chosen by how
-        large an element is relative to the mean magnitude of its block (so one spike cannot
-        flatten the rest of its block). When k <= n_blocks: the largest element of each of the k
-        blocks whose max/mean is highest (at most one outlier per block); otherwise the k elements
-        with the highest |x|/mean. Zeroes the special entries in ``blocks`` (which must then be a
-        copy) and ``magnitude``; outliers may stay: their codes clamp to the top code and decode
-        overwrites them from side storage anyway."""
-        parts = []
-        if special:
-            found = (~(magnitude.view(-1) < self._special_at)).nonzero().view(-1)  # NaN compares False
-            parts.append(found)
-            blocks.view(-1)[found] = 0.0
-            magnitude.view(-1)[found] = 0.0
-            block_max = magnitude.amax(dim=1)
-        k = int(self.fmt.outlier_fraction * n)
-        if k > 0:
-            mean = magnitude.mean(dim=1).add_(_TINY)
-            n_blocks = magnitude.shape[0]
-            if k <= n_blocks:
-                top_blocks = torch.topk(block_max / mean, k, sorted=False).indices
-                rows = magnitude.index_select(0, top_blocks)
-                # argmax of a row is a real element: padding is 0 and comes after the block's first
-                # element, and argmax returns the first maximum.
-                position = rows.argmax(dim=1, keepdim=True)
-                outliers = torch.add(position.view(-1), top_blocks, alpha=self.fmt.block_size)
-                # Only those blocks' maxima change; ``magnitude`` keeps the outliers (their codes
-                # clamp to the top code and are never read).
-                block_max.index_copy_(0, top_blocks, rows.scatter_(1, position, 0.0).amax(dim=1))
-            else:
-                score = (magnitude / mean[:, None]).view(-1)[:n]
-                outliers = torch.topk(score, k, sorted=False).indices
-                magnitude.view(-1)[outliers] = 0.0
-                block_max = magnitude.amax(dim=1)
-            parts.append(outliers)
-        if not parts:
-            return torch.zeros(0, dtype=torch.int64, device=blocks.device), block_max
-        side = torch.unique(torch.cat(parts)) if len(parts) > 1 else torch.sort(parts[0]).values
-        return side, block_max
-
     def _mantissa_codes(
         self, blocks: torch.Tensor, magnitude: torch.Tensor, exponent: torch.Tensor, n: int, work
     ) -> torch.Tensor:
@@ -332,14 +290,14 @@ class BfpCodec:
         if fmt.levels == "uniform":
             # In place: the caller stores the biased exponent codes this leaves behind.
             biased = exponent.sub_(fmt.exponent_range[0])
-            scale = _scale_table(fmt, "encode", q.device).index_select(0, biased)
+            scale = scale_table(fmt, "encode", q.device).index_select(0, biased)
             torch.mul(magnitude, scale.unsqueeze(1), out=q)
             if fmt.rounding == "stochastic":
                 q.add_(self._uniform_noise(q, work)).floor_()
             else:
                 q.round_()
         else:
-            # exp2, not _from_exponent: 2**-128 (E = 128) is subnormal.
+            # exp2, not from_exponent: 2**-128 (E = 128) is subnormal.
             relative = torch.mul(magnitude, torch.exp2(-exponent.float()).unsqueeze(1), out=q)  # in [0, 1)
             self._level_index(relative, magnitude, work)
         # Sign-preserving (by default): a non-zero value never decodes to zero (sign(0) == 0 keeps zeros).
@@ -394,55 +352,3 @@ def encode(
 def decode(packed: Packed) -> torch.Tensor:
     """Decoding needs only what the Packed carries (its format included)."""
     return BfpCodec(packed.fmt).decode(packed)
-
-
-_EMPTY_INDEX = torch.zeros(0, dtype=torch.int32)
-
-
-@functools.cache
-def _fused_kernels():
-    """models.numerics.fused, imported by the first codec that uses the kernels: numba takes ~0.3 s
-    and ~145 MB to load, which processes that do not (the gateway) should not pay."""
-    from models.numerics import fused
-
-    return fused
-
-
-def _from_exponent(exponent: torch.Tensor, offset: int, *, negate: bool) -> torch.Tensor:
-    """float32 2**(offset - exponent) (negate) or 2**(exponent + offset), built from its bits.
-    The codec's exponents keep it normal (exponent_floor = m - 127, E <= 128), except the encode
-    scale 2**(1 - E) of m = 2 at E = 128; the clamp makes that 2**-126, which gives the same code
-    (every non-zero value is +-1 at m = 2). 2**128 (log levels at E = 128) is inf, as exp2 gives."""
-    power = (offset + 127 - exponent) if negate else (exponent + (offset + 127))
-    return power.clamp_(1, 255).bitwise_left_shift_(23).view(torch.float32)
-
-
-@functools.lru_cache(maxsize=64)
-def _scale_table(fmt: BfpFormat, use: str, device: torch.device) -> torch.Tensor:
-    """float32 per biased exponent code c (E = exponent_range[0] + c), the same values
-    ``_from_exponent`` builds: "encode" 2**(m-1-E) (uniform), "decode" 2**(E+1-m) (uniform) or
-    2**E (log levels). One gather per block replaces five small ops per tensor."""
-    codes = torch.arange(1 << fmt.exponent_bits, dtype=torch.int32)
-    low = fmt.exponent_range[0]
-    if use == "encode":
-        table = _from_exponent(codes + low, fmt.mantissa_bits - 1, negate=True)
-    else:
-        offset = 1 - fmt.mantissa_bits if fmt.levels == "uniform" else 0
-        table = _from_exponent(codes, low + offset, negate=False)
-    return table.to(device)
-
-
-def _power_of_two(packed: Packed) -> torch.Tensor:
-    """The decode scale per block (``_scale_table(fmt, "decode")``), from the stored exponent codes."""
-    fmt = packed.fmt
-    n_blocks = max(1, -(-packed.numel // fmt.block_size))
-    if fmt.exponent_bits == 8:
-        codes = packed.exponents.to(torch.int32)
-    else:
-        codes = unpack_bits(packed.exponents, fmt.exponent_bits, n_blocks).to(torch.int32)
-    return _scale_table(fmt, "decode", codes.device).index_select(0, codes)
-
-
-def _exponents(packed: Packed, n_blocks: int) -> torch.Tensor:
-    fmt = packed.fmt
-    return unpack_bits(packed.exponents, fmt.exponent_bits, n_blocks).to(torch.int32) + fmt.exponent_range[0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -79,3 +81,23 @@ def test_formats_the_kernels_do_not_cover_are_named() -> None:
 def test_any_finite_values_match(values: list[float], mantissa_bits: int) -> None:
     x = torch.tensor(values, dtype=torch.float32)
     assert_same_as_torch_ops(x, BfpFormat(mantissa_bits=mantissa_bits))
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 64, 1000, 4099])
+def test_mask_kernels_match_packbits_and_round_trip(n: int) -> None:
+    """A dropout mask (0 or one scale) as bits: numpy's little-endian packbits layout, its maximum,
+    and back to the same float32 values bit for bit (+0.0 where the mask was 0)."""
+    from models.numerics import fused_kernels, pack_bits
+
+    g = torch.Generator().manual_seed(n)
+    scale = float(torch.tensor(1 / 0.7, dtype=torch.float32))
+    mask = (torch.rand(n, generator=g) > 0.3).float() * scale
+    bits = torch.empty(math.ceil(n / 8), dtype=torch.uint8)
+    top = fused_kernels().pack_mask(mask.numpy(), bits.numpy())
+    assert torch.equal(bits, pack_bits((mask != 0).view(torch.uint8), 1))
+    assert top == mask.max().item()
+    out = torch.empty(n)
+    fused_kernels().unpack_mask(bits.numpy(), top, out.numpy())
+    assert torch.equal(out.view(torch.int32), mask.view(torch.int32))
+    mask[n // 2] = float("nan")
+    assert math.isnan(fused_kernels().pack_mask(mask.numpy(), bits.numpy()))

@@ -4,7 +4,8 @@
   backward keeps, per pooling window, the argmax as a position inside the window (log2(kh*kw)
   bits) and one bit "the pooled ReLU output is <= 0", in a planar width of 2, 4 or 8 bits, instead
   of the fp32 ReLU output and int64 pool indices: 4 bits per 2x2 window, 1 bit per ReLU output.
-  Lossless. A 1-D pool is the 2-D case with (1, k) windows.
+  Lossless. A 1-D pool is the 2-D case with (1, k) windows. On float32 CPU tensors with 1x2 or
+  2x2 windows the pair runs compiled (``gist_kernels.py``: the same codes and gradient bits).
 - Dropout: its mask (saved by PyTorch as one byte per element) is stored as bits by
   ``ActivationCompressor``, like every bool tensor saved for backward. Lossless.
 - ReLU -> Conv/Linear: **sparse storage, dense compute (SSDC)**. The ReLU output (saved by both
@@ -30,7 +31,7 @@ import torch.fx
 from torch import nn
 from torch.nn import functional as F
 
-from models.numerics import pack_bits, unpack_bits
+from models.numerics import pack_bits, packed_length, unpack_bits
 
 GistEncoding = Literal["binarize", "ssdc", "dpr"]
 BINARIZE: Final = "binarize"
@@ -131,6 +132,12 @@ class _ReluMaxPoolBinarized(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, kernel: tuple[int, int]) -> torch.Tensor:
+        ctx.meta = (tuple(x.shape), kernel)
+        fused = _fused_forward(x, kernel) if _kernels_cover(x, kernel) and x.numel() else None
+        if fused is not None:
+            pooled, packed = fused
+            ctx.save_for_backward(packed)
+            return pooled
         pooled, code = _max_and_position(x, kernel)
         if code is None:  # a NaN maximum: PyTorch's own kernel, whose NaN argmax rule we keep
             pooled, indices = F.max_pool2d(torch.relu(x), kernel, kernel, return_indices=True)
@@ -141,15 +148,16 @@ class _ReluMaxPoolBinarized(torch.autograd.Function):
             pooled = torch.relu(pooled)
         blocked_bit = _position_bits(kernel)
         code.add_(torch.le(pooled, 0).view(-1).view(torch.uint8), alpha=1 << blocked_bit)
-        width = _code_width(kernel)
-        ctx.meta = (tuple(x.shape), tuple(pooled.shape), kernel)
-        ctx.save_for_backward(pack_bits(code, width))
+        ctx.save_for_backward(pack_bits(code, _code_width(kernel)))
         return pooled
 
     @staticmethod
     def backward(ctx, grad_pooled: torch.Tensor) -> tuple[torch.Tensor, None]:
         (packed,) = ctx.saved_tensors
-        shape, pooled_shape, kernel = ctx.meta
+        shape, kernel = ctx.meta
+        if _kernels_cover(grad_pooled, kernel) and math.prod(shape):
+            return _fused_backward(packed, grad_pooled, shape, kernel), None
+        pooled_shape = (*shape[:2], shape[2] // kernel[0], shape[3] // kernel[1])
         corner, _, offsets = _window_tables(shape[2], shape[3], kernel, grad_pooled.device)
         code = unpack_bits(packed, _code_width(kernel), math.prod(pooled_shape))
         # offsets has an entry for every code: blocked codes map to their window's corner.
@@ -198,6 +206,60 @@ def _max_and_position(x: torch.Tensor, kernel: tuple[int, int]) -> tuple[torch.T
     if math.isnan(float(best.sum())):  # a NaN maximum (or +inf and -inf maxima: also the slow path)
         return best, None
     return best, code.view(-1).to(torch.uint8)
+
+
+def _kernels_cover(tensor: torch.Tensor, kernel: tuple[int, int]) -> bool:
+    """gist_kernels.py runs it: float32 on the CPU, windows of 1 x 2 or 2 x 2."""
+    return tensor.device.type == "cpu" and tensor.dtype == torch.float32 and kernel in ((1, 2), (2, 2))
+
+
+@functools.cache
+def _kernels():
+    """gist_kernels.py, imported on the first binarized pair that runs on the CPU (numba)."""
+    from cloud.training.compression import gist_kernels
+
+    return gist_kernels
+
+
+def _fused_forward(x: torch.Tensor, kernel: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(relu(pooled), packed codes) from the compiled pass; None when a window holds a NaN."""
+    n, c, h, w = x.shape
+    kh, kw = kernel
+    pooled = x.new_empty((n, c, h // kh, w // kw))
+    windows = pooled.numel()
+    width = _code_width(kernel)
+    packed = torch.empty(packed_length(windows, width), dtype=torch.uint8)
+    codes = torch.empty(windows, dtype=torch.uint8)
+    done = _kernels().binarize_forward(
+        x.detach().contiguous().view(-1).numpy(),
+        h,
+        w,
+        kh == 2,
+        _position_bits(kernel),
+        width,
+        pooled.view(-1).numpy(),
+        codes.numpy(),
+        packed.numpy(),
+    )
+    return (pooled, packed) if done else None
+
+
+def _fused_backward(
+    packed: torch.Tensor, grad_pooled: torch.Tensor, shape: tuple[int, ...], kernel: tuple[int, int]
+) -> torch.Tensor:
+    h, w = shape[2], shape[3]
+    grad_x = grad_pooled.new_empty(shape)
+    _kernels().binarize_backward(
+        packed.numpy(),
+        h,
+        w,
+        kernel[0] == 2,
+        _position_bits(kernel),
+        _code_width(kernel),
+        grad_pooled.contiguous().view(-1).numpy(),
+        grad_x.view(-1).numpy(),
+    )
+    return grad_x
 
 
 def _position_bits(kernel: tuple[int, int]) -> int:

@@ -53,7 +53,17 @@ from torch import nn
 from cloud.training.compression.groups import GroupSlot, SavedGroup, measured_min_numel
 from cloud.training.compression.layer_formats import LayerPolicy
 from cloud.training.compression.sparse import SparsePacked, count_nonzero_bits, decode_sparse, encode_sparse
-from models.numerics import BfpCodec, BfpFormat, Packed, error_stats, pack_bits, packed_nbytes, unpack_bits
+from models.numerics import (
+    BfpCodec,
+    BfpFormat,
+    Packed,
+    error_stats,
+    fused_kernels,
+    pack_bits,
+    packed_length,
+    packed_nbytes,
+    unpack_bits,
+)
 
 OUTSIDE_LAYERS = "<outside>"  # saved by ops that run outside any leaf module (e.g. the loss)
 _CACHE_PRUNE_AT = 1024
@@ -118,6 +128,11 @@ def _as_bits(tensor: torch.Tensor, dropout: bool) -> _Stored | None:
     gradients bit-identical)."""
     if tensor.dtype == torch.bool:
         mask, scale = tensor, None
+    elif dropout and tensor.dtype == torch.float32 and tensor.device.type == "cpu":
+        # One compiled pass (fused.py): the bits and the maximum.
+        bits = torch.empty(packed_length(tensor.numel(), 1), dtype=torch.uint8)
+        scale = float(fused_kernels().pack_mask(tensor.detach().contiguous().view(-1).numpy(), bits.numpy()))
+        return _Stored("bits", bits, bits.numel(), tensor.shape, scale) if scale > 0 else None
     elif dropout and tensor.dtype == torch.float32:
         scale = float(tensor.max())
         if not scale > 0:
@@ -303,6 +318,10 @@ class ActivationCompressor:
         payload = stored.payload
         if stored.kind == "bits":
             assert isinstance(payload, torch.Tensor) and stored.shape is not None
+            if stored.scale is not None and payload.device.type == "cpu":
+                mask = torch.empty(stored.shape, dtype=torch.float32)
+                fused_kernels().unpack_mask(payload.numpy(), stored.scale, mask.view(-1).numpy())
+                return mask
             codes = unpack_bits(payload, 1, math.prod(stored.shape)).view(stored.shape)
             if stored.scale is None:
                 return codes.view(torch.bool)
