@@ -307,7 +307,7 @@ class Uplink:
                 self.counters["pipelined_batches"] += bool(sending)
                 self.state = "sending"
                 alerts = [task for task, sent in sending.items() if sent.source == "alert"]
-                sending[asyncio.create_task(self._guarded_send(batch, alerts), name="uplink-batch")] = batch
+                sending[asyncio.create_task(self._send(batch, alerts), name="uplink-batch")] = batch
                 continue
             if not sending:
                 self.state = "corrupt" if self.damage_stop.damage is not None else "idle"
@@ -330,13 +330,6 @@ class Uplink:
             self._retry.succeeded()
             self._outage_retry.succeeded()
             self.state = "sending"
-
-    async def _guarded_send(self, batch: Batch, after: list[asyncio.Task[Outcome]]) -> Outcome:
-        try:
-            return await self._send(batch, after)
-        except Exception as exc:  # a bug or a local fault must not end the uplink: count, retry
-            log.exception("uplink: sending a batch failed on the gateway's side")
-            return Outcome("local", f"{type(exc).__name__}: {exc}")
 
     async def _back_off(self, outcome: Outcome) -> None:
         self.failures[outcome.kind] += 1
@@ -410,6 +403,9 @@ class Uplink:
             outcome = await self._unless_link_returns(self._transfer(batch, after or []))
             if outcome.kind == "ok":
                 outcome = self._acknowledged(batch, outcome)
+        except Exception as exc:  # a bug or a local fault must not end the uplink: count, retry
+            log.exception("uplink: sending a batch failed on the gateway's side")
+            outcome = Outcome("local", f"{type(exc).__name__}: {exc}")  # its records go back (below)
         finally:
             in_flight = self._in_flight.pop(key)
         if outcome.kind != "ok":
