@@ -133,13 +133,18 @@ class UplinkConfig(_Section):
     drain_alerts: DrainOrder = "newest"
     drain_summaries: DrainOrder = "newest"
     drain_raw: DrainOrder = "oldest"
+    # backlog batches of summaries and raw data in flight at once (gateway/uplink/sender.py); 1 = one
+    # request at a time
+    in_flight_batches: int = Field(default=3, ge=1, le=16)
     bandwidth_cap_Bps: float | None = Field(default=None, gt=0, description="uplink cap; None = no cap")
     bandwidth_burst_bytes: int | None = Field(default=None, ge=1024)
     # Resumable blob upload (gateway/uplink/blobs.py): blobs referenced by log records live in blob_dir
     # until the cloud committed them; None = this uplink uploads no blobs (their records go up alone).
     blob_dir: Path | None = None
     blob_chunk_bytes: int = Field(default=256 * 1024, ge=4096, le=8 * 1024 * 1024)
-    blob_concurrency: int = Field(default=8, ge=1, le=64)  # blobs in flight: a long round trip is hidden
+    # blobs in flight: their bytes in flight must cover the link's bandwidth x round trip (50 kB/s x 0.6 s
+    # = 30 kB, about ten 3 kB frames) or the round trips, not the link, bound a drain
+    blob_concurrency: int = Field(default=32, ge=1, le=64)
 
 
 class PlacementConfig(_Section):

@@ -8,16 +8,28 @@ from it on, the *live tail*, sent in order. A failed batch, or a live tail grown
 ``backlog_threshold``, moves the whole live tail into the backlog (``absorb``); a backlog is formed
 only when none is being drained, so a record appended later is live for good.
 
+A backlog no larger than ``backlog_threshold`` (what an outage or a slow spell leaves) drains as one
+*generation*: while it drains, the live tail waits (what is written meanwhile is the next generation,
+sent once the backlog is gone), so the backlog has the link to itself and drains at the link's rate;
+it is at most a few batches, so live data waits for at most those. A larger backlog alternates with
+the live tail instead, as follows, so that live data is not held up while it drains.
+
 A batch carries both when both wait: backlog records of one class, then live records (every backlog
 LSN is below every live one, so the batch is in LSN order). Whose records go in first alternates:
 on the live turn the live tail takes the batch limits and the backlog the room left, on the backlog
 turn the other way round. So a live record waits for at most one batch, the backlog gains every
 other batch at least, and on a link with a long round trip one request carries what two did.
 
+Batches in flight together (sender.py's pipeline): a backlog batch leaves the backlog index when it
+is chosen (``reserved``), so the next choice, made while it is in flight, picks other records; its
+acknowledgement books it, its failure (``failed``) puts its records back. A batch chosen while others
+are in flight carries backlog records only (``next_batch(..., in_flight=True)``), and only when no
+live record waits for its turn: the live tail is only ever in one batch at a time.
+
 Owner: one ``Uplink``; called from its task only. Invariants: a record is in at most one of the
-live tail, the backlog index and the acknowledged ranges; ``acknowledged`` is the only way a record
-leaves the first two (or ``follow_drops``, for what the log dropped), so nothing is forgotten
-unsent.
+live tail, the backlog index, the batches in flight and the acknowledged ranges; ``acknowledged`` is
+the only way a record leaves them (or ``follow_drops``, for what the log dropped), so nothing is
+forgotten unsent.
 """
 
 from __future__ import annotations
@@ -91,12 +103,15 @@ class BatchChooser:
         self._scan_next = 1  # next backlog LSN to classify (the scan is done when > index.upto)
         self._turn: Literal["live", "backlog"] = "backlog"  # whose records go in first, when both wait
         self._absorb = False  # a batch failed: what waits joins the backlog before the next choice
+        self._hold_live = False  # a small backlog drains as one generation: the live tail waits
+        self.reserved = 0  # backlog records in batches in flight (out of the index until their answer)
         self.uploaded_by_class: dict[DrainClass, int] = dict.fromkeys(CLASSES, 0)
         self.counters = {
             "live_batches": 0,  # batches that carried live records (a batch may carry both kinds)
             "backlog_batches": 0,  # batches that carried backlog records
             "backlog_scanned": 0,
             "absorbed_into_backlog": 0,
+            "live_held_batches": 0,  # batches chosen while a backlog generation held the live tail
         }
 
     def start_at(self, trimmed: int) -> None:
@@ -121,21 +136,49 @@ class BatchChooser:
         self._scan_next = min(self._scan_next, lsn)
         self._live_next = min(self._live_next, lsn)
 
-    def failed(self) -> None:
-        """A batch failed: the live tail joins the backlog at the next choice."""
+    def failed(self, batch: Batch) -> None:
+        """``batch`` failed: its backlog records go back to the index (those the log still holds and
+        the backlog still covers), and the live tail joins the backlog at the next choice."""
         self._absorb = True
+        backlog, cls = batch.backlog_lsns, batch.source
+        if not backlog or cls == "live" or cls == "scan":
+            return
+        self.reserved -= len(backlog)
+        back = [lsn for lsn in backlog if self.acked.trimmed < lsn <= self._index.upto]
+        self._index.restore(cls, back)
 
     # -- choosing ----------------------------------------------------------------------------
-    async def next_batch(self, durable: int) -> Batch | None:
+    async def next_batch(self, durable: int, *, in_flight: bool = False) -> Batch | None:
         """The next batch among the records up to ``durable``, an empty "scan" batch after a scan
-        slice, or None when nothing waits."""
+        slice, or None when nothing waits. ``in_flight``: other batches are being sent; only a
+        backlog batch may join them, and only when no live record waits for its turn (else None)."""
+        batch = await self._choose(durable, in_flight)
+        cls = batch.source if batch is not None else "scan"
+        if batch is not None and cls != "live" and cls != "scan":
+            held = batch.backlog_lsns
+            self._index.take(cls, held)  # reserved: the next choice picks other records
+            self.reserved += len(held)
+        return batch
+
+    async def _choose(self, durable: int, in_flight: bool) -> Batch | None:
         waiting = durable - self._live_next + 1
         if waiting > 0 and (self._absorb or waiting > self._backlog_threshold):
             self._absorb_live_tail(durable)
         self._absorb = False
         scanning = self._scan_next <= self._index.upto
-        live = self._live_next <= durable
         backlog = scanning or self._index.pending() > 0
+        if not backlog and not self.reserved:
+            self._hold_live = False  # the generation drained: the live tail goes
+        live = self._live_next <= durable and not self._hold_live
+        if self._hold_live and backlog:
+            self.counters["live_held_batches"] += 1
+        if in_flight:
+            if live or not backlog:
+                return None
+            if scanning:
+                await self._scan_slice()
+                return Batch("scan", [])
+            return await self._backlog(self._limits)
         live_first = live and (self._turn == "live" or not backlog)
         self._turn = "backlog" if live_first else "live"
         if scanning:
@@ -166,6 +209,8 @@ class BatchChooser:
         self.counters["absorbed_into_backlog"] += durable - self._live_next + 1
         self._index.upto = durable
         self._live_next = durable + 1
+        unscanned = self._index.upto - self._scan_next + 1
+        self._hold_live = self._index.pending() + self.reserved + unscanned <= self._backlog_threshold
         self._turn = "backlog"  # what waited longest goes by priority before anything newer
 
     async def _scan_slice(self) -> None:
@@ -210,7 +255,7 @@ class BatchChooser:
         backlog, cls = batch.backlog_lsns, batch.source
         if backlog:
             assert cls != "live" and cls != "scan", "backlog records are of a drain class"
-            self._index.remove(cls, backlog)
+            self.reserved -= len(backlog)  # out of the index since it was chosen
             self.uploaded_by_class[cls] += len(backlog)
             self.counters["backlog_batches"] += 1
         if batch.live:
@@ -224,6 +269,8 @@ class BatchChooser:
         return {
             "backlog_upto": self._index.upto,
             "backlog_pending": self._index.pending(),
+            "backlog_in_flight": self.reserved,
+            "live_held": self._hold_live,
             "backlog_by_class": {c: self._index.pending(c) for c in CLASSES},
             "scan_done": self._scan_next > self._index.upto,
             "live_next": self._live_next,

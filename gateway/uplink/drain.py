@@ -268,11 +268,16 @@ class BacklogIndex:
             out.extend(piece)
         return out
 
-    def remove(self, cls: DrainClass, lsns: list[int]) -> None:
-        """Drop acknowledged LSNs: ``lsns`` came from ``pick``, so they are every LSN of the class in
-        [lsns[0], lsns[-1]]; only the runs in that span are touched."""
-        if lsns:
-            self._runs[cls].remove_span(lsns[0], lsns[-1])
+    def take(self, cls: DrainClass, lsns: list[int]) -> None:
+        """Take exactly ``lsns`` out (a batch in flight holds them); unlike ``remove``, LSNs of the
+        class between them stay (they may be another batch's, put back while this one was read)."""
+        runs = self._runs[cls]
+        for lo, hi in runs_of(lsns):
+            runs.remove_span(lo, hi)
+
+    def restore(self, cls: DrainClass, lsns: list[int]) -> None:
+        """Put back LSNs of ``cls`` that ``remove`` took out (their batch failed)."""
+        self._runs[cls].add(runs_of(lsns))
 
     def forget(self, first: int, last: int) -> None:
         """LSNs in [first, last] are not backlog any more (the log dropped them, or cannot read them)."""

@@ -10,6 +10,16 @@ Draining (docs/gateway.md, "Uplink drain"): what to send next, the live tail or 
 then summaries, then raw data) or both in one batch, and the bookkeeping of what the cloud
 acknowledged, are chooser.py's; this module sends, retries and trims.
 
+Pipeline: while backlog batches are in flight, the next backlog batch is chosen and sent beside
+them, up to ``in_flight_batches`` at once, so that a long round trip (a frame's blobs, then its
+records) is not paid once per batch. A batch with live records goes alone (the live tail is in one
+batch at a time). A batch sent beside an alert batch uploads its blobs at once but POSTs its records
+only once the alert batch was acknowledged (and not at all if it failed): the cloud stores every
+alert before anything sent after it. Acknowledgements may come out of order; the log is still trimmed
+only to the end of the contiguous acknowledged run. After a failure the uplink lets what is in flight
+finish, then backs off; a failed batch's records go back to the backlog (a retransmit of a batch the
+cloud did store is a duplicate it acknowledges).
+
 Short up windows: a batch that failed on the link (refused, timed out) is retried after at most
 ``OUTAGE_RETRY_MAX_S`` (jittered), whatever the link monitor says, so a link that is up for two
 seconds carries data in them; a retry also happens at once when the monitor sees the link come
@@ -17,7 +27,8 @@ back (``link_changed``), and a request that was in flight while the monitor held
 abandoned then if it was sent before the probe that saw the return (through a black hole it would
 wait for its whole timeout; sent again, it is a duplicate the cloud acknowledges, and a blob resumes
 at the cloud's offset; one sent after that probe went out on a working link and is kept). A request
-outstanding for the monitor's ``stall_after_s`` is reported as a stall (``stalls``), once: that is
+outstanding for the monitor's ``stall_after_s`` (of the bytes of every request in flight: they share
+the link) is reported as a stall (``stalls``), once: that is
 how a black hole is seen in a few seconds rather than at the request's timeout. Other failures back off
 exponentially up to ``backoff_max_s``; a 401/403 backs off to the maximum at once (an operator must
 fix the token) and a 400 is logged with the cloud's own words. An optional token bucket caps the uplink's
@@ -59,6 +70,7 @@ from gateway.uplink.damage_stop import DamageStop
 from gateway.uplink.drain import TokenBucket, runs_of
 from gateway.uplink.gaps import GapRecords, lost_in_flight, unacked_runs
 from gateway.uplink.outcome import FAILURE_KINDS, LINK_FAILURES, Outcome, UploadObserver, post
+from gateway.uplink.stalls import StallWatch
 from protocol.batch import encode_batch, idempotency_key
 from protocol.config import UplinkConfig
 from runtime.backoff import Backoff
@@ -67,11 +79,15 @@ from runtime.tasks import cancel_and_wait, wait_event
 log = logging.getLogger(__name__)
 
 IDLE_WAKE_S = 5.0  # look at the log at least this often even without a wake-up
-# True inside a request the uplink may abandon: a link return it reports itself abandons nothing
-_OWN_REQUEST: contextvars.ContextVar[bool] = contextvars.ContextVar("uplink_own_request", default=False)
+# Inside a request the uplink may abandon, that request's abandon event: a link return it reports
+# itself does not abandon it
+_OWN_REQUEST: contextvars.ContextVar[asyncio.Event | None] = contextvars.ContextVar(
+    "uplink_own_request", default=None
+)
 PRODUCER_WAIT_S = 1.0  # longest a before-batch hook may hold the uplink (module docstring)
 OUTAGE_RETRY_MAX_S = 1.0  # longest wait after a link failure: a short up window is never slept through
 UplinkState = Literal["idle", "sending", "backoff", "corrupt", "stopped"]  # /status "uplink.state"
+PIPELINED = ("alert", "summary", "raw")  # sources of batches another backlog batch may be sent beside
 
 
 def read_token(token: str | None, token_file: Path | None) -> str | None:
@@ -80,6 +96,11 @@ def read_token(token: str | None, token_file: Path | None) -> str | None:
     if token_file is not None:
         return Path(token_file).read_text().strip()
     return None
+
+
+def _may_pipeline(batch: Batch) -> bool:
+    """Whether another backlog batch may be sent beside ``batch`` (module docstring)."""
+    return batch.source in PIPELINED and not batch.live
 
 
 class Uplink:
@@ -131,13 +152,15 @@ class Uplink:
         )
         self._wake = asyncio.Event()
         self._link_up = asyncio.Event()  # wakes a backoff wait
-        self._link_returned = asyncio.Event()  # ends a request in flight while the link was down
+        # per request in flight: set to end it when the link returns (link_changed), and when it was sent
+        self._requests: dict[asyncio.Event, float] = {}
+        self._depth = config.in_flight_batches
         self._warn = RateLimitedLog(log)
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._before_batch: list[Callable[[], Awaitable[None]]] = []
-        self._in_flight: list[tuple[int, int]] = []  # the LSN runs of the batch being sent
-        self._request_sent_at: float | None = None  # when the transfer in flight began (our clock)
+        self._in_flight: dict[int, list[tuple[int, int]]] = {}  # id(batch) -> its LSN runs, while sent
+        self._stalls = StallWatch(monitor, clock, self._stalled)
         self._gap_records = GapRecords(record_log, gateway_id)
         self.damage_stop = DamageStop()
         self._synced = False
@@ -150,6 +173,7 @@ class Uplink:
             "bytes_uploaded": 0,
             "attempts": 0,
             "link_up_wakeups": 0,
+            "pipelined_batches": 0,  # batches sent while others were in flight
             "abandoned_on_link_return": 0,
             "stalls": 0,
             "before_batch_errors": 0,
@@ -190,17 +214,17 @@ class Uplink:
         if up:
             self._link_up.set()
             self._wake.set()
-            if not _OWN_REQUEST.get() and self._sent_before_the_return():
-                self._link_returned.set()
+            own = _OWN_REQUEST.get()
+            for returned, sent_at in self._requests.items():
+                if returned is not own and self._sent_before_the_return(sent_at):
+                    returned.set()
 
-    def _sent_before_the_return(self) -> bool:
-        """Whether the request in flight was sent before the observation that saw the link return
-        went out. One sent after it went out on a working link: it is not stuck, and abandoning it
-        would throw away a round trip of a link that may be slow."""
-        if self._request_sent_at is None:
-            return False
+    def _sent_before_the_return(self, sent_at: float) -> bool:
+        """Whether a request sent at ``sent_at`` was sent before the observation that saw the link
+        return went out. One sent after it went out on a working link: it is not stuck, and
+        abandoning it would throw away a round trip of a link that may be slow."""
         evidence_s = self._monitor.return_round_trip_s if self._monitor is not None else 0.0
-        return self._clock() - self._request_sent_at > evidence_s
+        return self._clock() - sent_at > evidence_s
 
     async def start(self, *, run: bool = True) -> None:
         """Open the HTTP session and start the sending task (``run=False``: tests drive it by
@@ -244,7 +268,8 @@ class Uplink:
         self._synced = True
 
     def _unacked(self, first: int, last: int) -> list[tuple[int, int]]:
-        return unacked_runs(self.chooser.acked, self._in_flight, first, last)
+        in_flight = sorted(run for runs in self._in_flight.values() for run in runs)
+        return unacked_runs(self.chooser.acked, in_flight, first, last)
 
     def _follow_drops(self) -> None:
         """The log dropped segments (policy "drop_oldest"): what is gone is neither backlog nor live."""
@@ -262,50 +287,75 @@ class Uplink:
 
     # -- the loop ------------------------------------------------------------------------------
     async def _run(self) -> None:
+        sending: dict[asyncio.Task[Outcome], Batch] = {}
+        try:
+            await self._pipeline(sending)
+        finally:  # stopped: what is in flight ends with the uplink (its records stay in the log)
+            for task in sending:
+                await cancel_and_wait(task)
+
+    async def _pipeline(self, sending: dict[asyncio.Task[Outcome], Batch]) -> None:
         while True:
-            await self._producers_append()
-            batch = await self._next_batch()
-            if batch is None:
+            if not sending:
+                await self._producers_append()
+            batch = None
+            if len(sending) < self._depth and all(_may_pipeline(b) for b in sending.values()):
+                batch = await self._next_batch(in_flight=bool(sending))
+            if batch is not None and not batch.entries:  # a scan slice ran: go round again
+                continue
+            if batch is not None:
+                self.counters["pipelined_batches"] += bool(sending)
+                self.state = "sending"
+                alerts = [task for task, sent in sending.items() if sent.source == "alert"]
+                sending[asyncio.create_task(self._send(batch, alerts), name="uplink-batch")] = batch
+                continue
+            if not sending:
                 self.state = "corrupt" if self.damage_stop.damage is not None else "idle"
                 self._wake.clear()
                 await wait_event(self._wake, IDLE_WAKE_S)
                 continue
-            if not batch.entries:  # a scan slice ran: go round again
+            done, _ = await asyncio.wait(sending, return_when=asyncio.FIRST_COMPLETED)
+            failed = [task.result() for task in done if task.result().kind != "ok"]
+            for task in done:
+                del sending[task]
+            if failed:  # let the rest finish, then back off once
+                if sending:
+                    rest, _ = await asyncio.wait(sending)
+                    failed += [task.result() for task in rest if task.result().kind != "ok"]
+                    sending.clear()
+                await self._settle_and_trim()
+                await self._back_off(failed[-1])
                 continue
-            try:
-                outcome = await self._send(batch)
-            except Exception as exc:  # a bug or a local fault must not end the uplink: count, retry
-                log.exception("uplink: sending a batch failed on the gateway's side")
-                outcome = Outcome("local", f"{type(exc).__name__}: {exc}")
-            if outcome.kind == "ok":
-                self._retry.succeeded()
-                self._outage_retry.succeeded()
-                self.state = "sending"
-                continue
-            self.failures[outcome.kind] += 1
-            self.last_error = f"{outcome.kind}: {outcome.detail}"
-            self.state = "backoff"
-            if outcome.kind == "auth":  # no retry storm against a refusal
-                delay = self._retry.longest()
-            elif outcome.kind in LINK_FAILURES:  # a cheap retry: a short up window must not be missed
-                delay = self._outage_retry.failed()
-            else:
-                delay = self._retry.failed()
-            if outcome.kind == "auth":
-                log.error(
-                    "uplink: the cloud refused our token (%s); fix uplink.token; retrying in %.0fs",
-                    outcome.detail,
-                    delay,
-                )
-            else:
-                self._warn.warning(
-                    outcome.kind,
-                    "uplink: batch failed (%s: %s); retrying in %.1fs",
-                    outcome.kind,
-                    outcome.detail,
-                    delay,
-                )
-            await self._wait_to_retry(delay)
+            await self._settle_and_trim()
+            self._retry.succeeded()
+            self._outage_retry.succeeded()
+            self.state = "sending"
+
+    async def _back_off(self, outcome: Outcome) -> None:
+        self.failures[outcome.kind] += 1
+        self.last_error = f"{outcome.kind}: {outcome.detail}"
+        self.state = "backoff"
+        if outcome.kind == "auth":  # no retry storm against a refusal
+            delay = self._retry.longest()
+        elif outcome.kind in LINK_FAILURES:  # a cheap retry: a short up window must not be missed
+            delay = self._outage_retry.failed()
+        else:
+            delay = self._retry.failed()
+        if outcome.kind == "auth":
+            log.error(
+                "uplink: the cloud refused our token (%s); fix uplink.token; retrying in %.0fs",
+                outcome.detail,
+                delay,
+            )
+        else:
+            self._warn.warning(
+                outcome.kind,
+                "uplink: batch failed (%s: %s); retrying in %.1fs",
+                outcome.kind,
+                outcome.detail,
+                delay,
+            )
+        await self._wait_to_retry(delay)
 
     async def _wait_to_retry(self, delay_s: float) -> None:
         """Sleep ``delay_s``, or less if the link monitor sees the link come back."""
@@ -314,15 +364,17 @@ class Uplink:
             self.counters["link_up_wakeups"] += 1
 
     # -- choosing what to send -----------------------------------------------------------------
-    async def _next_batch(self) -> Batch | None:
+    async def _next_batch(self, *, in_flight: bool = False) -> Batch | None:
         """The chooser's next batch, once the log's drops are followed and their gaps recorded; an
-        empty "scan" batch (go round again) when a read has just reached damage."""
+        empty "scan" batch (go round again) when a read has just reached damage. ``in_flight``:
+        other batches are being sent (chooser.py: only a backlog batch may join them)."""
         self._sync_with_log()
         self._follow_drops()
         self.counters["gap_records"] += await self._gap_records.write()
         self.damage_stop.consider(self._log.damage, self._log.trimmed_lsn, self.chooser)
         try:
-            return await self.chooser.next_batch(self.damage_stop.readable_upto(self._log.durable_lsn))
+            durable = self.damage_stop.readable_upto(self._log.durable_lsn)
+            return await self.chooser.next_batch(durable, in_flight=in_flight)
         except LogCorrupted as exc:
             self.damage_stop.consider([exc.damage], self._log.trimmed_lsn, self.chooser)
             return Batch("scan", [])
@@ -336,41 +388,50 @@ class Uplink:
             batch = await self._next_batch()
         if batch is None or not batch.entries:
             return Outcome("ok")
-        return await self._send(batch)
+        outcome = await self._send(batch)
+        await self._settle_and_trim()
+        return outcome
 
-    async def _send(self, batch: Batch) -> Outcome:
-        """Send one batch: its transfer (which a returning link may abandon), then, once the cloud
-        acknowledged it, the bookkeeping and the trim (which nothing abandons)."""
-        self._in_flight = runs_of(lsn for lsn, _ in batch.entries)
+    async def _send(self, batch: Batch, after: list[asyncio.Task[Outcome]] | None = None) -> Outcome:
+        """Send one batch: its transfer (which a returning link may abandon; its records only after
+        the batches ``after`` were acknowledged), then, once the cloud acknowledged it, its
+        bookkeeping (no await between the answer and the booking). The trim is the caller's
+        (``_settle_and_trim``: one at a time, whatever is in flight)."""
+        key = id(batch)
+        self._in_flight[key] = runs_of(lsn for lsn, _ in batch.entries)
         try:
-            outcome = await self._unless_link_returns(self._transfer(batch))
+            outcome = await self._unless_link_returns(self._transfer(batch, after or []))
             if outcome.kind == "ok":
                 outcome = self._acknowledged(batch, outcome)
+        except Exception as exc:  # a bug or a local fault must not end the uplink: count, retry
+            log.exception("uplink: sending a batch failed on the gateway's side")
+            outcome = Outcome("local", f"{type(exc).__name__}: {exc}")  # its records go back (below)
         finally:
-            in_flight, self._in_flight = self._in_flight, []
+            in_flight = self._in_flight.pop(key)
         if outcome.kind != "ok":
-            self.chooser.failed()
+            self.chooser.failed(batch)
             await self._count_lost(in_flight)
-            return outcome
+        return outcome
+
+    async def _settle_and_trim(self) -> None:
         await self._gap_records.settle(self.chooser.acked)
         await self._trim()
-        return outcome
 
     async def _unless_link_returns(self, sending: Coroutine[None, None, Outcome]) -> Outcome:
         """``sending``'s outcome, or a "connection" failure if a probe sent after the request sees
         the link come back first (the link went down while the request waited: it may be stuck on a
         connection the outage left dead). A return that the request's own answer showed the monitor
-        (``_OWN_REQUEST``) abandons nothing; a link that stays up never "returns"."""
-        self._link_returned.clear()
-        self._request_sent_at = self._clock()
+        (``_OWN_REQUEST``) does not abandon that request; a link that stays up never "returns"."""
+        link_returned = asyncio.Event()
+        self._requests[link_returned] = self._clock()
         context = contextvars.copy_context()
-        context.run(_OWN_REQUEST.set, True)  # its blob uploads (gather's tasks) copy this context
+        context.run(_OWN_REQUEST.set, link_returned)  # its blob uploads (gather's tasks) copy this context
         request = asyncio.create_task(sending, name="uplink-request", context=context)
-        returned = asyncio.create_task(self._link_returned.wait(), name="uplink-link-returned")
+        returned = asyncio.create_task(link_returned.wait(), name="uplink-link-returned")
         try:
             await asyncio.wait((request, returned), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            self._request_sent_at = None
+            del self._requests[link_returned]
             await cancel_and_wait(returned)
             if not request.done():
                 await cancel_and_wait(request)
@@ -379,33 +440,35 @@ class Uplink:
             return Outcome("connection", "abandoned: the link came back while this request waited")
         return request.result()
 
-    async def _transfer(self, batch: Batch) -> Outcome:
-        """The batch's blobs, then the batch, on the wire; the cloud's answer."""
+    async def _transfer(self, batch: Batch, after: list[asyncio.Task[Outcome]]) -> Outcome:
+        """The batch's blobs, then (once ``after`` were acknowledged) the batch, on the wire; the
+        cloud's answer."""
         entries = batch.entries
         refs = [ref for _, data in entries for ref in blob_refs(data)]
-        stall = self._watch_for_stall(sum(len(data) for _, data in entries) + sum(r.size for r in refs))
+        key = id(batch)
+        self._stalls.began(key, sum(len(data) for _, data in entries) + sum(r.size for r in refs))
         try:
-            return await self._blobs_then_batch(entries, refs)
+            return await self._blobs_then_batch(entries, refs, after)
         finally:
-            if stall is not None:
-                stall.cancel()
-
-    def _watch_for_stall(self, nbytes: int) -> asyncio.TimerHandle | None:
-        """Report a stall to the monitor if the transfer of ``nbytes`` outlasts its ``stall_after_s``."""
-        if self._monitor is None:
-            return None
-        return asyncio.get_running_loop().call_later(self._monitor.stall_after_s(nbytes), self._stalled)
+            self._stalls.ended(key)
 
     def _stalled(self) -> None:
         self.counters["stalls"] += 1
         assert self._monitor is not None
         self._monitor.observe_stall()
 
-    async def _blobs_then_batch(self, entries: list[tuple[int, bytes]], refs: list[BlobRef]) -> Outcome:
+    async def _blobs_then_batch(
+        self, entries: list[tuple[int, bytes]], refs: list[BlobRef], after: list[asyncio.Task[Outcome]]
+    ) -> Outcome:
         first, last = entries[0][0], entries[-1][0]
         blob_failure = await self._upload_blobs(refs)
         if blob_failure is not None:
             return blob_failure
+        if after:
+            await asyncio.wait(after)  # never cancels them: they are the loop's
+            failed = next((o for o in (t.result() for t in after) if o.kind != "ok"), None)
+            if failed is not None:
+                return Outcome(failed.kind, f"not sent: the alert batch before it failed ({failed.detail})")
         body = encode_batch(self.gateway_id, self._log.log_id, entries)
         wait = self._bucket.delay_for(len(body))
         if wait > 0:

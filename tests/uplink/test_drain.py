@@ -80,7 +80,7 @@ def test_backlog_index_picks_from_one_end_and_forgets_what_was_acked(classes, or
         assert picked[-1] - picked[0] < span
         expected = model[cls][: len(picked)] if order == "oldest" else model[cls][-len(picked) :]
         assert picked == expected
-        index.remove(cls, picked)
+        index.take(cls, picked)
         model[cls] = [x for x in model[cls] if x not in picked]
         assert index.pending(cls) == len(model[cls])
         seen += picked
@@ -123,13 +123,13 @@ def test_a_large_index_drains_from_both_ends_and_compacts():
     drained = []
     while index.pending("summary"):
         picked = index.pick("summary", "oldest", 1000, 20_000)
-        index.remove("summary", picked)
+        index.take("summary", picked)
         drained += picked
     assert drained == list(range(1, 400_001, 2))
     drained = []
     while index.pending("raw"):
         picked = index.pick("raw", "newest", 1000, 20_000)
-        index.remove("raw", picked)
+        index.take("raw", picked)
         drained = picked + drained
     assert drained == list(range(2, 400_001, 2)) and index.next_class() is None
 
