@@ -40,7 +40,7 @@ from cloud.jobs.uploads import UploadedDatasets
 from cloud.registry import ModelRegistry
 from cloud.rollout.gate import gate_command
 from cloud.rollout.verdict import GateConfig
-from models.artifact import ArtifactError, load_artifact
+from models.artifact import ONNX_FILE, ArtifactError, load_artifact
 from runtime.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
@@ -314,6 +314,18 @@ class JobManager:
             tail = (workdir / f"{name}.log").read_text(errors="replace").strip().splitlines()[-1:]
             raise JobFailure(f"{name} exited {code}: {' '.join(tail)}")
 
+    def _init_args(self, spec: JobSpec) -> tuple[str, ...]:
+        """prepare's ``--init-onnx``: the version ``init_from`` names (``production``: the alias, else
+        the factory version), as stored under the job's registry name."""
+        if spec.init_from is None:
+            return ()
+        name, version = spec.model_name, spec.init_from
+        if version == "production":
+            version = self.registry.lifecycle(name).production or self.registry.factory_version(name) or ""
+        if not version or self.registry.entry(name, version) is None:
+            raise JobFailure(f"init_from: the registry has no {name}@{spec.init_from}")
+        return ("--init-onnx", str(self.registry.folder(name, version) / ONNX_FILE))
+
     async def _run(
         self, job_id: str, spec: JobSpec, workdir: Path, events: JobEvents
     ) -> tuple[JobState, dict[str, Any]]:
@@ -345,9 +357,10 @@ class JobManager:
                 spec,
             )
         upload_args = ["--upload", str(self.uploads.data_file(spec.upload))] if spec.upload else []
+        init_args = await asyncio.to_thread(self._init_args, spec)
         await self._step(
             "prepare",
-            [sys.executable, "-m", "cloud.jobs.prepare", "--workdir", str(workdir), *upload_args],
+            [sys.executable, "-m", "cloud.jobs.prepare", "--workdir", str(workdir), *upload_args, *init_args],
             workdir,
             spec,
         )
