@@ -47,7 +47,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-async def wait_http(url: str, limit_s: float = 20.0) -> None:
+async def wait_http(url: str, limit_s: float = 60.0) -> None:
     deadline = time.monotonic() + limit_s
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < deadline:
