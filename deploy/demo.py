@@ -124,8 +124,7 @@ class Demo:
                 "--operator-token",
                 self.operator_token,
                 # the canary soaks briefly: the demo shows the controller promote it when healthy
-                *("--rollout-min-frames-to-judge", "10", "--rollout-canary-soak-s", "20"),
-                *("--rollout-min-frames-to-promote", "40"),
+                *("--rollout-canary-soak-s", "20", "--rollout-min-frames-to-promote", "50"),
             ],
             logs,
         )

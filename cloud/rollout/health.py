@@ -40,7 +40,8 @@ class RolloutConfig:
     interval_s: float = 1.0  # how often the controller looks
     canary_soak_s: float = 300.0
     auto_promote: bool = True  # False: a healthy canary waits for `cloudctl models promote --production`
-    min_frames_to_judge: int = 20
+    # like min_shadow_frames: a canary's mean confidence over a few frames is that of one scene
+    min_frames_to_judge: int = 50
     min_frames_to_promote: int = 100
     max_confidence_drop: float = 0.15
     min_shadow_agreement: float = 0.6
