@@ -3,9 +3,10 @@ writes one JSON line per frame it produces (frame, ts, dominant label, objects),
 gateway captured at ``capture_ts`` is one the camera produced shortly before.
 
 ``SceneTruth`` reads the file as it grows and answers the dominant label of a capture time, or None
-when the frames that were the camera's newest in the ``settle_s`` before it do not agree (a scene change the capture may
-straddle: the gateway's reader can lag the camera by a frame or two). ``scores`` compares verdicts
-with truth: plain accuracy and balanced accuracy (the gate's: the mean recall of the classes seen).
+when the frames that were the camera's newest in the ``settle_s`` before it do not agree (a scene
+change the capture may straddle: the gateway's reader can lag the camera by a frame or two).
+``scores`` compares verdicts with truth: plain accuracy and balanced accuracy (the gate's: the mean
+recall of the classes seen).
 
 Invariant: a label is answered only when every frame that was the newest at some moment of
 [capture_ts - settle_s, capture_ts] has it, so a frame is never labelled with a scene it may not show.
