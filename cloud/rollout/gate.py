@@ -10,6 +10,10 @@ gateways' own samples). Runs as a process of its own (``python -m cloud.rollout.
 cloudd's event loop imports neither torch nor onnxruntime; the federated coordinator calls
 ``evaluate`` on its own thread.
 
+For a classifier compared with a baseline the evaluation also carries ``live``: both versions' mean
+confidence and their agreement on those rows, what the rollout controller expects to see live
+(cloud/rollout/health.py ``Expected``).
+
 Invariant: both versions are scored on the same rows against the same truth (label names: the
 dataset's, else as the job's export named its classes), so the comparison is like for like and a
 version whose outputs are named wrongly scores as wrong; a baseline that cannot run on those rows
