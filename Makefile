@@ -1,4 +1,5 @@
-# The README's commands: `make demo`, `make test` (`make test-fast` while editing), `make bench`.
+# The README's commands: `make demo` (`make demo-ingest DURATION=...` for the sensors alone), `make test`
+# (`make test-fast` while editing), `make bench`.
 # Each sets up .venv first when needed.
 PYTHON ?= python3
 VENV := .venv
@@ -8,7 +9,7 @@ DURATION ?= 30
 BENCH_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast lint format bench venv clean
+.PHONY: demo demo-ingest test test-fast lint format bench venv clean
 
 venv: $(STAMP)
 
@@ -20,6 +21,10 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: $(STAMP)
 	$(BIN)/python deploy/demo.py --duration $(DURATION)
+
+# the ingest-only demo (sensors -> gateway -> cloud, the exactly-once accounting) for longer soaks
+demo-ingest: $(STAMP)
+	$(BIN)/python deploy/demo.py --ingest-only --duration $(DURATION)
 
 # The whole gate: every static check, then every test.
 test: lint

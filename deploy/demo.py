@@ -1,8 +1,13 @@
-"""`make demo`: a broker, cloudd, gatewayd and simulated sensors, with live counts and a final
-accounting of every record sent.
+"""`make demo`: the product's whole loop on one machine. A broker, cloudd, gatewayd, simulated
+sensors and a simulated camera (a dim site the factory scene model was not trained for); the
+gateway stores and uploads the sensors' readings and its camera's frames and verdicts; a new scene
+model trained in cloudd on those frames, labelled with the camera's ground truth, passes the gate
+and is rolled out to the gateway as a canary (deploy/demo_loop.py); the gateway's accuracy against
+the truth is printed before and after, with live progress, then a final accounting of every
+sensor record sent. ``--ingest-only`` runs the sensors and the accounting alone (for long soaks).
 
 Invariant: the demo exits 0 only if every message the broker acknowledged to the sensors is
-stored in the cloud exactly once.
+stored in the cloud exactly once and (unless ingest-only) every step of the model loop happened.
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
+from demo_loop import LoopConfig, ModelLoop
 
 from cloud.store.dataset import DatasetStore, StoredRecord
 from devices.sensors import SensorRun, SentRecord, run_sensors
@@ -41,7 +47,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-async def wait_http(url: str, limit_s: float = 20.0) -> None:
+async def wait_http(url: str, limit_s: float = 60.0) -> None:
     deadline = time.monotonic() + limit_s
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < deadline:
@@ -91,9 +97,10 @@ class Demo:
     def __init__(self, args: argparse.Namespace, broker_url: str) -> None:
         self.args = args
         self.broker_url = broker_url
-        self.data = ROOT / "demo-data"
-        self.cloud_port, self.gateway_port = free_port(), free_port()
-        self.token = secrets.token_hex(16)
+        self.data = self.args.data_dir.resolve()
+        self.cloud_port, self.gateway_port, self.camera_port = free_port(), free_port(), free_port()
+        self.token, self.operator_token = secrets.token_hex(16), secrets.token_hex(16)
+        self.loop: ModelLoop | None = None
         self.children: list[tuple[str, subprocess.Popen]] = []
         self.sent = SentRecord()
         self.stop_sensors = threading.Event()
@@ -114,16 +121,45 @@ class Demo:
                 self.cloud_port,
                 "--token",
                 f"{GATEWAY}={self.token}",
+                "--operator-token",
+                self.operator_token,
+                # the canary soaks briefly: the demo shows the controller promote it when healthy
+                *("--rollout-canary-soak-s", "20", "--rollout-min-frames-to-promote", "50"),
             ],
             logs,
         )
+        camera = ""
+        if not self.args.ingest_only:
+            # a dim site (half the light the factory scene model was trained under), scenes twice as
+            # brisk as the default so that a half-minute shows every class
+            self._spawn(
+                "devicesim-camera",
+                [
+                    bin_dir / "devicesim",
+                    "camera",
+                    "--port",
+                    self.camera_port,
+                    "--truth",
+                    self.data / "truth.jsonl",
+                ]
+                + ["--fps", "8", "--width", "160", "--height", "120", "--brightness", "0.5"]
+                + ["--scene-speed", "2", "--seed", str(self.args.seed)],
+                logs,
+            )
+            camera = (
+                f'blob_dir = "{self.data / "gateway-blobs"}"\nheartbeat_interval_s = 1.0\n'
+                "[placement]\nenabled = false\n"
+                f'[camera]\nenabled = true\nsource = "http://127.0.0.1:{self.camera_port}/stream.mjpg"\n'
+                "change_detection = false\nota_poll_interval_s = 2\nshadow_every = 2\n"
+                "open_timeout_s = 5.0\nread_timeout_s = 5.0\nbackoff_max_s = 1.0\n"
+            )
         protocol = "3.1.1" if self.args.broker is None else "5"
         config = self.data / "gateway.toml"
         config.write_text(
             f'gateway_id = "{GATEWAY}"\ndata_dir = "gateway"\n'
             f'[mqtt]\nbroker = "{self.broker_url}"\nprotocol_version = "{protocol}"\n'
-            f'[uplink]\ncloud_url = "http://127.0.0.1:{self.cloud_port}"\ntoken = "{self.token}"\n'
             f'[http]\nlisten = "127.0.0.1:{self.gateway_port}"\n'
+            f'[uplink]\ncloud_url = "http://127.0.0.1:{self.cloud_port}"\ntoken = "{self.token}"\n{camera}'
         )
         self._spawn("gatewayd", [bin_dir / "gatewayd", "--config", config], logs)
 
@@ -147,6 +183,7 @@ class Demo:
 
     async def run(self) -> int:
         self.start_children()
+        loop_ok = True
         try:
             await wait_http(f"http://127.0.0.1:{self.cloud_port}/healthz")
             await wait_http(f"http://127.0.0.1:{self.gateway_port}/status")
@@ -161,13 +198,16 @@ class Demo:
             sensors = asyncio.get_running_loop().run_in_executor(
                 None, lambda: run_sensors(sensor_run, self.stop_sensors, self._on_progress)
             )
+            model_loop = asyncio.create_task(self._model_loop())
+            both: list[asyncio.Future[Any]] = [sensors, model_loop]
             async with aiohttp.ClientSession() as session:
-                print(f"{'time':>6} {'sent':>8} {'in log':>8} {'uploaded':>9} {'in cloud':>9}")
+                print(f"{'time':>6} {'sent':>8} {'in log':>8} {'uploaded':>9} {'in cloud':>9}  camera")
                 start = time.monotonic()
-                while not sensors.done():
+                while not (sensors.done() and model_loop.done()):
                     await self._show(session, time.monotonic() - start)
-                    await asyncio.wait({sensors}, timeout=1.0)
+                    await asyncio.wait(both, timeout=2.0)
                 self.sent = await sensors
+                loop_ok = await model_loop
                 print(f"sensors done: {self.sent.total} messages acknowledged by the broker; draining")
                 deadline = time.monotonic() + self.args.drain_timeout
                 while time.monotonic() < deadline:
@@ -178,19 +218,38 @@ class Demo:
         finally:
             self.stop_sensors.set()
             self.stop_children()
-        return self.account()
+        return self.account(loop_ok)
+
+    async def _model_loop(self) -> bool:
+        if self.args.ingest_only:
+            return True
+        config = LoopConfig(
+            gateway=GATEWAY,
+            cloud_data=self.data / "cloud",
+            cloud_url=f"http://127.0.0.1:{self.cloud_port}",
+            token=self.operator_token,
+            ctl=Path(sys.executable).parent / "cloudctl",
+            truth=self.data / "truth.jsonl",
+            work=self.data / "work",
+        )
+        self.loop = ModelLoop(config)
+        return await self.loop.run()
 
     def _on_progress(self, record: SentRecord) -> None:
         self.sent = record
 
     async def _show(self, session: aiohttp.ClientSession, elapsed: float) -> int:
         gateway = await get_json(session, f"http://127.0.0.1:{self.gateway_port}/status") or {}
-        cloud = await get_json(session, f"http://127.0.0.1:{self.cloud_port}/v1/status") or {}
+        cloud = (
+            await get_json(session, f"http://127.0.0.1:{self.cloud_port}/v1/status", self.operator_token)
+            or {}
+        )
         uplink = gateway.get("uplink", {})
         stored = cloud.get("totals", {}).get("records", 0)
+        camera = self.loop.progress() if self.loop is not None else ""
         print(
             f"{elapsed:6.0f} {self.sent.total:8d} {uplink.get('backlog', '?')!s:>8} "
-            f"{uplink.get('records_uploaded', '?')!s:>9} {stored:9d}",
+            f"{uplink.get('records_uploaded', '?')!s:>9} {stored:9d}  {camera}",
             flush=True,
         )
         return stored
@@ -210,8 +269,9 @@ class Demo:
         bodies = (r.record["body"] for r in store.iter_records(GATEWAY))
         return Counter(b["ran_at"]["aggregate"] for b in bodies if b.get("type") == "sensor_aggregate")
 
-    def account(self) -> int:
-        """Compare what the broker acknowledged to the sensors with what the cloud stored."""
+    def account(self, loop_ok: bool) -> int:
+        """Compare what the broker acknowledged to the sensors with what the cloud stored; then the
+        model loop's steps and the camera's accuracy against devicesim's truth."""
         stored = Counter((r.record["device"], r.record["body"]["seq"]) for r in self._telemetry())
         sent = {(device, seq) for device, seqs in self.sent.sent.items() for seq in seqs}
         missing = sent - stored.keys()
@@ -232,7 +292,15 @@ class Demo:
         print(f"sensor windows aggregated: {where} (where the placement plan ran them)")
         ok = not missing and not duplicates
         print("OK: every record sent is stored exactly once" if ok else "FAILED: records lost or duplicated")
-        return 0 if ok else 1
+        if self.loop is not None:
+            print("\n== the model loop ==")
+            print(f"steps done: {' -> '.join(self.loop.steps) or 'none'}")
+            print("\n".join(self.loop.report()))
+            if self.loop.failed:
+                print(f"FAILED: {self.loop.failed}")
+            else:
+                print("OK: collected, trained, gated and rolled out; accuracy measured before and after")
+        return 0 if ok and loop_ok else 1
 
 
 async def amain(args: argparse.Namespace) -> int:
@@ -251,6 +319,14 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=10.0, help="messages per second per sensor")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--drain-timeout", type=float, default=60.0)
+    parser.add_argument(
+        "--data-dir", type=Path, default=ROOT / "demo-data", help="emptied first; logs and data stay there"
+    )
+    parser.add_argument(
+        "--ingest-only",
+        action="store_true",
+        help="sensors and the accounting only (no camera, no model loop)",
+    )
     args = parser.parse_args()
     try:
         return asyncio.run(amain(args))

@@ -34,6 +34,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fps", type=number(1, 120), default=10.0, help="frames per second, 1 to 120")
     parser.add_argument("--frames", type=integer(0), default=0, help="frames to produce (0: until stopped)")
     parser.add_argument("--noise", type=number(0, 255), default=3.0, help="sensor noise sigma (grey levels)")
+    parser.add_argument(
+        "--brightness",
+        type=number(0.1, 2),
+        default=1.0,
+        help="scale of the scene's light, 0.1 to 2 (0.5: a dim site the factory scene model never saw)",
+    )
+    parser.add_argument(
+        "--scene-speed",
+        type=number(0.1, 20),
+        default=1.0,
+        help="the scene plays this many times faster (objects come and go sooner), 0.1 to 20",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=PORT, default=None, help="serve MJPEG over HTTP on this port")
     parser.add_argument("--out", type=Path, default=None, help="write an MJPG .avi video file")
@@ -115,9 +127,10 @@ def produce(
         seed=args.seed,
         width=args.width,
         height=args.height,
-        fps=args.fps,
+        fps=args.fps / args.scene_speed,  # the scene is planned in frames: fewer per second, sooner
         n_frames=min(total, 10**6),
         noise_sigma=args.noise,
+        brightness=args.brightness,
     )
     writer = None
     if args.out is not None:

@@ -144,8 +144,10 @@ class SceneSynth:
         noise_sigma: float = 3.0,
         drift: float = 0.15,
         drift_period_s: float = 60.0,
+        brightness: float = 1.0,
     ) -> None:
         self.width, self.height, self.fps = width, height, fps
+        self.brightness = brightness  # < 1: a dimmer site than the scene model's training frames
         self.seed, self.noise_sigma = seed, noise_sigma
         self.drift, self.drift_period_s = drift, drift_period_s
         self.segments = plan_segments(np.random.default_rng(seed), width, height, fps, n_frames)
@@ -159,7 +161,9 @@ class SceneSynth:
         return self.segments[min(max(index, 0), len(self.segments) - 1)]
 
     def lighting(self, frame: int) -> float:
-        return 1.0 + self.drift * math.sin(2 * math.pi * frame / (self.fps * self.drift_period_s))
+        return self.brightness * (
+            1.0 + self.drift * math.sin(2 * math.pi * frame / (self.fps * self.drift_period_s))
+        )
 
     def objects(self, frame: int) -> list[SceneObject]:
         segment = self.segment_at(frame)

@@ -46,6 +46,8 @@ PLAIN_FLAGS = (
     "precision",
     "device",
     "lr",
+    "optimizer",
+    "init_from",
     "batch_size",
     "microbatches",
     "max_steps",
@@ -85,6 +87,10 @@ def add_train_parser(commands: Any, common: argparse.ArgumentParser) -> None:
     train.add_argument("--precision", help="fp32 | bf16")
     train.add_argument("--device", help="auto | cpu | cuda")
     train.add_argument("--lr", type=float)
+    train.add_argument("--optimizer", help="sgd (momentum 0.9) | adam")
+    train.add_argument(
+        "--init-from", help="start from this registry version's weights (production: the production alias)"
+    )
     train.add_argument("--batch-size", type=int)
     train.add_argument("--microbatches", type=int)
     train.add_argument("--max-steps", type=int)

@@ -104,7 +104,8 @@ def export_scene(workdir: Path, spec: JobSpec, version: str, lineage: dict[str, 
     model = scene_cnn()
     step = assemble(model, workdir / "checkpoints")
     data = torch.load(workdir / "dataset.pt", weights_only=True)
-    # the share of uploaded frames whose label (the gateway model's verdict) the new model repeats
+    # the share of the training rows whose label (camera_frames: the gateway model's verdict; an
+    # upload: the uploader's, e.g. the scene's truth) the new model repeats
     agreement = accuracy(model, SceneData(data["x"], data["y"]))
     return export_artifact(
         model,

@@ -9,7 +9,8 @@ folder, with the spec's ``pythonpath`` on PYTHONPATH):
 2. builds the model (``cloud.training.jobfile.build_model``) and runs two rows of the dataset
    through it layer by layer, so a model the pipeline cannot cut fails here, saying what a model
    must look like;
-3. writes ``W/job.toml`` (``cloud.jobs.spec.job_toml`` with the model's layer count) and loads it
+3. ``--init-onnx``: the warm start (``init_from``): the registry version's weights as ``W/init.pt``;
+4. writes ``W/job.toml`` (``cloud.jobs.spec.job_toml`` with the model's layer count) and loads it
    as the trainer will, so a job file the trainer would refuse fails here too.
 
 Invariant: exit 0 only with a job file the trainer loads and a dataset file the model takes; any
@@ -27,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cloud.jobs.spec import JobSpec, job_toml
+from cloud.jobs.spec import INIT_FILE, JobSpec, job_toml
 from cloud.jobs.uploads import DatasetInvalid, check_arrays, detect_format
 from cloud.training.jobfile import MODEL_SHAPE, JobError, build_model, load_job
 
@@ -98,7 +99,28 @@ def _sample(workdir: Path, spec: JobSpec) -> torch.Tensor:
     return torch.load(workdir / "dataset.pt", weights_only=True)["x"][:2]
 
 
-def prepare(workdir: Path, upload: Path | None) -> None:
+def write_init(model: torch.nn.Sequential, onnx_path: Path, out: Path) -> None:
+    """The warm start: the ONNX version's weights (its initializers carry the state-dict keys of the
+    model it was exported from) as the model's state dict, every tensor named and shaped as the model's."""
+    import onnx
+    from onnx import numpy_helper
+
+    try:
+        graph = onnx.load(str(onnx_path)).graph
+    except (OSError, ValueError) as exc:
+        raise JobError(f"init_from: cannot read {onnx_path}: {exc}") from None
+    weights = {i.name: torch.from_numpy(numpy_helper.to_array(i).copy()) for i in graph.initializer}
+    state = model.state_dict()
+    unfit = [k for k, v in state.items() if k not in weights or weights[k].shape != v.shape]
+    if unfit:
+        raise JobError(
+            "init_from: the version's weights do not fit the model (no tensor shaped as "
+            f"{', '.join(unfit[:4])})"
+        )
+    torch.save({k: weights[k] for k in state}, out)
+
+
+def prepare(workdir: Path, upload: Path | None, init_onnx: Path | None = None) -> None:
     spec = JobSpec.model_validate_json((workdir / "spec.json").read_text())
     dataset = workdir / "dataset.pt"
     if upload is not None and not dataset.exists():  # a resumed job keeps the file it started with
@@ -110,6 +132,8 @@ def prepare(workdir: Path, upload: Path | None) -> None:
     torch.manual_seed(spec.seed)
     model = build_model(spec.trainer_model)
     check_layers(model, _sample(workdir, spec), len(spec.replica_counts or [1]))
+    if init_onnx is not None:
+        write_init(model, init_onnx, workdir / INIT_FILE)
     try:
         text = job_toml(spec, layers=len(model))
     except ValueError as exc:
@@ -122,10 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="prepare a job: dataset file, model check, job file")
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--upload", type=Path, help="the uploaded dataset file the job names")
+    parser.add_argument("--init-onnx", type=Path, help="the registry version (model.onnx) to start from")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     try:
-        prepare(args.workdir, args.upload)
+        prepare(args.workdir, args.upload, args.init_onnx)
     except JobError as exc:
         print(f"invalid job: {exc}", file=sys.stderr)
         return EXIT_BAD_JOB

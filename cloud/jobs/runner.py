@@ -34,7 +34,7 @@ from cloud.jobs.uploads import UploadedDatasets
 from cloud.registry import ModelRegistry
 from cloud.rollout.gate import gate_command
 from cloud.rollout.verdict import GateConfig
-from models.artifact import ArtifactError, load_artifact
+from models.artifact import ONNX_FILE, ArtifactError, load_artifact
 
 STEP_DEADLINE_S = 600.0  # dataset build and export, each
 POLL_S = 0.25
@@ -148,6 +148,18 @@ class JobRunner:
             tail = (workdir / f"{name}.log").read_text(errors="replace").strip().splitlines()[-1:]
             raise JobFailure(f"{name} exited {code}: {' '.join(tail)}")
 
+    def _init_args(self, spec: JobSpec) -> tuple[str, ...]:
+        """prepare's ``--init-onnx``: the version ``init_from`` names (``production``: the alias, else
+        the factory version), as stored under the job's registry name."""
+        if spec.init_from is None:
+            return ()
+        name, version = spec.model_name, spec.init_from
+        if version == "production":
+            version = self.registry.lifecycle(name).production or self.registry.factory_version(name) or ""
+        if not version or self.registry.entry(name, version) is None:
+            raise JobFailure(f"init_from: the registry has no {name}@{spec.init_from}")
+        return ("--init-onnx", str(self.registry.folder(name, version) / ONNX_FILE))
+
     async def run(self, job_id: str, spec: JobSpec, run: Run, events: JobEvents) -> dict[str, Any]:
         """Prepare, train, export, gate, register; the job's final fields. Raises ``Preempted``
         (the lease was revoked) or ``JobFailure``."""
@@ -171,7 +183,8 @@ class JobRunner:
             ]
             await self._step("dataset", [*command, *gateways], workdir, spec)
         upload_args = ["--upload", str(self.uploads.data_file(spec.upload))] if spec.upload else []
-        prepare = [sys.executable, "-m", "cloud.jobs.prepare", "--workdir", str(workdir), *upload_args]
+        init_args = await asyncio.to_thread(self._init_args, spec)
+        prepare = [sys.executable, "-m", "cloud.jobs.prepare", "--workdir", str(workdir), *upload_args, *init_args]
         await self._step("prepare", prepare, workdir, spec)
         await self._train(spec, run, events)
         await asyncio.to_thread(_complete_lineage, workdir, job_id, spec)

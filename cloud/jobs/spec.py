@@ -45,6 +45,7 @@ LossName = Literal["cross_entropy", "mse", "reconstruction"]  # the job file's [
 WireCodec = Literal["fp32", "bfp8", "bfp6", "bfp4"]
 UPLOAD_PREFIX = "upload:"
 LEASE_FILE = "lease"  # the job's preemption lease, in its folder (cloud.training.lease)
+INIT_FILE = "init.pt"  # the warm start's weights in the job's folder (cloud.jobs.prepare writes it)
 FACTORY_PATTERN = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$"
 DEFAULT_FACTORY_LR = 0.05
 DEFAULT_UPLOAD_TEST_FRACTION = 0.2
@@ -112,6 +113,10 @@ class JobSpec(BaseModel):
     epochs: int = Field(1, ge=1, le=10_000)
     max_steps: int = Field(0, ge=0)
     lr: float | None = Field(None, gt=0, le=10)
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    # a version of the registry name this job registers under ("production": its production alias)
+    # whose weights the training starts from; None: the model's own initialisation
+    init_from: str | None = Field(None, pattern=f"^{ID_PATTERN}$")
     batch_size: int = Field(64, ge=1, le=65_536)
     microbatches: int = Field(4, ge=1, le=1024)
     seed: int = 0
@@ -185,11 +190,13 @@ class JobSpec(BaseModel):
             if self.registry_name is None and not re.fullmatch(ID_PATTERN, self.model.rpartition(":")[2]):
                 raise ValueError("registry_name: the factory's name is too long for the registry; name it")
         else:
+            # a built-in also trains on an upload of its own rows and labels (e.g. camera frames
+            # labelled with the scene's truth): the prepare step checks the rows fit the model
             wanted = TRAINABLE_MODELS[self.model].dataset
-            if self.dataset is not None and self.dataset != wanted:
+            if self.dataset is not None and self.dataset != wanted and upload_name(self.dataset) is None:
                 raise ValueError(
-                    f"dataset: model {self.model} trains on dataset {wanted!r}, not {self.dataset!r} "
-                    "(another dataset needs a model factory)"
+                    f"dataset: model {self.model} trains on dataset {wanted!r} or an upload:<name> of its "
+                    f"own input rows, not {self.dataset!r} (another dataset needs a model factory)"
                 )
         own_choice = upload_name(self.dataset) is not None or is_factory(self.model)
         if not own_choice and (self.loss is not None or self.test_fraction is not None):
@@ -234,6 +241,8 @@ class JobSpec(BaseModel):
                 "decides when every rank knows the loss)"
             )
         straight = self.replica_counts is not None and max(self.replica_counts) == 1
+        if self.sync.enabled and self.optimizer != "sgd":
+            raise ValueError("optimizer: the sync scheduler steps each layer with SGD; use sgd")
         for name in ("sync", "balance"):
             if getattr(self, name).enabled and (straight or self.nproc == 1 or self.schedule == "1f1b-stash"):
                 raise ValueError(f"{name}.enabled: needs a replicated stage (replicas > 1 somewhere)")
@@ -366,6 +375,7 @@ def job_toml(spec: JobSpec, layers: int | None = None) -> str:
         "max_steps": spec.max_steps,
         "lr": spec.learning_rate,
         "seed": spec.seed,
+        **({"optimizer": spec.optimizer} if spec.optimizer != "sgd" else {}),
         "threads": 1,
         "wire_codec": spec.wire_codec,
         # the job file's defaults are the spec's: written only when chosen
@@ -373,7 +383,7 @@ def job_toml(spec: JobSpec, layers: int | None = None) -> str:
         **({"device": spec.device} if spec.device != "auto" else {}),
     }
     sections: list[tuple[str, dict[str, Any]]] = [
-        ("model", {"name": spec.trainer_model}),
+        ("model", {"name": spec.trainer_model, **({"init": INIT_FILE} if spec.init_from else {})}),
         ("data", data),
         ("train", train),
         ("checkpoint", {"dir": "checkpoints", "every": spec.checkpoint_every}),

@@ -2,10 +2,11 @@
 
 Every ``interval_s`` it reads each model name's lifecycle; for a name with a canary it combines the
 heartbeat ``models`` figures of the canary gateways (only online gateways, only heartbeats received
-after the canary started, only figures of the canary version) and the baseline
-(cloud/rollout/health.py), and acts on the judgement: ``rollback`` (canary -> archived, the alias
-cleared, an event) or ``promote`` (canary -> production after the soak). A worse canary is thus
-rolled back within one heartbeat interval plus ``interval_s`` of the heartbeat that shows it.
+after the canary started, only figures of the canary version) and the baseline, with what the gate
+measured of the canary against that production (``Expected``; cloud/rollout/health.py), and acts
+on the judgement: ``rollback`` (canary -> archived, the alias cleared, an event) or ``promote``
+(canary -> production after the soak). A worse canary is thus rolled back within one heartbeat
+interval plus ``interval_s`` of the heartbeat that shows it.
 
 Invariants: only this task changes a lifecycle on its own account, and each change re-checks under
 the registry's lock that the canary it judged is still the canary (an operator may have acted in
@@ -24,7 +25,7 @@ from typing import Any
 
 from cloud.fleet import FleetView, Seen, heartbeat_models
 from cloud.registry import ModelRegistry
-from cloud.rollout.health import Judgement, RolloutConfig, combine, judge
+from cloud.rollout.health import Expected, Judgement, RolloutConfig, combine, judge
 from cloud.rollout.lifecycle import Lifecycle
 from cloud.rollout.transitions import promote_production, rollback
 from protocol.fleet import is_online
@@ -77,7 +78,9 @@ class RolloutController:
             if state.canary is None:
                 self.judgements.pop(name, None)
                 continue
-            judgement = self._judge(name, state, latest)
+            entry = await asyncio.to_thread(self.registry.entry, name, state.canary.version)
+            expected = Expected.from_evaluation(entry["evaluation"] if entry else None, state.production)
+            judgement = self._judge(name, state, latest, expected)
             self.judgements[name] = {
                 "version": state.canary.version,
                 "ts": self.clock(),
@@ -86,7 +89,9 @@ class RolloutController:
             if judgement.action != "wait":
                 await self._act(name, state.canary.version, judgement)
 
-    def _judge(self, name: str, state: Lifecycle, latest: dict[str, Seen]) -> Judgement:
+    def _judge(
+        self, name: str, state: Lifecycle, latest: dict[str, Seen], expected: Expected | None
+    ) -> Judgement:
         canary = state.canary
         assert canary is not None
         reports: dict[str, dict[str, Any]] = {}
@@ -114,7 +119,7 @@ class RolloutController:
                 if self._before.get((name, g), {}).get("version") == state.production
             ]
         baseline = combine(on_production) if on_production else None
-        return judge(combine(on_canary), baseline, self.clock() - canary.started_ts, self.config)
+        return judge(combine(on_canary), baseline, self.clock() - canary.started_ts, self.config, expected)
 
     async def _act(self, name: str, version: str, judgement: Judgement) -> None:
         now = self.clock()

@@ -15,8 +15,12 @@ HELP = {
     "auto_promote": "promote a healthy canary after the soak (else wait for the operator)",
     "min_frames_to_judge": "canary frames before the controller judges it at all",
     "min_frames_to_promote": "canary frames before it may become production",
-    "max_confidence_drop": "roll back when canary confidence < baseline's minus this",
-    "min_shadow_agreement": "roll back when agreement with the previous version is below this",
+    "max_confidence_drop": "roll back when the canary's confidence shift from the baseline falls "
+    "this far below the one its gate evaluation measured (no evaluation: below 0)",
+    "min_shadow_agreement": "without a gate figure: roll back when agreement with the previous "
+    "version is below this",
+    "max_agreement_drop": "roll back when shadow agreement falls this far below the agreement "
+    "its gate evaluation measured with the same production",
     "min_shadow_frames": "shadow frames before shadow agreement counts",
     "max_error_rate": "roll back when the canary's error rate is above this",
 }

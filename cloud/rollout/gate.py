@@ -10,6 +10,10 @@ gateways' own samples). Runs as a process of its own (``python -m cloud.rollout.
 cloudd's event loop imports neither torch nor onnxruntime; the federated coordinator calls
 ``evaluate`` on its own thread.
 
+For a classifier compared with a baseline the evaluation also carries ``live``: both versions' mean
+confidence and their agreement on those rows, what the rollout controller expects to see live
+(cloud/rollout/health.py ``Expected``).
+
 Invariant: both versions are scored on the same rows against the same truth (label names: the
 dataset's, else as the job's export named its classes), so the comparison is like for like and a
 version whose outputs are named wrongly scores as wrong; a baseline that cannot run on those rows
@@ -84,22 +88,43 @@ def balanced_accuracy(predicted: list[str], truth: list[str]) -> float:
     return sum(sum(hits) / len(hits) for hits in rows_of.values()) / len(rows_of) if rows_of else math.nan
 
 
-def score(artifact: ModelArtifact, held: HeldOut, truth: list[str] | None) -> tuple[Metric, float]:
-    """(metric, value) of ``artifact`` on ``held``: accuracy against ``truth`` (label names per row),
-    or the mean reconstruction error."""
+def verdicts(artifact: ModelArtifact, held: HeldOut) -> list[tuple[str, float]]:
+    """(label, score) per held-out row, as the gateway would answer (models.inference.postprocess)."""
     model = load_and_probe(artifact, threads=1)
     metadata = artifact.metadata
-    verdicts: list[tuple[str, float]] = []
+    answers: list[tuple[str, float]] = []
     for start in range(0, len(held.x), BATCH):
         rows = held.x[start : start + BATCH]
         outputs = model.session.run([metadata.output_name], {metadata.input.name: rows})[0]
-        verdicts.extend(postprocess(artifact, rows, outputs))
-    if metadata.postprocess == "softmax_labels":
+        answers.extend(postprocess(artifact, rows, outputs))
+    return answers
+
+
+def score(
+    artifact: ModelArtifact, answers: list[tuple[str, float]], truth: list[str] | None
+) -> tuple[Metric, float]:
+    """(metric, value) of ``artifact``'s ``answers``: accuracy against ``truth`` (label names per row),
+    or the mean reconstruction error."""
+    if artifact.metadata.postprocess == "softmax_labels":
         if truth is None:
             raise ArtifactError("no_labels", "a classifier needs labelled held-out rows")
-        return "accuracy", balanced_accuracy([label for label, _ in verdicts], truth)
-    errors = [error for _, error in verdicts]
+        return "accuracy", balanced_accuracy([label for label, _ in answers], truth)
+    errors = [error for _, error in answers]
     return "loss", float(np.mean(errors)) if errors else math.nan
+
+
+def live_expectation(
+    candidate: list[tuple[str, float]], baseline: list[tuple[str, float]]
+) -> dict[str, float]:
+    """What the rollout controller should expect live of a classifier against the version it replaces,
+    measured here on the same rows (cloud/rollout/health.py ``Expected``): both mean confidences and
+    the share of rows on which they give the same verdict (the gateway's shadow agreement)."""
+    same = sum(1 for (mine, _), (theirs, _) in zip(candidate, baseline, strict=True) if mine == theirs)
+    return {
+        "confidence_mean": float(np.mean([c for _, c in candidate])),
+        "baseline_confidence_mean": float(np.mean([c for _, c in baseline])),
+        "agreement_with_baseline": same / len(candidate),
+    }
 
 
 def evaluate(
@@ -112,8 +137,10 @@ def evaluate(
     truth = [labels[i] for i in held.y] if held.y is not None else None
     rows = len(held.x)
     note = None
+    answers: list[tuple[str, float]] = []
     try:
-        metric, value = score(candidate, held, truth) if rows else ("accuracy", math.nan)
+        answers = verdicts(candidate, held) if rows else []
+        metric, value = score(candidate, answers, truth) if rows else ("accuracy", math.nan)
     except ArtifactError as exc:
         if exc.reason != "probe_failed":
             raise
@@ -122,15 +149,21 @@ def evaluate(
         metric = "accuracy" if candidate.metadata.postprocess == "softmax_labels" else "loss"
         value, note = math.nan, f"the candidate cannot run: {exc.detail}"
     compared: tuple[str, float] | None = None
+    expected: dict[str, float] = {}
     if baseline is not None and rows:
         try:
-            base_metric, base_value = score(baseline, held, truth)
+            base_answers = verdicts(baseline, held)
+            base_metric, base_value = score(baseline, base_answers, truth)
         except (ArtifactError, ValueError, RuntimeError) as exc:  # onnxruntime: shapes that do not fit
             note = f"baseline {baseline.version} cannot run on these rows: {str(exc)[:200]}"
         else:
             if base_metric == metric and math.isfinite(base_value):
                 compared = (baseline.version, base_value)
+                if metric == "accuracy" and answers:
+                    expected = live_expectation(answers, base_answers)
     document = evaluation_document(metric, value, held.dataset, rows, compared, len(labels), config)
+    if expected:
+        document["live"] = expected
     if note:
         document["reason"] += f"; {note}"
     return document

@@ -39,6 +39,8 @@ class _Section(BaseModel):
 
 class ModelSection(_Section):
     name: str = "digits_cnn"  # a name in models/, or a dotted path to an nn.Sequential factory
+    # a torch state-dict file (job-folder relative) the weights start from; "": the factory's own init
+    init: str = ""
 
 
 class DataSection(_Section):
@@ -73,7 +75,8 @@ class TrainSection(_Section):
     epochs: int = Field(default=1, ge=1)
     max_steps: int = Field(default=0, ge=0)  # 0: run all epochs
     lr: float = Field(default=0.05, gt=0)
-    momentum: float = Field(default=0.9, ge=0, lt=1)
+    momentum: float = Field(default=0.9, ge=0, lt=1)  # sgd only
+    optimizer: Literal["sgd", "adam"] = "sgd"
     seed: int = 0
     threads: int = Field(default=1, ge=1)  # intra-op threads per rank (profiling uses the same)
     wire_codec: str = "fp32"
@@ -150,6 +153,8 @@ class JobConfig(_Section):
         if self.train.wire_codec not in WIRE_CODEC_NAMES:
             raise ValueError(f"train.wire_codec must be one of {', '.join(WIRE_CODEC_NAMES)}")
         _check_compression(self.compression, self.progress)
+        if self.sync.enabled and self.train.optimizer != "sgd":
+            raise ValueError("train.optimizer: the sync scheduler steps each layer with SGD; use sgd")
         for name, on in (("sync", self.sync.enabled), ("balance", self.balance.enabled)):
             if on:
                 _check_replicated(name, self.train, self.partition)

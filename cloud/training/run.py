@@ -123,6 +123,8 @@ def train(job: JobConfig, placement: Placement) -> int:
     progress.write("phase", phase="starting")
     torch.manual_seed(t.seed)
     model = build_model(job.model.name)
+    if job.model.init:  # a warm start (e.g. the production version): every rank the same weights
+        model.load_state_dict(torch.load(job.model.init, weights_only=True), strict=True)
     data = job.data
     stream = toggle_stream(job, load_stream(data, t.seed, t.batch_size))
     loss_fn = loss_function(data)
@@ -144,7 +146,11 @@ def train(job: JobConfig, placement: Placement) -> int:
     try:
         optimizer = None
         if any(True for _ in module.parameters()) and not features.owns_optimizer:
-            optimizer = torch.optim.SGD(module.parameters(), lr=t.lr, momentum=t.momentum)
+            optimizer = (
+                torch.optim.Adam(module.parameters(), lr=t.lr)
+                if t.optimizer == "adam"
+                else torch.optim.SGD(module.parameters(), lr=t.lr, momentum=t.momentum)
+            )
         executor = StageExecutor(
             features.compression.module,
             topology,

@@ -226,3 +226,49 @@ def test_cloudd_and_cloudctl_import_no_torch():
     )
     result = subprocess.run([sys.executable, "-c", code], env=repo_env(), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_built_in_model_fine_tunes_on_an_upload_of_its_own_rows():
+    spec = parse(
+        {
+            "model": "scene_cnn",
+            "dataset": "upload:frames",
+            "test_fraction": 0.25,
+            "init_from": "production",
+            "optimizer": "adam",
+            "lr": 0.0005,
+        }
+    )
+    job = tomllib.loads(job_toml(spec))
+    assert job["model"] == {"name": "models.scene.scene_cnn", "init": "init.pt"}
+    assert job["train"]["optimizer"] == "adam" and job["data"]["test_fraction"] == 0.25
+    assert "init" not in tomllib.loads(job_toml(parse({"model": "scene_cnn"})))["model"]
+    with pytest.raises(SpecError, match="dataset: model scene_cnn trains on dataset 'camera_frames'"):
+        parse({"model": "scene_cnn", "dataset": "digits"})
+    with pytest.raises(SpecError, match="optimizer: the sync scheduler"):
+        parse({"optimizer": "adam", "sync": {"enabled": True}, "replicas": [2]})
+
+
+def test_the_warm_start_is_the_versions_weights_or_a_refusal_naming_init_from(tmp_path):
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    from cloud.jobs.prepare import write_init
+    from cloud.training.jobfile import JobError
+    from models.digits import digits_cnn
+    from models.scene import scene_cnn
+    from tests.harness.camera import SCENE_ARTIFACT
+
+    onnx_path = SCENE_ARTIFACT / "model.onnx"
+    model = scene_cnn()
+    write_init(model, onnx_path, tmp_path / "init.pt")
+    model.load_state_dict(torch.load(tmp_path / "init.pt", weights_only=True), strict=True)
+    model.eval()
+    rows = torch.rand(4, 3, 48, 48, generator=torch.Generator().manual_seed(0))
+    session = ort.InferenceSession(onnx_path.read_bytes(), providers=["CPUExecutionProvider"])
+    expected = session.run(None, {"input": rows.numpy()})[0]
+    with torch.no_grad():
+        assert np.abs(model(rows).numpy() - expected).max() < 1e-4
+    with pytest.raises(JobError, match="init_from: the version's weights do not fit"):
+        write_init(digits_cnn(), onnx_path, tmp_path / "other.pt")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cloud.rollout.health import RolloutConfig, combine, judge
+from cloud.rollout.gate import live_expectation
+from cloud.rollout.health import Expected, RolloutConfig, combine, judge
 from cloud.rollout.lifecycle import MAX_EVENTS, Lifecycle
 from cloud.rollout.transitions import (
     Refused,
@@ -24,7 +25,7 @@ def report(frames: int, confidence: float, agreement: float | None = None, error
         "frames": frames,
         "confidence_mean": confidence,
         "shadow_agreement": agreement,
-        "shadow_frames": frames // 10,
+        "shadow_frames": frames,
         "error_rate": errors,
         "latency_ms_p50": 3.0,
     }
@@ -58,6 +59,59 @@ def test_auto_promote_off_waits_for_the_operator():
     config = RolloutConfig(canary_soak_s=0, min_frames_to_promote=1, auto_promote=False)
     judgement = judge(combine([report(80, 0.9)]), None, 10, config)
     assert judgement.action == "wait" and "operator" in judgement.reason
+
+
+def gated(candidate: float, production: float, agreement: float, baseline: str = "1") -> dict:
+    """A stored evaluation whose ``live`` figures the gate measured against ``baseline``."""
+    return {
+        "promotable": True,
+        "baseline": {"version": baseline, "value": 0.6},
+        "live": {
+            "confidence_mean": candidate,
+            "baseline_confidence_mean": production,
+            "agreement_with_baseline": agreement,
+        },
+    }
+
+
+def test_the_gate_measures_what_to_expect_live_on_the_same_rows():
+    candidate = [("circle", 0.7), ("square", 0.6), ("empty", 0.8), ("circle", 0.5)]
+    production = [("circle", 1.0), ("circle", 0.9), ("empty", 1.0), ("circle", 1.0)]
+    live = live_expectation(candidate, production)
+    assert live["confidence_mean"] == pytest.approx(0.65)
+    assert live["baseline_confidence_mean"] == pytest.approx(0.975)
+    assert live["agreement_with_baseline"] == pytest.approx(0.75)
+
+
+def test_an_expectation_holds_only_against_the_production_the_gate_compared_with():
+    assert Expected.from_evaluation(gated(0.75, 1.0, 0.5), "1") == Expected(-0.25, 0.5, "1")
+    assert Expected.from_evaluation(gated(0.7, 1.0, 0.6), "job-00002") is None  # production moved on
+    assert Expected.from_evaluation(None, "1") is None  # uploaded by hand: never evaluated
+    assert Expected.from_evaluation({"promotable": True, "baseline": None}, "1") is None
+
+
+# The cause of the old single threshold's failure: production (the factory model) answers the camera's
+# frames at ~1.0 confidence, a retrained version that is better on the true labels at 0.6-0.8, a
+# flattened one at ~0.3. Judged against what its gate saw, the first is kept, the second rolled back.
+RETRAINED = Expected.from_evaluation(gated(0.70, 0.99, 0.55), "1")
+BASELINE = combine([report(400, 0.99)])
+
+
+@pytest.mark.parametrize(
+    ("canary", "expected", "action", "why"),
+    [
+        (report(60, 0.68, agreement=0.52), RETRAINED, "wait", "healthy"),  # as the gate saw it: kept
+        (report(60, 0.68, agreement=0.52), None, "rollback", "no gate figure"),  # no gate figure: too far
+        (report(60, 0.30), None, "rollback", "confidence"),  # flattened, uploaded by hand
+        (report(60, 0.30, agreement=0.55), RETRAINED, "rollback", "the gate's -0.290"),  # strays live
+        (report(60, 0.68, agreement=0.20), RETRAINED, "rollback", "shadow agreement 0.200 < the gate's"),
+        (report(60, 0.68, agreement=0.52, errors=0.5), RETRAINED, "rollback", "error rate"),
+    ],
+)
+def test_live_figures_are_judged_against_what_the_gate_measured(canary, expected, action, why):
+    judgement = judge(combine([canary]), BASELINE, 10, CONFIG, expected)
+    assert judgement.action == action and why in judgement.reason, judgement.reason
+    assert judgement.to_json()["expected"] == (dict(expected.__dict__) if expected else None)
 
 
 def entry(version: str, promotable: bool | None = True, factory: bool = False) -> dict:
