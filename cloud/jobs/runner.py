@@ -184,7 +184,15 @@ class JobRunner:
             await self._step("dataset", [*command, *gateways], workdir, spec)
         upload_args = ["--upload", str(self.uploads.data_file(spec.upload))] if spec.upload else []
         init_args = await asyncio.to_thread(self._init_args, spec)
-        prepare = [sys.executable, "-m", "cloud.jobs.prepare", "--workdir", str(workdir), *upload_args, *init_args]
+        prepare = [
+            sys.executable,
+            "-m",
+            "cloud.jobs.prepare",
+            "--workdir",
+            str(workdir),
+            *upload_args,
+            *init_args,
+        ]
         await self._step("prepare", prepare, workdir, spec)
         await self._train(spec, run, events)
         await asyncio.to_thread(_complete_lineage, workdir, job_id, spec)
