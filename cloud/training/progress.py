@@ -8,6 +8,7 @@ only rank 0 writes; a ``step`` line's figures cover the steps since the previous
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import time
@@ -42,6 +43,24 @@ class ProgressLog:
             f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items() if k != "stages"
         )
         print(f"[train] {event} {human}", flush=True)
+
+
+def write_refusal(path: str, code: int, message: str) -> None:
+    """The ``error`` line for a refusal every rank reaches on its own (a device the job cannot have):
+    whichever rank gets there first writes it, once. Not rank 0 only: torchrun stops the other ranks
+    as soon as one exits, and on a loaded box rank 0 may still be importing torch then."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file is closed
+        handle.seek(0)
+        lines = [line for line in handle if line.strip()]
+        if lines and json.loads(lines[-1]).get("message") == message:  # another rank was first
+            return
+        handle.write(
+            json.dumps({"event": "error", "time": round(time.time(), 3), "code": code, "message": message})
+            + "\n"
+        )
 
 
 # StepStats fields summed per rank over a window, in the gathered table's column order

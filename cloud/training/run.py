@@ -49,7 +49,7 @@ from cloud.training.jobfile import JobConfig, JobError, build_model, load_job
 from cloud.training.lease import Lease
 from cloud.training.partition import Plan, StagePlan, even_plan, partition
 from cloud.training.profiler import cached_profile
-from cloud.training.progress import ProgressLog, ProgressWindow
+from cloud.training.progress import ProgressLog, ProgressWindow, write_refusal
 from cloud.training.schedules import Schedule, Topology, build_schedule, schedule_name
 
 EXIT_OK, EXIT_BAD_JOB, EXIT_PLAN, EXIT_DIVERGED, EXIT_CHECKPOINT, EXIT_PREEMPTED = 0, 2, 3, 4, 5, 6
@@ -352,13 +352,13 @@ def main(argv: list[str] | None = None) -> int:
     except JobError as exc:
         print(f"[train] invalid job: {exc}", file=sys.stderr)
         return EXIT_BAD_JOB
-    progress = ProgressLog(job.progress.file, rank == 0)
     try:
         placement = placement_for(job.train.device)
     except DeviceUnavailable as exc:
-        progress.write("error", code=EXIT_BAD_JOB, message=str(exc))
+        write_refusal(job.progress.file, EXIT_BAD_JOB, str(exc))
         print(f"[train] invalid job: {exc}", file=sys.stderr)
         return EXIT_BAD_JOB
+    progress = ProgressLog(job.progress.file, rank == 0)
     torch.set_num_threads(job.train.threads)
     activate(placement)
     if not dist.is_initialized():
