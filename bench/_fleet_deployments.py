@@ -28,6 +28,7 @@ import os
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,6 +112,7 @@ class FleetPagePoller:
 
     def __init__(self, url: str) -> None:
         self.url, self.failed = url, 0
+        self.failures: Counter[str] = Counter()  # by status, or the error that came instead
         self.times_ms: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fleet-page-poller")
@@ -133,12 +135,13 @@ class FleetPagePoller:
                 status, doc = call(
                     f"{self.url}/v1/fleet?limit=50&sort={sort}&desc=1", OPERATOR_TOKEN, timeout=30
                 )
-            except (OSError, ValueError):  # no answer, or one that is not cloudd's JSON (haproxy's)
-                status, doc = 0, {}
+            except (OSError, ValueError) as exc:  # no answer, or one that is not cloudd's JSON
+                status, doc = type(exc).__name__, {}
             if status == 200 and len(doc.get("gateways", ())) == 50:
                 self.times_ms.append((time.perf_counter() - began) * 1000)
             else:
                 self.failed += 1
+                self.failures[str(status)] += 1
 
 
 def _stored_keys(data_dir: Path) -> Iterator[tuple[str, str, int]]:
@@ -195,7 +198,8 @@ def run_deployment(
         f"{case}: stored/s by stage {[round(f['batches_per_s']) for f in stages.values()]}, "
         f"everyday p99 {everyday['batch_p99_ms']:.0f} ms, "
         f"heartbeat p99 {everyday['heartbeat_p99_ms']:.0f} ms, "
-        f"fleet page p95 {page_p95:.0f} ms, driver {cpu['driver_cores']:.2f} cores, "
+        f"fleet page p95 {page_p95:.0f} ms (failed: {dict(poller.failures)}), "
+        f"driver {cpu['driver_cores']:.2f} cores, "
         f"load {load_before:.1f}->{load_after:.1f}",
         flush=True,
     )

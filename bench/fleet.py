@@ -1,5 +1,6 @@
-"""Benchmark of the fleet pages (issue 27): the device chart over a week of 10 Hz data, and the fleet
-page's API call at 1,000 gateways.
+"""Benchmark of the fleet: its pages (issue 27: the device chart over a week of 10 Hz data, the fleet
+page's API call at 1,000 gateways) and a thousand gateways uploading (issue 26: the load section,
+bench/_fleet_deployments.py, which says what it runs and measures).
 
 Data: one device's telemetry at 10 Hz (three readings, a seq gap now and then) for one week
 (``--quick``: six hours), written into a real cloudd data directory through the store's writer
@@ -22,7 +23,14 @@ Figures (times in ms; p95 over repeated calls, after one warm-up call):
   baseline ``fleet_all_rows_p95_ms``: the same call with ``limit=1000`` (all rows in one answer, as
   the page fetched them before it was paged). Ratio ``fleet_page_vs_all_rows``.
 
-    python -m bench.fleet [--quick]   -> bench/results/fleet.json
+The load section's figures, per deployment (SQLite, and 1 and 2 PostgreSQL replicas, each behind
+haproxy): ``batches_per_s`` stored in each stage of a ramp (and ``refused_per_s``, 503s),
+``capacity_batches_per_s`` (the best stage), the everyday pace's batch POST p50/p99 and heartbeat
+p99 (ms), the fleet page's p95 during the load, the load driver's own CPU (``driver_cores``) and
+the machine's load average, and the exactly-once check's counts. Ratios: ``replicas2_vs_1`` (the
+issue's target: >= 1.3 on the 2-core machine) and ``postgres_vs_sqlite``, both of capacities.
+
+    python -m bench.fleet [--quick] [--only pages|load]   -> bench/results/fleet.json
 """
 
 from __future__ import annotations
