@@ -131,6 +131,7 @@ class FleetPagePoller:
             sort = SORTS[turn % len(SORTS)]
             turn += 1
             began = time.perf_counter()
+            status: int | str
             try:
                 status, doc = call(
                     f"{self.url}/v1/fleet?limit=50&sort={sort}&desc=1", OPERATOR_TOKEN, timeout=30

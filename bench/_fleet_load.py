@@ -89,6 +89,8 @@ class LightGateway:
         self.gateway, self.index, self._seq = gateway, index, 0
         self.log = EpochLog(directory, segment_bytes=1 << 20, max_bytes=64 << 20, writer_threads=1)
         token = plan.token_format.format(gateway=gateway)
+        # a long timeout: a slow answer under overload is cloudd's queue, measured as latency, not
+        # a request to abandon and send again
         config = UplinkConfig(
             cloud_url=plan.url, token=token, batch_max_records=plan.records_per_batch, timeout_s=120.0
         )
