@@ -1,5 +1,6 @@
-"""Benchmark of the fleet pages (issue 27): the device chart over a week of 10 Hz data, and the fleet
-page's API call at 1,000 gateways.
+"""Benchmark of the fleet: its pages (issue 27: the device chart over a week of 10 Hz data, the fleet
+page's API call at 1,000 gateways) and a thousand gateways uploading (issue 26: the load section,
+bench/_fleet_deployments.py, which says what it runs and measures).
 
 Data: one device's telemetry at 10 Hz (three readings, a seq gap now and then) for one week
 (``--quick``: six hours), written into a real cloudd data directory through the store's writer
@@ -22,7 +23,14 @@ Figures (times in ms; p95 over repeated calls, after one warm-up call):
   baseline ``fleet_all_rows_p95_ms``: the same call with ``limit=1000`` (all rows in one answer, as
   the page fetched them before it was paged). Ratio ``fleet_page_vs_all_rows``.
 
-    python -m bench.fleet [--quick]   -> bench/results/fleet.json
+The load section's figures, per deployment (SQLite, and 1 and 2 PostgreSQL replicas, each behind
+haproxy): ``batches_per_s`` stored in each stage of a ramp (and ``refused_per_s``, 503s),
+``capacity_batches_per_s`` (the best stage), the everyday pace's batch POST p50/p99 and heartbeat
+p99 (ms), the fleet page's p95 during the load, the load driver's own CPU (``driver_cores``) and
+the machine's load average, and the exactly-once check's counts. Ratios: ``replicas2_vs_1`` (the
+issue's target: >= 1.3 on the 2-core machine) and ``postgres_vs_sqlite``, both of capacities.
+
+    python -m bench.fleet [--quick] [--only pages|load]   -> bench/results/fleet.json
 """
 
 from __future__ import annotations
@@ -34,7 +42,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench._common import Results, parse_args
+from bench._common import Results, parser
+from bench._fleet_deployments import load_section
 from cloud.store import DatasetStore, series
 from protocol.batch import decode_batch, encode_batch
 from tests.harness.cloud_http import call, heartbeat
@@ -112,72 +121,77 @@ def scan_chart(data_dir: Path, start: float, end: float) -> int:
 
 
 def main() -> None:
-    args = parse_args(__doc__.splitlines()[0])
+    options = parser(__doc__.splitlines()[0])
+    options.add_argument("--only", choices=("pages", "load"), help="one section (default: both)")
+    args = options.parse_args()
     results = Results("fleet", args.quick)
-    seconds = 6 * 3600.0 if args.quick else 7 * 86400.0
-    repeats = 20 if args.quick else 60
-    case = f"{seconds / 86400:g} d at {RATE_HZ} Hz"
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
-        base = Path(tmp)
-        end = time.time()
-        start = end - seconds
-        server = make_cloudd(base, gateways=(GATEWAY, *FLEET), extra_args=["--no-tasks"])
-        stored, took = generate(server.data_dir, start, seconds)
-        results.add(case, "store_batch", "records", stored)
-        results.add(case, "store_batch", "records_per_s", stored / took)
-        window = f"start={start:.3f}&end={end:.3f}&points={POINTS}"
-
-        reader = DatasetStore.open(server.data_dir, readonly=True)
-        query = p95_ms(
-            lambda: reader.read(lambda c: series.window(c, GATEWAY, DEVICE, start, end, POINTS)), repeats
-        )
-        results.add(case, "series.window", "device_chart_query_p95_ms", query)
-
-        server.start()
-        try:
-            url = f"{server.url}/v1/devices/{GATEWAY}/{DEVICE}?{window}"
-
-            def device_call() -> None:
-                status, doc = call(url, OPERATOR_TOKEN)
-                assert status == 200 and doc["chart"]["series"], doc
-
-            api = p95_ms(device_call, repeats)
-            results.add(case, "GET /v1/devices", "device_chart_api_p95_ms", api)
-            status, doc = call(url, OPERATOR_TOKEN)
-            results.add(case, "GET /v1/devices", "gaps_found", doc["window"]["gaps"])
-
-            for i, gw in enumerate(FLEET):
-                beat = heartbeat(
-                    gw, interval_s=600, backlog=(i * 37) % 500, cloud_tasks=("detect",) if i % 4 == 0 else ()
-                )
-                status, answer = call(
-                    f"{server.url}/v1/gateways/{gw}/heartbeat", cloudd_token(gw), "POST", beat
-                )
-                assert status == 200, answer
-            fleet_case = f"{len(FLEET)} gateways"
-
-            def fleet_call(limit: int) -> None:
-                status, doc = call(
-                    f"{server.url}/v1/fleet?limit={limit}&sort=backlog_records&desc=1", OPERATOR_TOKEN
-                )
-                assert status == 200 and len(doc["gateways"]) == min(limit, len(FLEET) + 1), doc["totals"]
-
-            paged = p95_ms(lambda: fleet_call(50), repeats * 2)
-            everything = p95_ms(lambda: fleet_call(1000), repeats * 2)
-            results.add(fleet_case, "GET /v1/fleet limit=50", "fleet_api_p95_ms", paged)
-            results.add(
-                fleet_case, "GET /v1/fleet limit=1000 (baseline)", "fleet_all_rows_p95_ms", everything
-            )
-            results.ratio("fleet_page_vs_all_rows", everything, paged)
-        finally:
-            server.stop()
-
-        began = time.perf_counter()
-        scan_chart(server.data_dir, start, end)
-        scan = (time.perf_counter() - began) * 1000
-        results.add(case, "scan segments (baseline)", "scan_segments_ms", scan)
-        results.ratio("chart_vs_scan", scan, api)
+        if args.only in (None, "pages"):
+            pages_section(results, Path(tmp) / "pages", args.quick)
+        if args.only in (None, "load"):
+            load_section(results, Path(tmp) / "load", args.quick)
     results.write()
+
+
+def pages_section(results: Results, base: Path, quick: bool) -> None:
+    """Issue 27's figures: the device chart over the week, and the fleet page at 1,000 gateways."""
+    seconds = 6 * 3600.0 if quick else 7 * 86400.0
+    repeats = 20 if quick else 60
+    case = f"{seconds / 86400:g} d at {RATE_HZ} Hz"
+    end = time.time()
+    start = end - seconds
+    server = make_cloudd(base, gateways=(GATEWAY, *FLEET), extra_args=["--no-tasks"])
+    stored, took = generate(server.data_dir, start, seconds)
+    results.add(case, "store_batch", "records", stored)
+    results.add(case, "store_batch", "records_per_s", stored / took)
+    window = f"start={start:.3f}&end={end:.3f}&points={POINTS}"
+
+    reader = DatasetStore.open(server.data_dir, readonly=True)
+    query = p95_ms(
+        lambda: reader.read(lambda c: series.window(c, GATEWAY, DEVICE, start, end, POINTS)), repeats
+    )
+    results.add(case, "series.window", "device_chart_query_p95_ms", query)
+
+    server.start()
+    try:
+        url = f"{server.url}/v1/devices/{GATEWAY}/{DEVICE}?{window}"
+
+        def device_call() -> None:
+            status, doc = call(url, OPERATOR_TOKEN)
+            assert status == 200 and doc["chart"]["series"], doc
+
+        api = p95_ms(device_call, repeats)
+        results.add(case, "GET /v1/devices", "device_chart_api_p95_ms", api)
+        status, doc = call(url, OPERATOR_TOKEN)
+        results.add(case, "GET /v1/devices", "gaps_found", doc["window"]["gaps"])
+
+        for i, gw in enumerate(FLEET):
+            beat = heartbeat(
+                gw, interval_s=600, backlog=(i * 37) % 500, cloud_tasks=("detect",) if i % 4 == 0 else ()
+            )
+            status, answer = call(f"{server.url}/v1/gateways/{gw}/heartbeat", cloudd_token(gw), "POST", beat)
+            assert status == 200, answer
+        fleet_case = f"{len(FLEET)} gateways"
+
+        def fleet_call(limit: int) -> None:
+            status, doc = call(
+                f"{server.url}/v1/fleet?limit={limit}&sort=backlog_records&desc=1", OPERATOR_TOKEN
+            )
+            assert status == 200 and len(doc["gateways"]) == min(limit, len(FLEET) + 1), doc["totals"]
+
+        paged = p95_ms(lambda: fleet_call(50), repeats * 2)
+        everything = p95_ms(lambda: fleet_call(1000), repeats * 2)
+        results.add(fleet_case, "GET /v1/fleet limit=50", "fleet_api_p95_ms", paged)
+        results.add(fleet_case, "GET /v1/fleet limit=1000 (baseline)", "fleet_all_rows_p95_ms", everything)
+        results.ratio("fleet_page_vs_all_rows", everything, paged)
+    finally:
+        server.stop()
+
+    began = time.perf_counter()
+    scan_chart(server.data_dir, start, end)
+    scan = (time.perf_counter() - began) * 1000
+    results.add(case, "scan segments (baseline)", "scan_segments_ms", scan)
+    results.ratio("chart_vs_scan", scan, api)
 
 
 if __name__ == "__main__":

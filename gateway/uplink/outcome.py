@@ -5,6 +5,8 @@ reset) of a ``post`` becomes an ``Outcome`` whose ``kind`` is "ok" or one of ``F
 never an exception. "ok" always carries the cloud's ``BatchAck``;
 a 200 whose body is not one is "bad_ack". ``LINK_FAILURES`` are the kinds in which the link itself
 failed (the others got an answer), which is what the link monitor and the short retry go by.
+A 503 carries the cloud's ``Retry-After`` (seconds) as ``retry_after_s``: a busy cloudd says when
+to come back, and the uplink waits at least that long (sender.py).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class Outcome:
     kind: OutcomeKind
     detail: str = ""
     ack: BatchAck | None = None
+    retry_after_s: float | None = None
 
 
 async def post(
@@ -66,15 +69,16 @@ async def post(
         async with session.post(url, data=body, headers=headers) as response:
             text = await response.text()
             status = response.status
+            retry_after = response.headers.get("Retry-After")
     except TimeoutError:
         return Outcome("timeout", f"no answer from {url} within {timeout_s}s")
     except aiohttp.ClientError as exc:
         return Outcome("connection", f"{type(exc).__name__}: {exc}")
-    return classify_response(status, text)
+    return classify_response(status, text, retry_after)
 
 
-def classify_response(status: int, text: str) -> Outcome:
-    """Pure: turn the cloud's answer into an Outcome."""
+def classify_response(status: int, text: str, retry_after: str | None = None) -> Outcome:
+    """Pure: turn the cloud's answer (and its ``Retry-After`` header) into an Outcome."""
     if status == 200:
         try:
             return Outcome("ok", ack=BatchAck.model_validate_json(text))
@@ -89,6 +93,8 @@ def classify_response(status: int, text: str) -> Outcome:
         except (ValueError, AttributeError):
             detail = text[:300]
         return Outcome("rejected_by_cloud", f"HTTP 400 {detail}")
+    if status == 503 and retry_after is not None and retry_after.strip().isdigit():
+        return Outcome("server_error", f"HTTP {status}", retry_after_s=float(retry_after))
     if status >= 500:
         return Outcome("server_error", f"HTTP {status}")
     return Outcome("unexpected_status", f"HTTP {status}: {text[:200]}")

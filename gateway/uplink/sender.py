@@ -30,7 +30,8 @@ at the cloud's offset; one sent after that probe went out on a working link and 
 outstanding for the monitor's ``stall_after_s`` (of the bytes of every request in flight: they share
 the link) is reported as a stall (``stalls``), once: that is
 how a black hole is seen in a few seconds rather than at the request's timeout. Other failures back off
-exponentially up to ``backoff_max_s``; a 401/403 backs off to the maximum at once (an operator must
+exponentially up to ``backoff_max_s``; a 503 with a ``Retry-After`` waits at least that long (up
+to twice it, jittered); a 401/403 backs off to the maximum at once (an operator must
 fix the token) and a 400 is logged with the cloud's own words. An optional token bucket caps the uplink's
 bandwidth. Every upload is reported to the link monitor.
 
@@ -121,6 +122,7 @@ class Uplink:
         self._url = f"{config.cloud_url.rstrip('/')}/v1/gateways/{gateway_id}/batches"
         self._token = read_token(config.token, config.token_file)
         self._retry = Backoff(config.backoff_initial_s, config.backoff_max_s, rng)
+        self._rng = rng or random.Random()
         outage_max = min(config.backoff_max_s, OUTAGE_RETRY_MAX_S)
         self._outage_retry = Backoff(min(config.backoff_initial_s, outage_max), outage_max, rng)
         self._monitor = monitor
@@ -341,6 +343,11 @@ class Uplink:
             delay = self._outage_retry.failed()
         else:
             delay = self._retry.failed()
+        if outcome.retry_after_s is not None:
+            # A busy cloud said when it has room: sooner only adds refused POSTs to its load (a
+            # thousand gateways' fast retries took the CPU its store needed, bench/fleet.py); spread
+            # over up to twice that, so the fleet does not come back at one instant.
+            delay = max(delay, outcome.retry_after_s * (1 + self._rng.random()))
         if outcome.kind == "auth":
             log.error(
                 "uplink: the cloud refused our token (%s); fix uplink.token; retrying in %.0fs",

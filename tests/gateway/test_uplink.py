@@ -97,4 +97,8 @@ def test_classify_response():
     bad = classify_response(400, '{"error":"invalid","detail":"records.0.lsn: too small"}')
     assert bad.kind == "rejected_by_cloud" and "records.0.lsn" in bad.detail
     assert classify_response(503, "").kind == "server_error"
+    busy = classify_response(503, '{"error":"busy"}', "1")  # a busy cloudd says when it has room
+    assert (busy.kind, busy.retry_after_s) == ("server_error", 1.0)
+    assert classify_response(503, "", "Wed, 21 Oct 2026 07:28:00 GMT").retry_after_s is None
+    assert classify_response(500, "", "1").retry_after_s is None
     assert classify_response(404, "nope").kind == "unexpected_status"

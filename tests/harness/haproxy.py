@@ -1,7 +1,11 @@
 """A real load balancer for tests: haproxy (Debian's) in front of N cloudd replicas, on a free port.
 
 The configuration is what docs/cloud.md recommends ("Replicas"): round robin over the replicas
-that answer ``GET /healthz`` (checked every 300 ms, out after one miss, back after one answer);
+that answer ``GET /healthz`` (checked every 300 ms, out after one miss, back after one answer; a
+check may take 2 s, so a replica that is busy, not dead, stays in: with the check timing out at
+the 300 ms interval, haproxy took a single replica under the fleet bench's load in and out many
+times a second and answered its own 503 meanwhile; a dead one refuses the check's connection at
+once);
 a request whose connection a dead replica refused is sent to another (``retries`` +
 ``option redispatch``); a request cut mid-way (a replica killed while storing) is not replayed by
 haproxy: the gateway retries it, and cloudd's idempotency makes that safe. The paths of a
@@ -59,6 +63,7 @@ defaults
     timeout connect 2s
     timeout client 120s
     timeout server 120s
+    timeout check 2s
     retries 3
     option redispatch
     default-server inter 300ms fall 1 rise 1

@@ -5,7 +5,8 @@ and on a Unix socket inside its own directory, with ``trust`` authentication for
 connections. PostgreSQL refuses to run as root, so as root the cluster belongs to ``nobody``
 (its directory is made outside pytest's 0700 tmp tree, chowned, and the commands run under
 ``runuser``). ``fsync=off``: the tests kill cloudd, never PostgreSQL, so the server's own
-durability is not what they exercise (and the 2-core machine is shared).
+durability is not what they exercise (and the 2-core machine is shared); the fleet bench, which
+compares it with SQLite (which syncs), starts it with ``fsync=True``.
 
 ``postgres_binaries()`` says why PostgreSQL cannot run here (None when it can); the ``postgresql``
 fixture (tests/conftest.py) skips with that reason, and only then. Used by the store tests, the
@@ -78,8 +79,9 @@ class Postgres:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def start_postgres() -> Postgres:
-    """initdb a cluster in a temp dir of its own and start it; the caller stops it (``.stop()``)."""
+def start_postgres(*, fsync: bool = False) -> Postgres:
+    """initdb a cluster in a temp dir of its own and start it; the caller stops it (``.stop()``).
+    ``fsync=True`` for a benchmark that compares it with a store that syncs (module docstring)."""
     reason = postgres_binaries()
     if reason is not None:
         raise RuntimeError(reason)
@@ -99,7 +101,8 @@ def start_postgres() -> Postgres:
             "-t",
             "120",
             "-o",
-            f"-p {server.port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
+            f"-p {server.port} -k {root} -c listen_addresses=127.0.0.1 -c fsync={'on' if fsync else 'off'}"
+            " -c max_connections=200",
             "start",
         ),
     )
