@@ -3,7 +3,7 @@
 A blob travels as two things: its bytes, kept in the ``BlobSpool`` (a directory, one file per blob,
 written whole: tmp + fsync + rename), and a log record that references it (``blob_record``: kind
 "event", body ``{"blob": {"id", "size", "sha256", "content_type"}, ...}``). The record survives
-outages like any other; the uplink (sender.py) uploads a record's blobs before the batch that
+outages like any other; the uplink (wire.py) uploads a record's blobs before the batch that
 carries the record, so the cloud never holds a reference to a blob it has not committed.
 
 ``BlobUploader.upload(ref)`` sends a blob in chunks of ``chunk_bytes`` (``PUT ...?offset=N``; the last
