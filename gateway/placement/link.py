@@ -12,6 +12,14 @@ Invariants:
   ``shift_ratio`` times the estimate, on the same side, replace it with their geometric mean (a
   link that changed is believed within two samples; a single outlier only moves it by alpha).
   Goodput (``GoodputFilter``) jumps the same way upward, and downward on two *measured* samples.
+- What the planner sees as the round trip (``LinkEstimate.view``) is the *floor*: the least round
+  trip of the last ``RTT_PLAN_WINDOW_S`` or of the last ``RTT_PLAN_SAMPLES``, whichever are more,
+  since the start or the last return (the first round trip after a return is believed). A round
+  trip's noise is one-sided too: the gateway's own busy event loop (a weak box whose CPU quota its
+  inference spends) only adds time, and the EWMA followed it (seen: 1 ms -> 78 -> 330 ms on an
+  unchanged localhost link while the edge worked through a burst of frames, and the plan moved
+  inference back to the edge it was saturating). A link that really got slower without an outage
+  is believed once every probe of the window says so.
 - A link that comes back is not assumed to be the one that left: the up-transition restarts the
   estimates (RTT unknown, goodput back to ``prior_goodput_Bps``, unmeasured), so the first samples
   after an outage set them, rather than needing two confirmations against the old link's levels.
@@ -55,6 +63,8 @@ from gateway.placement.estimators import GoodputFilter, ShiftingEwma
 
 log = logging.getLogger(__name__)
 
+RTT_PLAN_WINDOW_S = 10.0  # the planner's round trip: the least of those measured this long back,
+RTT_PLAN_SAMPLES = 5  # or of this many, whichever are more (a settled prober looks every 5 s)
 RTT_FLOOR_SAMPLES = 3  # the round trip taken out of an upload's time: the least of this many probes
 SETTLE_SAMPLES = 3  # round trips measured before the estimates count as settled (after start or a return)
 
@@ -76,10 +86,11 @@ class LinkEstimate:
     consecutive_failures: int
     last_success_at: float | None
     flapping_since: float | None = None  # the current flapping episode began (None: not flapping)
+    rtt_floor_s: float | None = None  # least of RTT_PLAN_WINDOW_S (module docstring)
 
     def view(self, default_rtt_s: float = DEFAULT_RTT_S) -> LinkView:
-        """What the planner sees: EWMA values (smooth) and the availability state."""
-        rtt = self.rtt_s if self.rtt_s is not None else default_rtt_s
+        """What the planner sees: the round trip's floor, the goodput's EWMA and the availability state."""
+        rtt = next((r for r in (self.rtt_floor_s, self.rtt_s) if r is not None), default_rtt_s)
         return LinkView(self.state, rtt, self.goodput_Bps, self.up_fraction)
 
 
@@ -232,6 +243,16 @@ class LinkMonitor:
             self._fresh_rtts = 0
             self.estimate_restarts += 1
 
+    def _plan_rtt(self, now: float) -> float | None:
+        """The least round trip of the last ``RTT_PLAN_WINDOW_S``, or of the last
+        ``RTT_PLAN_SAMPLES``, whichever are more, since the start or the last return; None when none
+        was measured since."""
+        fresh = list(itertools.islice(reversed(self._rtts), self._fresh_rtts))  # newest first
+        recent = [r for at, r in fresh if at >= now - RTT_PLAN_WINDOW_S]
+        if len(recent) < RTT_PLAN_SAMPLES:
+            recent = [r for _, r in fresh[:RTT_PLAN_SAMPLES]]
+        return min(recent, default=None)
+
     def _rtt_floor(self) -> float:
         """The smallest of the last ``RTT_FLOOR_SAMPLES`` round trips of this link (since the start or
         the last return), 0 when none is known."""
@@ -292,6 +313,7 @@ class LinkMonitor:
             consecutive_failures=self._failures,
             last_success_at=self._last_success,
             flapping_since=self.flapping_since,
+            rtt_floor_s=self._plan_rtt(now),
         )
 
     def _window_transitions(self, since: float) -> list[tuple[float, bool]]:
