@@ -132,6 +132,7 @@ class LinkMonitor:
         self._prior_goodput = prior_goodput_Bps
         self._goodput = GoodputFilter(alpha, shift_ratio, prior_goodput_Bps)
         self._fresh_rtts = 0  # round trips measured since the start or the last return
+        self._uplink_bytes = 0  # on the link now, as the uplink last said (uplink_in_flight)
         self.estimate_restarts = 0
         # Samples from uploads of at least large_upload_bytes: on a fast link a small upload is mostly
         # round trip, so only these measure goodput as well as the prober's payload (which it then skips).
@@ -229,9 +230,16 @@ class LinkMonitor:
         """A request has been outstanding for its ``stall_after_s``: a failure (module docstring)."""
         self._failure("stall")
 
+    def uplink_in_flight(self, nbytes: int) -> None:
+        """The uplink has ``nbytes`` on the link now: a probe queues behind them."""
+        self._uplink_bytes = nbytes
+
     def probe_timeout_s(self, longest_s: float) -> float:
-        """A light probe's timeout: ``stall_after_s`` of an empty request, at most ``longest_s``."""
-        return min(longest_s, self.stall_after_s(0))
+        """A light probe's timeout: ``stall_after_s`` of an empty request, at most ``longest_s``; while
+        the uplink has bytes in flight, as long as theirs (a drain that fills a slow link is no outage:
+        its probes timing out called the link down, and its return abandoned the drain's requests)."""
+        light = min(longest_s, self.stall_after_s(0))
+        return max(light, self.stall_after_s(self._uplink_bytes)) if self._uplink_bytes else light
 
     def _restart_if_returning(self, round_trip_s: float) -> None:
         """The link is down and a success that took ``round_trip_s`` is about to bring it back:
