@@ -56,10 +56,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
-from gateway.placement.cost import LINK_STATES, LinkState, LinkView
+from gateway.placement.cost import LinkState, LinkView
 from gateway.placement.estimators import GoodputFilter, ShiftingEwma
+from gateway.placement.link_metrics import LinkMetrics
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ class LinkMonitor:
         self.flapping_episodes = 0
         self.censored_goodput_samples = 0  # lower bounds that did not raise the estimate
         self.return_round_trip_s = 0.0  # of the success that last brought the link back
-        self._metrics = _Metrics(registry) if registry is not None else None
+        self._metrics = LinkMetrics(registry) if registry is not None else None
         self._listeners: list[Callable[[bool], None]] = []
         self._suspect_listeners: list[Callable[[], None]] = []
         self.listener_errors = 0
@@ -160,7 +161,7 @@ class LinkMonitor:
         """Export the gauges on ``registry`` (once; for owners whose registry is made later)."""
         if self._metrics is not None:
             raise RuntimeError("LinkMonitor metrics are already registered")
-        self._metrics = _Metrics(registry)
+        self._metrics = LinkMetrics(registry)
         self._publish()
 
     def add_listener(self, callback: Callable[[bool], None]) -> None:
@@ -379,33 +380,3 @@ class LinkMonitor:
     def _publish(self) -> None:
         if self._metrics is not None:
             self._metrics.publish(self.snapshot())
-
-
-class _Metrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.rtt = Gauge("edgefed_link_rtt_seconds", "Uplink round trip (EWMA)", registry=registry)
-        self.goodput = Gauge(
-            "edgefed_link_goodput_bytes_per_second", "Uplink goodput (EWMA)", registry=registry
-        )
-        self.up_fraction = Gauge(
-            "edgefed_link_up_fraction", "Fraction of the window the link was up", registry=registry
-        )
-        self.transitions = Gauge(
-            "edgefed_link_transitions", "Up/down transitions in the window", registry=registry
-        )
-        self.state = Gauge("edgefed_link_state", "1 for the current link state", ["state"], registry=registry)
-        self.observations = Counter(
-            "edgefed_link_observations",
-            "Probes and uploads seen by the link monitor",
-            ["kind", "result"],
-            registry=registry,
-        )
-
-    def publish(self, est: LinkEstimate) -> None:
-        if est.rtt_s is not None:
-            self.rtt.set(est.rtt_s)
-        self.goodput.set(est.goodput_Bps)
-        self.up_fraction.set(est.up_fraction)
-        self.transitions.set(est.transitions)
-        for state in LINK_STATES:
-            self.state.labels(state).set(1.0 if state == est.state else 0.0)
