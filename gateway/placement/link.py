@@ -12,6 +12,14 @@ Invariants:
   ``shift_ratio`` times the estimate, on the same side, replace it with their geometric mean (a
   link that changed is believed within two samples; a single outlier only moves it by alpha).
   Goodput (``GoodputFilter``) jumps the same way upward, and downward on two *measured* samples.
+- What the planner sees as the round trip (``LinkEstimate.view``) is the *floor*: the least round
+  trip of the last ``RTT_PLAN_WINDOW_S`` or of the last ``RTT_PLAN_SAMPLES``, whichever are more,
+  since the start or the last return (the first round trip after a return is believed). A round
+  trip's noise is one-sided too: the gateway's own busy event loop (a weak box whose CPU quota its
+  inference spends) only adds time, and the EWMA followed it (seen: 1 ms -> 78 -> 330 ms on an
+  unchanged localhost link while the edge worked through a burst of frames, and the plan moved
+  inference back to the edge it was saturating). A link that really got slower without an outage
+  is believed once every probe of the window says so.
 - A link that comes back is not assumed to be the one that left: the up-transition restarts the
   estimates (RTT unknown, goodput back to ``prior_goodput_Bps``, unmeasured), so the first samples
   after an outage set them, rather than needing two confirmations against the old link's levels.
@@ -48,13 +56,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
-from gateway.placement.cost import LINK_STATES, LinkState, LinkView
+from gateway.placement.cost import LinkState, LinkView
 from gateway.placement.estimators import GoodputFilter, ShiftingEwma
+from gateway.placement.link_metrics import LinkMetrics
 
 log = logging.getLogger(__name__)
 
+RTT_PLAN_WINDOW_S = 10.0  # the planner's round trip: the least of those measured this long back,
+RTT_PLAN_SAMPLES = 5  # or of this many, whichever are more (a settled prober looks every 5 s)
 RTT_FLOOR_SAMPLES = 3  # the round trip taken out of an upload's time: the least of this many probes
 SETTLE_SAMPLES = 3  # round trips measured before the estimates count as settled (after start or a return)
 
@@ -76,10 +87,11 @@ class LinkEstimate:
     consecutive_failures: int
     last_success_at: float | None
     flapping_since: float | None = None  # the current flapping episode began (None: not flapping)
+    rtt_floor_s: float | None = None  # least of RTT_PLAN_WINDOW_S (module docstring)
 
     def view(self, default_rtt_s: float = DEFAULT_RTT_S) -> LinkView:
-        """What the planner sees: EWMA values (smooth) and the availability state."""
-        rtt = self.rtt_s if self.rtt_s is not None else default_rtt_s
+        """What the planner sees: the round trip's floor, the goodput's EWMA and the availability state."""
+        rtt = next((r for r in (self.rtt_floor_s, self.rtt_s) if r is not None), default_rtt_s)
         return LinkView(self.state, rtt, self.goodput_Bps, self.up_fraction)
 
 
@@ -121,6 +133,7 @@ class LinkMonitor:
         self._prior_goodput = prior_goodput_Bps
         self._goodput = GoodputFilter(alpha, shift_ratio, prior_goodput_Bps)
         self._fresh_rtts = 0  # round trips measured since the start or the last return
+        self._uplink_bytes = 0  # on the link now, as the uplink last said (uplink_in_flight)
         self.estimate_restarts = 0
         # Samples from uploads of at least large_upload_bytes: on a fast link a small upload is mostly
         # round trip, so only these measure goodput as well as the prober's payload (which it then skips).
@@ -139,7 +152,7 @@ class LinkMonitor:
         self.flapping_episodes = 0
         self.censored_goodput_samples = 0  # lower bounds that did not raise the estimate
         self.return_round_trip_s = 0.0  # of the success that last brought the link back
-        self._metrics = _Metrics(registry) if registry is not None else None
+        self._metrics = LinkMetrics(registry) if registry is not None else None
         self._listeners: list[Callable[[bool], None]] = []
         self._suspect_listeners: list[Callable[[], None]] = []
         self.listener_errors = 0
@@ -148,7 +161,7 @@ class LinkMonitor:
         """Export the gauges on ``registry`` (once; for owners whose registry is made later)."""
         if self._metrics is not None:
             raise RuntimeError("LinkMonitor metrics are already registered")
-        self._metrics = _Metrics(registry)
+        self._metrics = LinkMetrics(registry)
         self._publish()
 
     def add_listener(self, callback: Callable[[bool], None]) -> None:
@@ -218,9 +231,16 @@ class LinkMonitor:
         """A request has been outstanding for its ``stall_after_s``: a failure (module docstring)."""
         self._failure("stall")
 
+    def uplink_in_flight(self, nbytes: int) -> None:
+        """The uplink has ``nbytes`` on the link now: a probe queues behind them."""
+        self._uplink_bytes = nbytes
+
     def probe_timeout_s(self, longest_s: float) -> float:
-        """A light probe's timeout: ``stall_after_s`` of an empty request, at most ``longest_s``."""
-        return min(longest_s, self.stall_after_s(0))
+        """A light probe's timeout: ``stall_after_s`` of an empty request, at most ``longest_s``; while
+        the uplink has bytes in flight, as long as theirs (a drain that fills a slow link is no outage:
+        its probes timing out called the link down, and its return abandoned the drain's requests)."""
+        light = min(longest_s, self.stall_after_s(0))
+        return max(light, self.stall_after_s(self._uplink_bytes)) if self._uplink_bytes else light
 
     def _restart_if_returning(self, round_trip_s: float) -> None:
         """The link is down and a success that took ``round_trip_s`` is about to bring it back:
@@ -231,6 +251,16 @@ class LinkMonitor:
             self._goodput.restart(self._prior_goodput)
             self._fresh_rtts = 0
             self.estimate_restarts += 1
+
+    def _plan_rtt(self, now: float) -> float | None:
+        """The least round trip of the last ``RTT_PLAN_WINDOW_S``, or of the last
+        ``RTT_PLAN_SAMPLES``, whichever are more, since the start or the last return; None when none
+        was measured since."""
+        fresh = list(itertools.islice(reversed(self._rtts), self._fresh_rtts))  # newest first
+        recent = [r for at, r in fresh if at >= now - RTT_PLAN_WINDOW_S]
+        if len(recent) < RTT_PLAN_SAMPLES:
+            recent = [r for _, r in fresh[:RTT_PLAN_SAMPLES]]
+        return min(recent, default=None)
 
     def _rtt_floor(self) -> float:
         """The smallest of the last ``RTT_FLOOR_SAMPLES`` round trips of this link (since the start or
@@ -292,6 +322,7 @@ class LinkMonitor:
             consecutive_failures=self._failures,
             last_success_at=self._last_success,
             flapping_since=self.flapping_since,
+            rtt_floor_s=self._plan_rtt(now),
         )
 
     def _window_transitions(self, since: float) -> list[tuple[float, bool]]:
@@ -349,33 +380,3 @@ class LinkMonitor:
     def _publish(self) -> None:
         if self._metrics is not None:
             self._metrics.publish(self.snapshot())
-
-
-class _Metrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.rtt = Gauge("edgefed_link_rtt_seconds", "Uplink round trip (EWMA)", registry=registry)
-        self.goodput = Gauge(
-            "edgefed_link_goodput_bytes_per_second", "Uplink goodput (EWMA)", registry=registry
-        )
-        self.up_fraction = Gauge(
-            "edgefed_link_up_fraction", "Fraction of the window the link was up", registry=registry
-        )
-        self.transitions = Gauge(
-            "edgefed_link_transitions", "Up/down transitions in the window", registry=registry
-        )
-        self.state = Gauge("edgefed_link_state", "1 for the current link state", ["state"], registry=registry)
-        self.observations = Counter(
-            "edgefed_link_observations",
-            "Probes and uploads seen by the link monitor",
-            ["kind", "result"],
-            registry=registry,
-        )
-
-    def publish(self, est: LinkEstimate) -> None:
-        if est.rtt_s is not None:
-            self.rtt.set(est.rtt_s)
-        self.goodput.set(est.goodput_Bps)
-        self.up_fraction.set(est.up_fraction)
-        self.transitions.set(est.transitions)
-        for state in LINK_STATES:
-            self.state.labels(state).set(1.0 if state == est.state else 0.0)

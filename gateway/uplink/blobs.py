@@ -3,7 +3,7 @@
 A blob travels as two things: its bytes, kept in the ``BlobSpool`` (a directory, one file per blob,
 written whole: tmp + fsync + rename), and a log record that references it (``blob_record``: kind
 "event", body ``{"blob": {"id", "size", "sha256", "content_type"}, ...}``). The record survives
-outages like any other; the uplink (sender.py) uploads a record's blobs before the batch that
+outages like any other; the uplink (wire.py) uploads a record's blobs before the batch that
 carries the record, so the cloud never holds a reference to a blob it has not committed.
 
 ``BlobUploader.upload(ref)`` sends a blob in chunks of ``chunk_bytes`` (``PUT ...?offset=N``; the last
@@ -284,21 +284,22 @@ class BlobUploader:
         if sha256 is not None:
             headers["X-Sha256"] = sha256
         started = self._clock()
-        ok = False
+        # Reported to the link monitor when it ends, never when cancelled: a transfer the uplink
+        # abandons says nothing of the link (reported failed, a batch's dozen blobs called a
+        # working link down at once).
         try:
             async with session.request(method, url, data=body, headers=headers) as response:
                 text = await response.text()
-                ok = True
                 status = response.status
                 # a 409 offset_mismatch says where to resume in this header (docs/http-api.md)
                 held = response.headers.get("Upload-Offset")
         except TimeoutError:
+            self._observe(body, started, ok=False)
             return BlobOutcome("timeout", f"no answer from {url}")
         except aiohttp.ClientError as exc:
+            self._observe(body, started, ok=False)
             return BlobOutcome("connection", f"{type(exc).__name__}: {exc}")
-        finally:
-            if self._monitor is not None and body:
-                self._monitor.observe_upload(len(body), self._clock() - started, ok)
+        self._observe(body, started, ok=True)
         try:
             doc = json.loads(text) if text else {}
         except ValueError:
@@ -307,6 +308,10 @@ class BlobUploader:
         if held is not None and held.isdigit():
             doc.setdefault("offset", int(held))
         return status, doc
+
+    def _observe(self, body: bytes | None, started: float, *, ok: bool) -> None:
+        if self._monitor is not None and body:
+            self._monitor.observe_upload(len(body), self._clock() - started, ok)
 
 
 def _failure(status: int, doc: dict[str, Any]) -> BlobOutcome:

@@ -45,6 +45,10 @@ class UploadObserver(Protocol):
 
     def observe_stall(self) -> None: ...
 
+    def uplink_in_flight(self, nbytes: int) -> None:
+        """The uplink now has ``nbytes`` on the link (its transfers in flight)."""
+        ...
+
     @property
     def return_round_trip_s(self) -> float:
         """The round trip of the observation that last brought the link back up."""

@@ -38,9 +38,13 @@ class StallWatch:
         for handle in self._timers:
             handle.cancel()
         self._timers = []
-        if self._monitor is None or not self._transfers:
+        if self._monitor is None:
             return
-        allowed = self._monitor.stall_after_s(sum(nbytes for _, nbytes in self._transfers.values()))
+        in_flight = sum(nbytes for _, nbytes in self._transfers.values())
+        self._monitor.uplink_in_flight(in_flight)  # a probe shares the link with them (link.py)
+        if not self._transfers:
+            return
+        allowed = self._monitor.stall_after_s(in_flight)
         now, loop = self._clock(), asyncio.get_running_loop()
         for key, (began, _) in self._transfers.items():
             if key not in self._reported:

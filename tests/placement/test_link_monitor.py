@@ -53,6 +53,10 @@ def test_a_stall_is_a_failure_with_a_bound_from_the_estimates():
     mon.observe_probe(0.5)
     assert mon.stall_after_s(100_000) == pytest.approx(4 * (0.5 + 1.0))  # a round trip + 1 s of transfer
     assert mon.probe_timeout_s(longest_s=2.0) == 2.0  # 4 round trips, capped by the configured timeout
+    mon.uplink_in_flight(100_000)  # a probe queues behind the uplink's bytes: judged as they are
+    assert mon.probe_timeout_s(longest_s=2.0) == pytest.approx(mon.stall_after_s(100_000))
+    mon.uplink_in_flight(0)
+    assert mon.probe_timeout_s(longest_s=2.0) == 2.0
     mon.observe_stall()
     assert mon.snapshot().state == "up" and suspects == [1]  # suspect: a prober confirms it now
     mon.observe_probe(None)

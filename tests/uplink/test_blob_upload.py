@@ -202,3 +202,37 @@ def test_blob_ids_default_to_content_hash(tmp_path: Path):
     spool = BlobSpool(tmp_path)
     a, b = spool.put(b"frame"), spool.put(b"frame")
     assert a == b and a.blob_id == hashlib.sha256(b"frame").hexdigest()[:40] and spool.pending() == 1
+
+
+class Uploads:
+    """What the link monitor is told of blob uploads: (bytes, ok) each."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, bool]] = []
+
+    def observe_upload(self, nbytes: int, seconds: float, ok: bool) -> None:
+        self.seen.append((nbytes, ok))
+
+
+async def test_an_abandoned_upload_is_not_reported_as_a_link_failure(cloudd, tmp_path):
+    """The uplink cancels a batch's blob uploads when it abandons the batch: that is its own doing,
+    not the link's, and a dozen failures at once would call a working link down."""
+    spool = BlobSpool(tmp_path / "spool")
+    ref = spool.put(blob_bytes(200 * 1024, seed=3))
+    proxy = FaultProxy(cloudd.port)
+    port = await proxy.start()
+    uploads = Uploads()
+    uploader = BlobUploader(
+        spool, f"http://127.0.0.1:{port}", "gw1", cloudd.token_for("gw1"), monitor=uploads
+    )
+    try:
+        await proxy.set_mode("blackhole")
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+            task = asyncio.create_task(uploader.upload_all(session, [ref]))
+            await asyncio.sleep(0.5)  # the PUT is on its way into the black hole
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+    finally:
+        await proxy.stop()
+    assert uploads.seen == []
