@@ -45,7 +45,6 @@ import aiohttp
 from bench._fleet_plan import FleetPlan, Stage, WorkerReport, drain_figures, driver_cpu, stage_figures
 from gateway.heartbeat import HeartbeatSender, heartbeat_counters
 from gateway.storage.epoch_log import EpochLog
-from gateway.uplink.outcome import Outcome
 from gateway.uplink.sender import Uplink
 from protocol.config import UplinkConfig
 from protocol.records import telemetry_record
@@ -57,22 +56,6 @@ START_TIMEOUT_S = 300.0  # the workers' logs and uplinks opened
 
 class FleetNotDrained(RuntimeError):
     pass
-
-
-class TimedUplink(Uplink):
-    """gatewayd's uplink, each batch POST timed with its outcome. The hook is the uplink's own
-    ``_post`` because its upload observer (the link monitor's feed) is told only whether the link
-    worked, and a 503 from a busy cloudd is a working link but no batch stored."""
-
-    def __init__(self, *args: Any, times: list[tuple[float, float, str]], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._times = times
-
-    async def _post(self, body: bytes, key: str) -> Outcome:
-        began = time.perf_counter()
-        outcome = await super()._post(body, key)
-        self._times.append((time.time(), time.perf_counter() - began, outcome.kind))
-        return outcome
 
 
 class LightGateway:
@@ -94,7 +77,13 @@ class LightGateway:
         config = UplinkConfig(
             cloud_url=plan.url, token=token, batch_max_records=plan.records_per_batch, timeout_s=120.0
         )
-        self.uplink = TimedUplink(self.log, gateway, config, times=times)
+        # each POST timed with its outcome: the link monitor's feed cannot tell a 503 from a stored batch
+        self.uplink = Uplink(
+            self.log,
+            gateway,
+            config,
+            on_answer=lambda outcome, seconds: times.append((time.time(), seconds, outcome.kind)),
+        )
         self.heartbeat = HeartbeatSender(gateway, plan.url, token, plan.heartbeat_every_s, self._describe)
         self.heartbeat_url = f"{plan.url.rstrip('/')}/v1/gateways/{gateway}/heartbeat"
         self.heartbeat_headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}

@@ -12,6 +12,7 @@ to come back, and the uplink waits at least that long (sender.py).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
 
@@ -63,6 +64,11 @@ class Outcome:
     detail: str = ""
     ack: BatchAck | None = None
     retry_after_s: float | None = None
+
+
+# Told each batch POST's answer and how long it took (seconds): a load driver or a latency metric.
+# The link monitor cannot be it: a 503 from a busy cloud is a working link but no batch stored.
+AnswerObserver = Callable[[Outcome, float], None]
 
 
 async def post(

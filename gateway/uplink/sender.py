@@ -54,7 +54,7 @@ from gateway.uplink.blobs import BlobSpool, BlobUploader
 from gateway.uplink.chooser import Batch, BatchChooser, Limits
 from gateway.uplink.drain import TokenBucket
 from gateway.uplink.ledger import UplinkLedger
-from gateway.uplink.outcome import FAILURE_KINDS, LINK_FAILURES, Outcome, UploadObserver
+from gateway.uplink.outcome import FAILURE_KINDS, LINK_FAILURES, AnswerObserver, Outcome, UploadObserver
 from gateway.uplink.wire import BatchWire
 from protocol.config import UplinkConfig
 from runtime.backoff import Backoff
@@ -93,6 +93,7 @@ class Uplink:
         monitor: UploadObserver | None = None,
         clock: Callable[[], float] = time.perf_counter,
         blob_spool: BlobSpool | None = None,
+        on_answer: AnswerObserver | None = None,
     ) -> None:
         self.gateway_id = gateway_id
         self._config = config
@@ -137,6 +138,7 @@ class Uplink:
             blobs=self.blobs,
             monitor=monitor,
             clock=clock,
+            on_answer=on_answer,
         )
         self._wake = asyncio.Event()
         self._link_up = asyncio.Event()  # wakes a backoff wait

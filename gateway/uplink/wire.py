@@ -28,7 +28,7 @@ from gateway.storage.interface import RecordLog
 from gateway.uplink.blobs import BlobRef, BlobUploader, blob_refs
 from gateway.uplink.chooser import Batch
 from gateway.uplink.drain import TokenBucket
-from gateway.uplink.outcome import LINK_FAILURES, Outcome, UploadObserver, post
+from gateway.uplink.outcome import LINK_FAILURES, AnswerObserver, Outcome, UploadObserver, post
 from gateway.uplink.stalls import StallWatch
 from protocol.batch import encode_batch, idempotency_key
 from protocol.config import UplinkConfig
@@ -53,6 +53,7 @@ class BatchWire:
         blobs: BlobUploader | None,
         monitor: UploadObserver | None,
         clock: Callable[[], float],
+        on_answer: AnswerObserver | None = None,
     ) -> None:
         self._log = record_log
         self._gateway_id = gateway_id
@@ -63,6 +64,7 @@ class BatchWire:
         self._blobs = blobs
         self._monitor = monitor
         self._clock = clock
+        self._on_answer = on_answer
         self._session: aiohttp.ClientSession | None = None
         # per request in flight: set to end it when the link returns, and when it was sent
         self._requests: dict[asyncio.Event, float] = {}
@@ -183,4 +185,8 @@ class BatchWire:
         if self._token is not None:
             headers["Authorization"] = f"Bearer {self._token}"
         self.counters["attempts"] += 1
-        return await post(self._session, self._url, body, headers, self._timeout_s)
+        began = self._clock()
+        outcome = await post(self._session, self._url, body, headers, self._timeout_s)
+        if self._on_answer is not None:
+            self._on_answer(outcome, self._clock() - began)
+        return outcome
