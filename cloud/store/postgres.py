@@ -6,7 +6,8 @@ Connections come from a bounded pool (``pool_size``; a caller that finds none fr
 uses one short connection per call instead. Write transactions take ``pg_advisory_xact_lock`` on
 their key first, so they serialise with every replica's transactions on that key and release it
 at commit, rollback or when the process dies (the server ends its session). Leases are session
-advisory locks on a connection of their own, held until ``close`` or the process's death.
+advisory locks on a connection of their own, held until ``close`` or the process's death. An
+``executemany`` of an INSERT sends its rows as one statement of column arrays (postgres_bulk.py).
 
 Invariant: every psycopg error leaves here as ``DatabaseError`` naming the database (without its
 password) and the reason; nothing else of psycopg crosses this module's boundary.
@@ -14,7 +15,7 @@ password) and the reason; nothing else of psycopg crosses this module's boundary
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -22,6 +23,7 @@ import psycopg
 import psycopg_pool
 from psycopg import conninfo
 
+from cloud.store import postgres_bulk
 from cloud.store.database import POSTGRESQL, Conn, Database, DatabaseError, Lease
 
 T = TypeVar("T")
@@ -58,6 +60,31 @@ class _AdvisoryLease(Lease):
             self._conn = None
 
 
+class _BulkConn(Conn):
+    """``executemany`` of an INSERT sends its rows as arrays in one statement (postgres_bulk.py)."""
+
+    def __init__(
+        self, raw: Any, lock: Callable[[str], None], column_types: dict[str, dict[str, str]]
+    ) -> None:
+        super().__init__(raw, POSTGRESQL, lock)
+        self._column_types = column_types  # table -> its columns' types, shared by the database's connections
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        bulk = postgres_bulk.bulk_insert(sql, rows, self._types) if len(rows) > 1 else None
+        if bulk is None:
+            super().executemany(sql, rows)
+            return
+        statement, literals = bulk
+        self.execute(statement, literals)
+
+    def _types(self, table: str) -> dict[str, str]:
+        # Read once per table and process: migrations run at cloudd's start, before any batch.
+        if table not in self._column_types:
+            rows = self.execute(postgres_bulk.COLUMN_TYPES_SQL, (table,)).fetchall()
+            self._column_types[table] = dict(rows)
+        return self._column_types[table]
+
+
 class PostgresDatabase(Database):
     dialect = POSTGRESQL
     shared = True
@@ -66,6 +93,7 @@ class PostgresDatabase(Database):
         self.url, self.readonly = url, readonly
         self._description = redacted(url)
         self._pool: psycopg_pool.ConnectionPool[Any] | None = None
+        self._column_types: dict[str, dict[str, str]] = {}
         # Fail here, with one clear line, rather than in the first request: connect once now.
         self._connect().close()
         if pool_size > 0:
@@ -113,7 +141,7 @@ class PostgresDatabase(Database):
             with self._connection() as raw, raw.transaction():
                 if first is not None:
                     raw.execute(first)
-                return fn(Conn(raw, POSTGRESQL, lock))
+                return fn(_BulkConn(raw, lock, self._column_types))
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             # The server or the link went away, or it refused a statement: ours, with the reason.
             raise self._fail(exc) from exc
