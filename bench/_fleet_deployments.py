@@ -9,7 +9,7 @@ three deployments of cloudd, each behind the same haproxy (tests/harness/haproxy
 Each runs one ``FleetPlan`` of stages, batches of ``RECORDS_PER_BATCH`` records: first the
 everyday pace (one batch every ``PACE_S`` per gateway: a gateway with five sensors at 1 Hz that
 uploads every 10 s), which gives the latencies (batch POST p99, heartbeat p99); then ``RAMP``, the
-same fleet at 2 and 3 times that pace. cloudd's capacity is the most batches it stored per
+same fleet at 1.5, 2, 2.5 and 3 times that pace. cloudd's capacity is the most batches it stored per
 second in any stage (each stage's window after its first seconds). Why a ramp and not a backlog
 drained as fast as cloudd takes it: a thousand gateways with a backlog each offer ~3,000 POSTs at
 once, cloudd answers most with 503 ``busy``, the uplinks back off, and the rate stored is then the
@@ -53,7 +53,7 @@ from tests.harness.replicas import start_replicas
 
 RECORDS_PER_BATCH = 50
 PACE_S = 10.0
-RAMP = (2, 3)  # the paces after the everyday one, as multiples of it
+RAMP = (1.5, 2, 2.5, 3)  # the paces after the everyday one, as multiples of it
 FLEET_POLL_S = 0.5
 SORTS = ("backlog_records", "last_seen", "records", "id")
 CLOUDD_ARGS = ("--log-level", "WARNING", "--no-tasks")
