@@ -23,6 +23,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from gateway.preflight.run import preflight, render_checks
 from protocol.config import MqttVersion
 from protocol.control import MAX_LOG_LINES, SERVICE_NAMES, ControlResponse
 from protocol.topics import check_id
+from runtime.tasks import wait_event
 
 EXIT_OK, EXIT_NO_STATUS, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # Ctrl-C, other than the end of logs --follow
@@ -205,20 +207,32 @@ def refused(response: ControlResponse) -> int:
 
 async def follow_logs(client: ControlClient, args: argparse.Namespace, as_json: bool) -> int:
     """``logs --follow``: the last ``--limit`` lines, then each new one as it comes, once and in order
-    (the cursor of each answer is where the next poll reads on), until Ctrl-C."""
-    body: dict[str, Any] = {"level": args.level, "limit": args.limit}
-    while True:
-        client.renew()  # each poll has the whole --timeout
-        response = await client.request("log.errors", body)
-        if response.status == "error":
-            return refused(response)
-        data = response.data or {}
-        lines = [json.dumps(line) for line in data["lines"]] if as_json else log_lines(data)
-        if lines:
-            print("\n".join(lines), flush=True)
-        body = {"level": args.level, "limit": MAX_LOG_LINES, "after": data["next"]}
-        if len(data["lines"]) < MAX_LOG_LINES:  # a full answer: more may wait, read on at once
-            await asyncio.sleep(args.interval)  # polling is the mechanism: the gateway pushes no lines
+    (the cursor of each answer is where the next poll reads on), until Ctrl-C.
+
+    Ctrl-C sets an event the loop checks between polls (a poll in flight ends within ``--timeout``)
+    rather than cancelling the command through the MQTT client's waits (once, in a CI run, a
+    follower so cancelled was still running 10 s after its Ctrl-C; the cause was not found)."""
+    interrupted = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, interrupted.set)
+    try:
+        body: dict[str, Any] = {"level": args.level, "limit": args.limit}
+        while not interrupted.is_set():
+            client.renew()  # each poll has the whole --timeout
+            response = await client.request("log.errors", body)
+            if response.status == "error":
+                return refused(response)
+            data = response.data or {}
+            lines = [json.dumps(line) for line in data["lines"]] if as_json else log_lines(data)
+            if lines:
+                print("\n".join(lines), flush=True)
+            body = {"level": args.level, "limit": MAX_LOG_LINES, "after": data["next"]}
+            if len(data["lines"]) < MAX_LOG_LINES:  # a full answer: more may wait, read on at once
+                # polling is the mechanism: the gateway pushes no lines
+                await wait_event(interrupted, args.interval)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+    return EXIT_OK
 
 
 async def run_check(args: argparse.Namespace, as_json: bool) -> int:
