@@ -214,6 +214,11 @@ def _load_data(quick: bool) -> None:
     for bits in (8, 6, 4, 3):
         codec = BfpCodec(BfpFormat(mantissa_bits=bits), use_kernels=True)
         codec.decode(codec.encode(torch.ones(64)))
+    # One measured threshold for every case of the run (the forked children inherit the cache):
+    # measured in each child, it moved with the load, and so did which groups were encoded.
+    from cloud.training.compression.groups import measured_min_numel
+
+    _DATA["min_numel"] = measured_min_numel("cpu")
 
 
 def _in_child(function, *args):
@@ -299,6 +304,7 @@ def main() -> int:
         results.extra["family_formats"] = {f: families[f, "adaptive"]["formats"] for f in FAMILIES}
         measured.update({(f"family/{f}", c): row for (f, c), row in families.items()})
     results.extra["device"] = args.device
+    results.extra["min_numel_cpu"] = _DATA["min_numel"]
     results.extra["accuracies_per_seed"] = {
         f"{task}/{case}": row["accuracies"] for (task, case), row in measured.items()
     }

@@ -125,9 +125,11 @@ class GroupSlot:
 @functools.lru_cache(maxsize=8)
 def measured_min_numel(device_type: str = "cpu", fmt: BfpFormat = BfpFormat(mantissa_bits=4)) -> int:
     """The group size (elements, whole blocks) at which one encode+decode's fixed cost equals its
-    per-element cost, from timing two sizes (best of 5 each): a fit ``t = fixed + n * per_element``.
+    per-element cost, from timing two sizes (best of 20 each): a fit ``t = fixed + n * per_element``.
     Smaller groups would spend most of their codec time on dispatch; larger ones run at more than
-    half the codec's large-tensor throughput. Measured once per process and device type."""
+    half the codec's large-tensor throughput. Measured once per process and device type. On the
+    shared 2-core dev VM under load 7-17, best of 5 gave 10-55 Ki elements from one call to the
+    next, best of 20 gave 20-24 Ki (and ~10 ms of codec time)."""
     if device_type != "cpu" and not torch.cuda.is_available():
         raise ValueError(f"device_type: {device_type!r} is not available")
     device = torch.device(device_type)
@@ -137,7 +139,7 @@ def measured_min_numel(device_type: str = "cpu", fmt: BfpFormat = BfpFormat(mant
     def best(n: int) -> float:
         # A generator of its own: measuring must not move the global one (dropout masks, init).
         tensor = torch.randn(n, generator=torch.Generator().manual_seed(0)).to(device)
-        return min(_timed(lambda: codec.decode(codec.encode(tensor)), device) for _ in range(5))
+        return min(_timed(lambda: codec.decode(codec.encode(tensor)), device) for _ in range(20))
 
     best(small)  # warm the kernels and scratch buffers
     t_small, t_large = best(small), best(large)

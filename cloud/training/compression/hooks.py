@@ -11,10 +11,19 @@ smaller), or as-is. The unpack hook decodes it in backward.
   saves ~400 small tensors per step (one set per time step): encoded one by one, each paid the
   codec's fixed cost (op dispatch, ~20 us); as one group they pay it once. Tensors saved by ops
   outside any layer (the loss) are gathered until ``active()`` exits.
-- **Size threshold** ``min_numel``: a group smaller than this is kept as it is (counted). Default
-  ``None``: measured once per process and device (``measured_min_numel``): the group size at which
-  the codec's fixed cost per call equals its cost per element, so that a group encoded runs at
-  least at half the codec's throughput on large tensors.
+- **Size threshold** ``min_numel``, one for every encoding the hooks choose: a group smaller than
+  this, a dropout mask with fewer elements (or fewer than 64) and a Gist sparse candidate smaller
+  than it are kept as they are (counted). Default ``None``: measured once per process and device
+  (``measured_min_numel``): the group size at which the BFP codec's fixed cost per call equals its
+  cost per element, so that a group encoded runs at least at half the codec's throughput on large
+  tensors. The mask packer's own break-even by the same fit is higher (~40 Ki elements against
+  the codec's 21-30 Ki on the dev VM); one threshold keeps "does this layer encode anything" a
+  question of shapes alone, which the bypass below relies on.
+- **Layers with nothing to encode are bypassed** (bypass.py): the first step under a policy (and
+  after ``reset_counters`` or a change of the model's input shapes) keeps full bookkeeping and
+  learns which layers encoded nothing; from the next step on, their tensors go to autograd as
+  they are, their forward hooks are removed where that is safe, and when no layer encodes
+  anything the saved-tensor hooks are not entered at all (the step runs as fp32 does).
 - Parameters and views of them (same storage), and any other leaf that requires grad (stashed
   weight versions, a pipeline stage's received input), are returned untouched and not counted:
   they are not activations the hooks could free, their owner keeps them alive anyway.
@@ -33,8 +42,11 @@ smaller), or as-is. The unpack hook decodes it in backward.
   cost about a millisecond.
 
 Invariant: ``counters[layer].stored`` is the sum of the real bytes held for backward by that
-layer's saved tensors (each distinct tensor counted once), and ``live_bytes`` returns to zero once
-the autograd graph that holds them is freed.
+layer's saved tensors (each distinct tensor counted once; a bypassed layer's, as-is, are the bytes
+its learning step counted, bypass.py), and ``live_bytes`` (the bytes the hooks' own objects hold,
+not bypassed tensors, which autograd holds as fp32 would) returns to zero once the autograd graph
+that holds them is freed. A step right after ``reset_counters`` keeps full bookkeeping, so that one
+counted step (``count_saved_bytes``) sees every tensor in ``peak_live_bytes`` too.
 """
 
 from __future__ import annotations
@@ -45,29 +57,27 @@ import time
 import weakref
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
+from cloud.training.compression.bypass import BypassPlan, Learning, input_signature, learned_plan
 from cloud.training.compression.groups import GroupSlot, SavedGroup, measured_min_numel
 from cloud.training.compression.layer_formats import LayerPolicy
-from cloud.training.compression.sparse import SparsePacked, count_nonzero_bits, decode_sparse, encode_sparse
+from cloud.training.compression.sparse import count_nonzero_bits, encode_sparse
+from cloud.training.compression.stored import Stored, StoredKind, as_bits, tensor_nbytes
 from models.numerics import (
     BfpCodec,
     BfpFormat,
-    Packed,
     error_stats,
-    fused_kernels,
-    pack_bits,
-    packed_length,
     packed_nbytes,
-    unpack_bits,
 )
 
 OUTSIDE_LAYERS = "<outside>"  # saved by ops that run outside any leaf module (e.g. the loss)
 _CACHE_PRUNE_AT = 1024
-StoredKind = Literal["raw", "bfp", "sparse", "bits"]  # as-is, Packed, SparsePacked, a bool tensor as bits
+Frame = tuple[str, dict[torch.dtype, SavedGroup]]  # a running layer and the groups its call gathers
+_BYPASS: Frame = ("<bypassed>", {})  # on the layer stack (and as the outside frame): return at once
 
 
 @dataclass
@@ -75,29 +85,6 @@ class LayerBytes:
     original: int = 0
     stored: int = 0
     tensors: int = 0
-
-
-class _Stored:
-    """What the pack hook hands autograd: an encoded (or raw) saved tensor."""
-
-    __slots__ = ("kind", "payload", "nbytes", "shape", "scale", "users", "decoded", "owner", "__weakref__")
-
-    def __init__(
-        self,
-        kind: StoredKind,
-        payload: torch.Tensor | Packed | SparsePacked,
-        nbytes: int,
-        shape: torch.Size | None = None,  # "bits": the mask's shape
-        scale: float | None = None,  # "bits" of a float mask: its one non-zero value (None: bool)
-    ) -> None:
-        self.kind, self.payload, self.nbytes, self.shape, self.scale = kind, payload, nbytes, shape, scale
-        self.users = 1  # saved-tensor slots that hold this encoding and have not unpacked it yet
-        self.decoded: torch.Tensor | None = None
-        self.owner: ActivationCompressor | None = None  # whose live_bytes count it
-
-    def __del__(self) -> None:  # cheaper than a weakref.finalize per saved tensor
-        if self.owner is not None:
-            self.owner.live_bytes -= self.nbytes
 
 
 def _relative_error(reference: torch.Tensor, approx: torch.Tensor) -> float:
@@ -120,34 +107,6 @@ def leaf_names(module: nn.Module) -> list[str]:
     ]
 
 
-def _as_bits(tensor: torch.Tensor, dropout: bool) -> _Stored | None:
-    """A bool tensor, or the float32 mask a CPU ``nn.Dropout`` saves (``dropout``: every element 0
-    or the one value 1/(1-p), by construction; its maximum is that value, so decoding reproduces
-    it bit for bit), as one bit per element; ``None`` for anything else. Not checked element by
-    element: a bool comparison of a 64 Ki tensor costs ~0.2 ms on a CPU (tests check the
-    gradients bit-identical)."""
-    if tensor.dtype == torch.bool:
-        mask, scale = tensor, None
-    elif dropout and tensor.dtype == torch.float32 and tensor.device.type == "cpu":
-        # One compiled pass (fused.py): the bits and the maximum.
-        bits = torch.empty(packed_length(tensor.numel(), 1), dtype=torch.uint8)
-        scale = float(fused_kernels().pack_mask(tensor.detach().contiguous().view(-1).numpy(), bits.numpy()))
-        return _Stored("bits", bits, bits.numel(), tensor.shape, scale) if scale > 0 else None
-    elif dropout and tensor.dtype == torch.float32:
-        scale = float(tensor.max())
-        if not scale > 0:
-            return None
-        mask = tensor != 0
-    else:
-        return None
-    bits = pack_bits(mask.reshape(-1).view(torch.uint8), 1)
-    return _Stored("bits", bits, bits.numel(), tensor.shape, scale)
-
-
-def _tensor_nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
-
-
 class ActivationCompressor:
     """Owns the hooks for one model. Not thread-safe: one forward/backward at a time per instance."""
 
@@ -165,6 +124,7 @@ class ActivationCompressor:
         ``None``: ``measured_min_numel`` for the model's device, measured on the first ``active()``.
         ``mask_bits``: store dropout masks as bits (False: as they are, to count fp32's bytes)."""
         self.model = model
+        self._plan: BypassPlan | None = None  # learned; None: the next step keeps full bookkeeping
         self.policy = policy
         self.ssdc_layers = frozenset(ssdc_layers)
         self.generator = generator
@@ -178,16 +138,22 @@ class ActivationCompressor:
         # CPU seconds spent encoding (at each group's close) and decoding since reset_counters.
         self.encode_s = 0.0
         self.decode_s = 0.0
-        self._stack: list[tuple[str, dict[torch.dtype, SavedGroup]]] = []
+        self._stack: list[Frame] = []
         self._outside: dict[torch.dtype, SavedGroup] = {}
+        self._outside_frame: Frame = (OUTSIDE_LAYERS, self._outside)
         self._recording = False
         self._leaves = [(name, model.get_submodule(name)) for name in leaf_names(model)]
         self._dropout_layers = {name for name, m in self._leaves if type(m) is nn.Dropout}
         self.mask_bits = mask_bits
-        self._layer_hooks: list = []
+        self._model_hook: RemovableHandle | None = None  # the model's pre-hook (notes its inputs)
+        self._layer_hooks: dict[str, tuple[RemovableHandle, RemovableHandle]] = {}  # (pre, post) per layer
+        self._unhooked: frozenset[str] | None = None  # layers without hooks now (None: not set up)
+        self._step_plan: BypassPlan | None = None  # the plan the running step follows
+        self._learning: Learning | None = None  # what the running full step records for a plan
+        self._saved_hooks: contextlib.ExitStack | None = None  # while active(): where they are entered
         self._params = list(model.parameters())
         self._input_storages: set[int] = set()
-        self._cache: dict[tuple, tuple[weakref.ref, weakref.ref]] = {}
+        self._cache: dict[tuple, tuple[weakref.ref, weakref.ref, str]] = {}  # key -> (source, stored, layer)
         self._codecs: dict[BfpFormat, BfpCodec] = {}
         self._param_storages: set[int] = set()
         self._formats: dict[str, BfpFormat | None] = {}
@@ -200,8 +166,12 @@ class ActivationCompressor:
     def policy(self, policy: LayerPolicy) -> None:
         self._policy = policy
         self._formats = {}  # layer -> format, filled as layers save tensors
+        if self._plan is not None and self._plan.policy != policy:
+            self._plan = None  # a layer's format may have changed what it encodes: learn again
 
     def reset_counters(self) -> None:
+        """Zero the counters; the next step keeps full bookkeeping (every tensor in live_bytes)."""
+        self._plan = None
         self.counters.clear()
         self.kinds = dict.fromkeys(self.kinds, 0)
         self.layer_errors.clear()
@@ -222,49 +192,137 @@ class ActivationCompressor:
         if self.min_numel is None:
             device = self._params[0].device.type if self._params else "cpu"
             self.min_numel = measured_min_numel(device)
-        if not self._layer_hooks:
-            self._layer_hooks.append(self.model.register_forward_pre_hook(self._note_inputs))
-            for name, module in self._leaves:
-                self._layer_hooks.append(module.register_forward_pre_hook(self._enter_layer(name)))
-                self._layer_hooks.append(module.register_forward_hook(self._leave_layer, always_call=True))
+        if self._model_hook is None:
+            self._model_hook = self.model.register_forward_pre_hook(self._note_inputs)
+        plan = self._plan
+        self._begin_step(plan)
         self._recording = True
         try:
-            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            with contextlib.ExitStack() as saved_hooks:
+                self._saved_hooks = saved_hooks
+                if plan is None or not plan.no_saved_hooks:
+                    saved_hooks.enter_context(
+                        torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+                    )
                 yield self
         finally:
             self._recording = False
+            self._saved_hooks = None
             while self._stack:
-                self._close_groups(self._stack.pop()[1])
+                frame = self._stack.pop()
+                if frame is not _BYPASS:
+                    self._close_groups(frame[1])
             self._close_groups(self._outside)
             self._cache.clear()
             self._input_storages.clear()
+            self._end_step()
 
     def remove_hooks(self) -> None:
-        """Detach the per-layer hooks from the model (``active()`` registers them again)."""
-        for handle in self._layer_hooks:
-            handle.remove()
+        """Detach the model's and the per-layer hooks (``active()`` registers them again)."""
+        if self._model_hook is not None:
+            self._model_hook.remove()
+            self._model_hook = None
+        for handles in self._layer_hooks.values():
+            for handle in handles:
+                handle.remove()
         self._layer_hooks.clear()
+        self._unhooked = None
+
+    # Bypass (bypass.py) --------------------------------------------------------------------------
+
+    def _begin_step(self, plan: BypassPlan | None) -> None:
+        """Follow ``plan``, or (``None``) keep full bookkeeping and learn a plan from this step."""
+        self._step_plan = plan
+        if plan is None:
+            counted = {layer: (e.original, e.stored, e.tensors) for layer, e in self.counters.items()}
+            self._learning = Learning(self.policy, counted_before=counted)
+            self._outside_frame = (OUTSIDE_LAYERS, self._outside)
+            self._hook_layers(frozenset())
+        else:
+            self._learning = None
+            bypass_outside = OUTSIDE_LAYERS in plan.bypassed
+            self._outside_frame = _BYPASS if bypass_outside else (OUTSIDE_LAYERS, self._outside)
+            self._hook_layers(plan.unhooked)
+
+    def _end_step(self) -> None:
+        plan, learning = self._step_plan, self._learning
+        if plan is not None:  # the bypassed layers' bytes, as their learning step counted them
+            for layer, original, stored, tensors in plan.per_step:
+                entry = self.counters.setdefault(layer, LayerBytes())
+                entry.original += original
+                entry.stored += stored
+                entry.tensors += tensors
+                self.kinds["raw"] += tensors
+        elif learning is not None:
+            counted = {layer: (e.original, e.stored, e.tensors) for layer, e in self.counters.items()}
+            self._plan = learned_plan(learning, counted, OUTSIDE_LAYERS)
+        self._step_plan = self._learning = None
+
+    def _hook_layers(self, unhooked: frozenset[str]) -> None:
+        """Register the forward hooks of every layer not in ``unhooked``; remove the others'."""
+        if unhooked == self._unhooked:
+            return
+        for name, module in self._leaves:
+            handles = self._layer_hooks.get(name)
+            if name in unhooked and handles is not None:
+                for handle in handles:
+                    handle.remove()
+                del self._layer_hooks[name]
+            elif name not in unhooked and handles is None:
+                self._layer_hooks[name] = (
+                    module.register_forward_pre_hook(self._enter_layer(name)),
+                    module.register_forward_hook(self._leave_layer, always_call=True),
+                )
+        self._unhooked = unhooked
 
     # Hooks -------------------------------------------------------------------------------------
 
     def _note_inputs(self, module: nn.Module, args: tuple) -> None:
-        if self._recording:
-            self._input_storages.update(
-                a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)
-            )
+        if not self._recording:
+            return
+        plan = self._step_plan
+        if plan is not None and plan.signature != input_signature(args):
+            # Inputs of other shapes may save other tensors: learn again, from this forward on.
+            self._plan = None
+            self._begin_step(None)
+            if plan.no_saved_hooks and self._saved_hooks is not None:
+                self._saved_hooks.enter_context(
+                    torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+                )
+        if self._learning is not None and self._learning.signature is None:
+            self._learning.signature = input_signature(args)
+        self._input_storages.update(
+            a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)
+        )
 
     def _enter_layer(self, name: str):
         def hook(module: nn.Module, args: tuple) -> None:
-            if self._recording:
-                self._stack.append((name, {}))
+            if not self._recording:
+                return
+            plan = self._step_plan
+            if plan is not None and name in plan.bypassed:
+                self._stack.append(_BYPASS)
+                return
+            if self._learning is not None and self._stack:
+                self._learning.nested.add(name)
+            self._stack.append((name, {}))
 
         return hook
 
     def _leave_layer(self, module: nn.Module, args: tuple, output: object) -> None:
         if self._recording and self._stack:
-            self._close_groups(self._stack.pop()[1])
+            frame = self._stack.pop()
+            if frame is not _BYPASS:
+                self._close_groups(frame[1])
 
-    def _pack(self, tensor: torch.Tensor) -> torch.Tensor | _Stored | GroupSlot:
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor | Stored | GroupSlot:
+        frame = self._stack[-1] if self._stack else self._outside_frame
+        if frame is _BYPASS:  # a layer with nothing to encode (bypass.py)
+            return tensor
+        layer, groups = frame
+        learning = self._learning
+        if learning is not None:
+            learning.seen.add(layer)
         # Leaves that require grad (parameters, stashed weight versions, a pipeline stage's
         # received input) are held alive by their owner: encoding them would save nothing.
         if tensor.requires_grad and tensor.grad_fn is None:
@@ -278,34 +336,37 @@ class ActivationCompressor:
             source, stored = cached[0](), cached[1]()
             # A live source with the same storage, view and version has the same bytes.
             if source is not None and stored is not None:
+                if learning is not None and cached[2] != layer:
+                    learning.shared.add((cached[2], layer))
                 if isinstance(stored, GroupSlot):
                     stored.group.users += 1
                 else:
                     stored.users += 1
                 return stored
-        layer, groups = self._stack[-1] if self._stack else (OUTSIDE_LAYERS, self._outside)
         entry = self.counters.setdefault(layer, LayerBytes())
-        entry.original += _tensor_nbytes(tensor)
+        entry.original += tensor_nbytes(tensor)
         entry.tensors += 1
         if storage in self._input_storages:
-            packed: _Stored | GroupSlot = _Stored("raw", tensor, _tensor_nbytes(tensor))
+            packed: Stored | GroupSlot = Stored("raw", tensor, tensor_nbytes(tensor))
         else:
             packed = self._encode(tensor, layer, groups)
         if len(self._cache) >= _CACHE_PRUNE_AT:
             self._cache = {k: v for k, v in self._cache.items() if v[0]() is not None and v[1]() is not None}
-        self._cache[key] = (weakref.ref(tensor), weakref.ref(packed))
-        if isinstance(packed, _Stored):  # a group's bytes are counted when it closes
+        self._cache[key] = (weakref.ref(tensor), weakref.ref(packed), layer)
+        if isinstance(packed, Stored):  # a group's bytes are counted when it closes
             entry.stored += packed.nbytes
             self.kinds[packed.kind] += 1
             self._hold(packed, packed.nbytes)
+            if learning is not None and packed.kind != "raw":
+                learning.encoded.add(layer)
         return packed
 
-    def _hold(self, stored: _Stored | SavedGroup, nbytes: int) -> None:
+    def _hold(self, stored: Stored | SavedGroup, nbytes: int) -> None:
         self.live_bytes += nbytes
         self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
         stored.owner = self
 
-    def _unpack(self, stored: torch.Tensor | _Stored | GroupSlot) -> torch.Tensor:
+    def _unpack(self, stored: torch.Tensor | Stored | GroupSlot) -> torch.Tensor:
         if isinstance(stored, torch.Tensor):
             return stored
         if isinstance(stored, GroupSlot):
@@ -315,28 +376,12 @@ class ActivationCompressor:
             if started is not None:
                 self.decode_s += time.process_time() - started
             return tensor
-        payload = stored.payload
-        if stored.kind == "bits":
-            assert isinstance(payload, torch.Tensor) and stored.shape is not None
-            if stored.scale is not None and payload.device.type == "cpu":
-                mask = torch.empty(stored.shape, dtype=torch.float32)
-                fused_kernels().unpack_mask(payload.numpy(), stored.scale, mask.view(-1).numpy())
-                return mask
-            codes = unpack_bits(payload, 1, math.prod(stored.shape)).view(stored.shape)
-            if stored.scale is None:
-                return codes.view(torch.bool)
-            return codes.to(torch.float32).mul_(stored.scale)
-        if isinstance(payload, torch.Tensor):  # kept as it was ("raw")
-            return payload
-        decoded = stored.decoded
-        if decoded is None:
+        if stored.kind == "sparse" and stored.decoded is None:
             started = time.process_time()
-            assert isinstance(payload, SparsePacked)
-            decoded = decode_sparse(payload)
+            tensor = stored.unpack()
             self.decode_s += time.process_time() - started
-        stored.users -= 1
-        stored.decoded = decoded if stored.users > 0 else None
-        return decoded
+            return tensor
+        return stored.unpack()
 
     # Encoding choice ---------------------------------------------------------------------------
 
@@ -350,23 +395,25 @@ class ActivationCompressor:
 
     def _encode(
         self, tensor: torch.Tensor, layer: str, groups: dict[torch.dtype, SavedGroup]
-    ) -> _Stored | GroupSlot:
+    ) -> Stored | GroupSlot:
         if (
             self.mask_bits
-            and tensor.numel() >= 64
+            and tensor.numel() >= max(64, self.min_numel or 0)
             and (tensor.dtype == torch.bool or layer in self._dropout_layers)
         ):
-            mask = _as_bits(tensor, layer in self._dropout_layers)  # a dropout mask: one bit each, lossless
+            mask = as_bits(tensor, layer in self._dropout_layers)  # a dropout mask: one bit each, lossless
             if mask is not None:
                 return mask
         if not tensor.is_floating_point():
-            return _Stored("raw", tensor, _tensor_nbytes(tensor))
+            return Stored("raw", tensor, tensor_nbytes(tensor))
         fmt = self._format(layer)
         if layer in self.ssdc_layers and tensor.numel() >= (self.min_numel or 0):
+            if self._learning is not None:  # sparse or not depends on the values: never bypassed
+                self._learning.encoded.add(layer)
             n, itemsize = tensor.numel(), tensor.element_size()
             sparse_bytes = math.ceil(n / 8) + count_nonzero_bits(tensor) * itemsize
             dense_bytes = (
-                _tensor_nbytes(tensor)
+                tensor_nbytes(tensor)
                 if fmt is None
                 else packed_nbytes(n, fmt, int(fmt.outlier_fraction * n), itemsize)
             )
@@ -374,9 +421,9 @@ class ActivationCompressor:
                 started = time.process_time()
                 sparse = encode_sparse(tensor)
                 self.encode_s += time.process_time() - started
-                return _Stored("sparse", sparse, sparse.nbytes)
+                return Stored("sparse", sparse, sparse.nbytes)
         if fmt is None:
-            return _Stored("raw", tensor, _tensor_nbytes(tensor))
+            return Stored("raw", tensor, tensor_nbytes(tensor))
         group = groups.get(tensor.dtype)
         if group is None:
             group = groups[tensor.dtype] = SavedGroup(layer, fmt)
@@ -387,7 +434,7 @@ class ActivationCompressor:
         smaller than ``min_numel``; count its bytes."""
         for group in groups.values():
             tensors = group.tensors or []
-            original = sum(_tensor_nbytes(t) for t in tensors)
+            original = sum(tensor_nbytes(t) for t in tensors)
             encode = group.numel >= (self.min_numel or 0)
             codec = self._codec(group.fmt) if encode else None
             started = time.process_time() if encode else 0.0  # a raw group costs no clock read
@@ -401,6 +448,8 @@ class ActivationCompressor:
                 self.layer_errors[group.layer] = max(error, self.layer_errors.get(group.layer, 0.0))
             if encode:
                 self.encode_s += time.process_time() - started
+                if self._learning is not None:
+                    self._learning.encoded.add(group.layer)
             self.counters[group.layer].stored += group.nbytes
             self.kinds["bfp" if encode else "raw"] += 1 if encode else len(tensors)
             self._hold(group, group.nbytes)

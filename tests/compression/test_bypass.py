@@ -1,0 +1,109 @@
+"""Layers with nothing to encode are bypassed after one learning step (bypass.py): no hooks, no
+bookkeeping, the same gradients, and the counters still count every layer's bytes."""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+from torch import nn
+
+from cloud.training.compression import ActivationCompressor, LayerPolicy
+from models.numerics import BfpFormat
+from tests.compression.test_gist_families import _grads as _step  # same seed every step
+
+torch.set_num_threads(1)
+M8 = BfpFormat(mantissa_bits=8)
+
+
+def _counted(compressor: ActivationCompressor) -> dict[str, tuple[int, int, int]]:
+    return {layer: (e.original, e.stored, e.tensors) for layer, e in compressor.counters.items()}
+
+
+def _counting_packs(compressor: ActivationCompressor) -> list[int]:
+    calls = [0]
+    pack = compressor._pack
+
+    def counted(tensor: torch.Tensor):
+        calls[0] += 1
+        return pack(tensor)
+
+    compressor._pack = counted  # type: ignore[method-assign]
+    return calls
+
+
+def test_a_model_with_nothing_to_encode_runs_without_hooks_after_one_step() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+    reference = _step(model, x, None)
+    # Every group and the dropout mask (256 elements) are under the threshold: nothing to encode.
+    compressor = ActivationCompressor(model, LayerPolicy.uniform(M8), min_numel=4096)
+    packs = _counting_packs(compressor)
+    first = _step(model, x, compressor)
+    once = _counted(compressor)
+    assert packs[0] > 0 and set(once) >= {"0", "1", "2"}
+    packs[0] = 0
+    for _ in range(2):
+        grads = _step(model, x, compressor)
+        assert all(torch.equal(a, b) for a, b in zip(reference, grads, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(reference, first, strict=True))
+    assert packs[0] == 0  # the saved-tensor hooks were not even entered
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model)
+    # Bypassed steps count what the learning step counted, layer by layer.
+    assert _counted(compressor) == {layer: (3 * o, 3 * s, 3 * t) for layer, (o, s, t) in once.items()}
+    assert compressor.kinds["raw"] == 3 * sum(t for _, _, t in once.values())
+    assert compressor.kinds["bits"] == 0  # a 256-element mask is not worth its bits under 4096
+
+
+def _five_layers() -> nn.Sequential:
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+
+
+def test_layers_that_encode_keep_their_hooks_and_the_rest_are_counted() -> None:
+    model = _five_layers()
+    x = torch.randn(16, 32)
+    # "1" (a ReLU) encodes its 1024-element output, which "2" saves too (shared: both bookkept);
+    # "3"'s output (shared with "4") stays fp32, "0" saves the model's input: both bypassed.
+    compressor = ActivationCompressor(model, LayerPolicy.from_mapping({"1": M8}), min_numel=512)
+    full = ActivationCompressor(_five_layers(), LayerPolicy.from_mapping({"1": M8}), min_numel=512)
+    _step(model, x, compressor)
+    _step(full.model, x, full)
+    once = _counted(compressor)
+    encoding = _step(model, x, compressor)
+    assert not model[0]._forward_pre_hooks and not model[3]._forward_pre_hooks
+    assert model[1]._forward_pre_hooks and model[2]._forward_pre_hooks
+    assert compressor.kinds["bfp"] == 2  # one group per step, as on full steps
+    assert _counted(compressor) == {layer: (2 * o, 2 * s, 2 * t) for layer, (o, s, t) in once.items()}
+    assert all(torch.equal(a, b) for a, b in zip(_step(full.model, x, full), encoding, strict=True))
+    # The hooks' own objects are released with the graph; autograd held the bypassed tensors.
+    gc.collect()
+    assert compressor.live_bytes == 0
+
+    # A new policy is learned again: "3" now encodes (with "4", which saves the same tensor).
+    compressor.policy = LayerPolicy.from_mapping({"1": M8, "3": M8})
+    compressor.reset_counters()
+    _step(model, x, compressor)
+    _step(model, x, compressor)
+    assert model[3]._forward_pre_hooks and compressor.kinds["bfp"] == 4
+    assert compressor.counters["3"].stored < compressor.counters["3"].original
+
+
+def test_new_input_shapes_are_learned_within_the_step() -> None:
+    model = _five_layers()
+    compressor = ActivationCompressor(model, LayerPolicy.from_mapping({"1": M8}), min_numel=512)
+    for _ in range(2):
+        _step(model, torch.randn(16, 32), compressor)
+    compressor.reset_counters()
+    for _ in range(2):  # the same shapes: the second step follows the plan, counts as the first
+        _step(model, torch.randn(16, 32), compressor)
+    at_16 = _counted(compressor)
+    # The step after reset_counters kept full bookkeeping: its peak covers every saved tensor.
+    assert 2 * compressor.peak_live_bytes == compressor.total().stored
+    compressor.reset_counters()
+    _step(model, torch.randn(4, 32), compressor)  # smaller: "1"'s group falls under min_numel
+    fresh = ActivationCompressor(_five_layers(), LayerPolicy.from_mapping({"1": M8}), min_numel=512)
+    _step(fresh.model, torch.randn(4, 32), fresh)
+    assert _counted(compressor) == _counted(fresh)
+    assert {layer: (o // 2, s // 2, t // 2) for layer, (o, s, t) in at_16.items()} != _counted(fresh)
