@@ -16,8 +16,8 @@ smaller), or as-is. The unpack hook decodes it in backward.
   than it are kept as they are (counted). Default ``None``: measured once per process and device
   (``measured_min_numel``): the group size at which the BFP codec's fixed cost per call equals its
   cost per element, so that a group encoded runs at least at half the codec's throughput on large
-  tensors. The mask packer's own break-even by the same fit is higher (~40 Ki elements against
-  the codec's 21-30 Ki on the dev VM); one threshold keeps "does this layer encode anything" a
+  tensors. The mask packer's own break-even by the same fit is higher (~40 Ki elements; the
+  codec's measured 20-40 Ki on the loaded dev VM); one threshold keeps "does this layer encode anything" a
   question of shapes alone, which the bypass below relies on.
 - **Layers with nothing to encode are bypassed** (bypass.py): the first step under a policy (and
   after ``reset_counters`` or a change of the model's input shapes) keeps full bookkeeping and
@@ -31,15 +31,16 @@ smaller), or as-is. The unpack hook decodes it in backward.
   are (counted): the caller holds the batch through backward, so an encoded copy would add
   memory, not save it.
 - Dropout masks (bool tensors, and the float mask of 0 and 1/(1-p) a CPU ``nn.Dropout`` saves)
-  are stored as one bit per element plus the one non-zero value (lossless); other non-float tensors (max-pool
-  indices, Gist codes) are kept as they are; both counted.
+  of at least ``min_numel`` elements are stored as one bit per element plus the one non-zero
+  value (lossless); other non-float tensors (max-pool indices, Gist codes) are kept as they are;
+  both counted.
 - A tensor saved by two ops (a ReLU's output is saved by the ReLU and by the next conv) is stored
   once and shared; the cache holds only weak references, so it never keeps memory alive. Its
   decoded form is shared too: a group's decoded buffer is kept until the last of its users has
   unpacked (fp32 keeps the originals alive that long anyway), so backward decodes it once.
 - The per-layer forward hooks that tell the pack hook which layer is running are registered on
-  the first ``active()`` and stay (they only record while active): registering them per step
-  cost about a millisecond.
+  the first ``active()`` and stay (they only record while active; a bypassed layer's are removed
+  until a learning step needs them): registering them per step cost about a millisecond.
 
 Invariant: ``counters[layer].stored`` is the sum of the real bytes held for backward by that
 layer's saved tensors (each distinct tensor counted once; a bypassed layer's, as-is, are the bytes
