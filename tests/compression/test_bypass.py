@@ -107,3 +107,28 @@ def test_new_input_shapes_are_learned_within_the_step() -> None:
     _step(fresh.model, torch.randn(4, 32), fresh)
     assert _counted(compressor) == _counted(fresh)
     assert {layer: (o // 2, s // 2, t // 2) for layer, (o, s, t) in at_16.items()} != _counted(fresh)
+
+
+def test_each_input_shape_keeps_its_own_plan() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 4))
+    compressor = ActivationCompressor(model, LayerPolicy.uniform(M8), min_numel=4096)
+    packs = _counting_packs(compressor)
+    big, small = torch.randn(8, 16), torch.randn(3, 16)
+    _step(model, big, compressor)
+    at_8 = _counted(compressor)
+    compressor.reset_counters()
+    _step(model, small, compressor)  # learned here: a new shape within the step
+    at_3 = _counted(compressor)
+    packs[0] = 0
+    compressor.reset_counters()
+    _step(model, big, compressor)  # a learning step (after the reset), then both shapes bypassed
+    _step(model, small, compressor)
+    packs[0] = 0
+    for x in (big, small, big, small):  # an epoch's last, smaller batch and back: no relearning
+        _step(model, x, compressor)
+    assert packs[0] == 0
+    expected = {
+        layer: tuple(3 * a + 3 * b for a, b in zip(at_8[layer], at_3[layer], strict=True)) for layer in at_8
+    }
+    assert _counted(compressor) == expected

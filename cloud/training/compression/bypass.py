@@ -18,10 +18,12 @@ kept raw and encoded, more than fp32 holds). Its forward hooks are removed only 
 inside another hooked layer and ops outside layers are bypassed too (otherwise its tensors would
 be attributed to something else).
 
-A plan holds while the compressor's policy is the one it was learned under, the model's inputs
-have the shapes and dtypes it was learned on, and the counters have not been reset since; any
-change makes the next step (or, for the inputs, the current one, from the model's forward
-pre-hook on) a learning step again.
+A plan is learned per input shapes (the model's tensor inputs' shapes and dtypes: an epoch's
+last, smaller batch has its own; the compressor keeps a few) and holds while the compressor's
+policy is the one it was learned under and the counters have not been reset since; a change of
+policy or ``reset_counters`` makes the next step a learning step again, and inputs of shapes
+without a plan make the current one a learning step from the model's forward pre-hook on. Inputs
+whose shapes change at every step therefore keep full bookkeeping at every step, as before.
 
 Invariant: a bypassed step counts, for each bypassed layer, the bytes its learning step counted
 (the same input shapes save the same tensors: its stored bytes equal its original bytes, nothing

@@ -63,7 +63,13 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from cloud.training.compression.bypass import BypassPlan, Learning, input_signature, learned_plan
+from cloud.training.compression.bypass import (
+    BypassPlan,
+    Learning,
+    Signature,
+    input_signature,
+    learned_plan,
+)
 from cloud.training.compression.groups import GroupSlot, SavedGroup, measured_min_numel
 from cloud.training.compression.layer_formats import LayerPolicy
 from cloud.training.compression.sparse import count_nonzero_bits, encode_sparse
@@ -77,6 +83,7 @@ from models.numerics import (
 
 OUTSIDE_LAYERS = "<outside>"  # saved by ops that run outside any leaf module (e.g. the loss)
 _CACHE_PRUNE_AT = 1024
+_PLANS_KEPT = 8  # bypass plans, one per input shapes seen; more shapes than this: start again
 Frame = tuple[str, dict[torch.dtype, SavedGroup]]  # a running layer and the groups its call gathers
 _BYPASS: Frame = ("<bypassed>", {})  # on the layer stack (and as the outside frame): return at once
 
@@ -125,7 +132,8 @@ class ActivationCompressor:
         ``None``: ``measured_min_numel`` for the model's device, measured on the first ``active()``.
         ``mask_bits``: store dropout masks as bits (False: as they are, to count fp32's bytes)."""
         self.model = model
-        self._plan: BypassPlan | None = None  # learned; None: the next step keeps full bookkeeping
+        self._plans: dict[Signature, BypassPlan] = {}  # learned, per input shapes (a few at most)
+        self._last_signature: Signature | None = None  # the inputs of the last step
         self.policy = policy
         self.ssdc_layers = frozenset(ssdc_layers)
         self.generator = generator
@@ -167,12 +175,12 @@ class ActivationCompressor:
     def policy(self, policy: LayerPolicy) -> None:
         self._policy = policy
         self._formats = {}  # layer -> format, filled as layers save tensors
-        if self._plan is not None and self._plan.policy != policy:
-            self._plan = None  # a layer's format may have changed what it encodes: learn again
+        if any(plan.policy != policy for plan in self._plans.values()):
+            self._plans.clear()  # a layer's format may have changed what it encodes: learn again
 
     def reset_counters(self) -> None:
         """Zero the counters; the next step keeps full bookkeeping (every tensor in live_bytes)."""
-        self._plan = None
+        self._plans.clear()
         self.counters.clear()
         self.kinds = dict.fromkeys(self.kinds, 0)
         self.layer_errors.clear()
@@ -195,7 +203,7 @@ class ActivationCompressor:
             self.min_numel = measured_min_numel(device)
         if self._model_hook is None:
             self._model_hook = self.model.register_forward_pre_hook(self._note_inputs)
-        plan = self._plan
+        plan = None if self._last_signature is None else self._plans.get(self._last_signature)
         self._begin_step(plan)
         self._recording = True
         try:
@@ -254,9 +262,15 @@ class ActivationCompressor:
                 entry.stored += stored
                 entry.tensors += tensors
                 self.kinds["raw"] += tensors
+            self._last_signature = plan.signature
         elif learning is not None:
             counted = {layer: (e.original, e.stored, e.tensors) for layer, e in self.counters.items()}
-            self._plan = learned_plan(learning, counted, OUTSIDE_LAYERS)
+            learned = learned_plan(learning, counted, OUTSIDE_LAYERS)
+            if learned is not None:
+                if len(self._plans) >= _PLANS_KEPT:
+                    self._plans.clear()
+                self._plans[learned.signature] = learned
+                self._last_signature = learned.signature
         self._step_plan = self._learning = None
 
     def _hook_layers(self, unhooked: frozenset[str]) -> None:
@@ -282,16 +296,19 @@ class ActivationCompressor:
         if not self._recording:
             return
         plan = self._step_plan
-        if plan is not None and plan.signature != input_signature(args):
-            # Inputs of other shapes may save other tensors: learn again, from this forward on.
-            self._plan = None
-            self._begin_step(None)
-            if plan.no_saved_hooks and self._saved_hooks is not None:
+        signature = input_signature(args)
+        if plan is not None and plan.signature != signature:
+            # Inputs of other shapes may save other tensors: follow their own plan (an epoch's
+            # last, smaller batch) or learn one, from this forward on.
+            other = self._plans.get(signature)
+            self._begin_step(other)
+            needs_hooks = other is None or not other.no_saved_hooks
+            if plan.no_saved_hooks and needs_hooks and self._saved_hooks is not None:
                 self._saved_hooks.enter_context(
                     torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
                 )
         if self._learning is not None and self._learning.signature is None:
-            self._learning.signature = input_signature(args)
+            self._learning.signature = signature
         self._input_storages.update(
             a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)
         )
