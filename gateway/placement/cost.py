@@ -17,6 +17,17 @@ Model (units: seconds, bytes, cores):
   output that has a consumer in the cloud (uploaded once however many consumers it has).
 - A flapping link is seen through its up fraction: goodput scaled by it, and each crossing pays
   ``flap_penalty_s`` times the down fraction (the expected wait for the link to come back).
+- A link back from down may drop again soon (a flapping link before it is recognised as one). A task
+  in the cloud then hands the inputs of the last ``handback_window_s`` (the time to call the link
+  down) back to the edge at once, and on a saturated edge that burst queues behind the model for the
+  rest of the phase (seen on the live trace: 3.6 s a frame while flapping against always-edge's
+  0.7 s). So while a returning link *settles* (``return_settle_factor`` times its longest down
+  stretch in the monitor's window, at most ``return_settle_max_s``, since it came back) a service
+  with tasks in the cloud pays ``drop_risk`` (1 at the return, falling linearly to 0 once settled)
+  times its burst's delay: the work of its tasks that would come back (``Option.handback_cpu`` x
+  ``handback_window_s``), over the edge cores, times ``qf`` of the edge with every service's
+  returning tasks back on it.
+  Cheap on an edge with room (a camera at 0.1 frame/s adds ~0.1 s), prohibitive on a saturated one.
 - Bytes cost something too (a metered, shared link): the score adds ``byte_weight`` x uplink bytes/s
   over the operator's uplink budget (divided by the up fraction when flapping: bytes sent on a
   flapping link are often sent twice), so equal-latency placements prefer the one that sends less.
@@ -25,7 +36,7 @@ Model (units: seconds, bytes, cores):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -45,6 +56,8 @@ class LinkView:
     rtt_s: float
     goodput_Bps: float
     up_fraction: float = 1.0
+    up_for_s: float = math.inf  # since the link last came back from down (inf: no return seen)
+    longest_down_s: float = 0.0  # the longest down stretch that ended in the monitor's window
 
 
 @dataclass(frozen=True)
@@ -56,13 +69,20 @@ class Budgets:
     flap_penalty_s: float = 5.0  # expected wait for a flapping link, per crossing, at 0% up
     byte_weight: float = 1.0  # score of sending the whole uplink budget, in units of one latency target
     flapping: FlappingPolicy = "edge"
+    return_settle_factor: float = 1.5  # an up link settles for this x its longest recent down stretch
+    return_settle_max_s: float = 15.0  # ... but no longer (a long outage is not a flapping link)
+    handback_window_s: float = 2.0  # inputs sent to the cloud after a drop, until it is called down
 
     def __post_init__(self) -> None:
         for name in ("uplink_Bps", "edge_cores", "edge_cpu_share", "max_link_utilisation"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"Budgets.{name} must be > 0")
-        if self.byte_weight < 0 or self.flap_penalty_s < 0:
-            raise ValueError("Budgets.byte_weight and flap_penalty_s must be >= 0")
+        settle = (self.return_settle_factor, self.return_settle_max_s, self.handback_window_s)
+        if min(self.byte_weight, self.flap_penalty_s, *settle) < 0:
+            raise ValueError(
+                "Budgets.byte_weight, flap_penalty_s, return_settle_factor, return_settle_max_s and "
+                "handback_window_s must be >= 0"
+            )
         if self.flapping not in get_args(FlappingPolicy):
             raise ValueError("Budgets.flapping must be 'edge' or 'model'")
 
@@ -73,6 +93,8 @@ class EffectiveLink:
     goodput_Bps: float
     uplink_limit_Bps: float
     up_fraction: float = 1.0
+    drop_risk: float = 0.0  # of a returning link (``drop_risk``), weighting the hand-back
+    handback_window_s: float = 0.0
 
 
 def effective_link(link: LinkView, budgets: Budgets) -> EffectiveLink:
@@ -80,8 +102,29 @@ def effective_link(link: LinkView, budgets: Budgets) -> EffectiveLink:
     goodput = max(link.goodput_Bps * up, 1.0)
     rtt = link.rtt_s + (1.0 - up) * budgets.flap_penalty_s
     return EffectiveLink(
-        rtt, goodput, min(budgets.uplink_Bps, goodput * budgets.max_link_utilisation), max(up, 0.05)
+        rtt,
+        goodput,
+        min(budgets.uplink_Bps, goodput * budgets.max_link_utilisation),
+        max(up, 0.05),
+        drop_risk(link, budgets),
+        budgets.handback_window_s,
     )
+
+
+def settle_s(link: LinkView, budgets: Budgets) -> float:
+    """How long an up link back from down settles: ``return_settle_factor`` x the longest down
+    stretch of the monitor's window, at most ``return_settle_max_s``; 0 for a link that is not up
+    (down and flapping have their own rules) or had no down stretch in the window."""
+    if link.state != "up" or link.longest_down_s <= 0:
+        return 0.0
+    return min(budgets.return_settle_factor * link.longest_down_s, budgets.return_settle_max_s)
+
+
+def drop_risk(link: LinkView, budgets: Budgets) -> float:
+    """The weight of a drop of a returning link: 1 as it comes back, falling linearly to 0 as it
+    settles (``settle_s``), 0 once settled."""
+    settle = settle_s(link, budgets)
+    return max(0.0, 1.0 - link.up_for_s / settle) if settle > 0 else 0.0
 
 
 def queue_factor(rho: float) -> float:
@@ -97,20 +140,27 @@ class Option:
     sides: tuple[Side, ...]
     edge_cpu: float
     uplink_Bps: float
+    handback_cpu: float = 0.0  # edge CPU of its cloud tasks that come back to the edge if the link drops
 
     def side(self, task: str) -> Side:
         return self.sides[[t.name for t in self.service.tasks].index(task)]
 
 
-def make_option(service: TaskGraph, sides: Sequence[Side]) -> Option:
+def make_option(service: TaskGraph, sides: Sequence[Side], pinned: Collection[str] = ()) -> Option:
+    """``pinned``: the service's tasks (by name) pinned where they are; they stay if the link drops."""
     sides = tuple(sides)
     where = dict(zip((t.name for t in service.tasks), sides, strict=True))
     cpu = sum(service.input_rate(t.name) * t.edge_cost_s for t in service.tasks if where[t.name] == "edge")
+    handback = sum(
+        service.input_rate(t.name) * t.edge_cost_s
+        for t in service.tasks
+        if where[t.name] == "cloud" and not t.delivery and t.pin is None and t.name not in pinned
+    )
     up = 0.0
     for t in service.tasks:
         if where[t.name] == "edge" and any(where[s] == "cloud" for s in service.successors(t.name)):
             up += service.output_rate_bytes(t.name)
-    return Option(service, sides, cpu, up)
+    return Option(service, sides, cpu, up, handback)
 
 
 def option_latency(option: Option, link: EffectiveLink, qf_edge: float, qf_link: float) -> float:
@@ -138,6 +188,20 @@ def option_latency(option: Option, link: EffectiveLink, qf_edge: float, qf_link:
     return min(latency, LATENCY_CAP_S) if not math.isnan(latency) else LATENCY_CAP_S
 
 
+def handback_delay_s(
+    option: Option, options: Sequence[Option], link: EffectiveLink, budgets: Budgets
+) -> float:
+    """The expected delay a returning link's drop would add to ``option``'s results: ``drop_risk``
+    x the burst of its own work handed back (``handback_window_s`` of its ``handback_cpu``) over the
+    edge cores, queued on an edge that runs every option's returning tasks too (module docstring).
+    0 while the link is settled or nothing of ``option`` would come back."""
+    if link.drop_risk <= 0 or option.handback_cpu <= 0:
+        return 0.0
+    back = sum(o.edge_cpu + o.handback_cpu for o in options) / budgets.edge_cores
+    burst_s = option.handback_cpu * link.handback_window_s / budgets.edge_cores
+    return min(link.drop_risk * burst_s * queue_factor(back), LATENCY_CAP_S)
+
+
 @dataclass(frozen=True)
 class Evaluation:
     latencies_s: tuple[float, ...]
@@ -160,7 +224,10 @@ def evaluate(options: Sequence[Option], link: EffectiveLink, budgets: Budgets) -
     up = sum(o.uplink_Bps for o in options)
     rho_edge = cpu / budgets.edge_cores
     qf_e, qf_l = queue_factor(rho_edge), queue_factor(up / link.goodput_Bps)
-    lat = tuple(option_latency(o, link, qf_e, qf_l) for o in options)
+    lat = tuple(
+        min(option_latency(o, link, qf_e, qf_l) + handback_delay_s(o, options, link, budgets), LATENCY_CAP_S)
+        for o in options
+    )
     violation = (
         max(0.0, rho_edge - budgets.edge_cpu_share) / budgets.edge_cpu_share
         + max(0.0, up - link.uplink_limit_Bps) / link.uplink_limit_Bps

@@ -34,6 +34,9 @@ Invariants:
 - ``flapping_since`` is when the current flapping episode was first seen (at the observation that
   made it, or the first snapshot that saw it), None while not flapping; ``first_flapping_at`` and
   ``flapping_episodes`` keep the history.
+- ``up_for_s`` (since the last return) and ``longest_down_s`` (the window's longest down stretch
+  that has ended) let the planner keep tasks at the edge while a returning link settles
+  (``cost.drop_risk``); they come from the transitions the availability state is made of.
 - Every sample store is bounded (``window_samples``); nothing here does I/O (see ``probe.py``).
 - A *stall* (``observe_stall``: a request outstanding for its ``stall_after_s``, told by its owner)
   is a failure: through a black hole nothing fails until a timeout far off, but a request that
@@ -88,11 +91,16 @@ class LinkEstimate:
     last_success_at: float | None
     flapping_since: float | None = None  # the current flapping episode began (None: not flapping)
     rtt_floor_s: float | None = None  # least of RTT_PLAN_WINDOW_S (module docstring)
+    up_for_s: float = math.inf  # up since the last return (inf: up, no return remembered; 0: down)
+    longest_down_s: float = 0.0  # the longest down stretch that ended in the window
 
     def view(self, default_rtt_s: float = DEFAULT_RTT_S) -> LinkView:
-        """What the planner sees: the round trip's floor, the goodput's EWMA and the availability state."""
+        """What the planner sees: the round trip's floor, the goodput's EWMA, the availability state and
+        how long the link has been back after its longest recent down stretch (the planner lets it settle)."""
         rtt = next((r for r in (self.rtt_floor_s, self.rtt_s) if r is not None), default_rtt_s)
-        return LinkView(self.state, rtt, self.goodput_Bps, self.up_fraction)
+        return LinkView(
+            self.state, rtt, self.goodput_Bps, self.up_fraction, self.up_for_s, self.longest_down_s
+        )
 
 
 class LinkMonitor:
@@ -323,7 +331,20 @@ class LinkMonitor:
             last_success_at=self._last_success,
             flapping_since=self.flapping_since,
             rtt_floor_s=self._plan_rtt(now),
+            up_for_s=self._up_for(now),
+            longest_down_s=self._longest_down(since),
         )
+
+    def _up_for(self, now: float) -> float:
+        """How long the link has been up since its last return: 0 while down, inf with no return kept."""
+        if not self._up:
+            return 0.0
+        return now - self._transitions[-1][0] if self._transitions else math.inf
+
+    def _longest_down(self, since: float) -> float:
+        """The longest down stretch (a down transition to the next up one) ended at or after ``since``."""
+        pairs = zip(self._transitions, itertools.islice(self._transitions, 1, None), strict=False)
+        return max((back - went for (went, up), (back, _) in pairs if not up and back >= since), default=0.0)
 
     def _window_transitions(self, since: float) -> list[tuple[float, bool]]:
         return [(t, up) for t, up in self._transitions if t >= since]

@@ -2,18 +2,21 @@
 
 Invariants:
 - ``plan_placement`` is a pure function of (services, link view, budgets, pins): it honours every
-  pin, puts every unpinned task at the edge when the link is down, and otherwise returns the best
-  placement ``search.choose`` finds (exact for small graphs).
+  pin, puts every unpinned task at the edge when the link is down, and also while a link flaps
+  (policy ``"edge"``) as long as that fits the edge CPU budget; otherwise it returns the best
+  placement ``search.choose`` finds (exact for small graphs), with a returning link's risk of
+  dropping again priced in (``cost.drop_risk``).
 - ``PlacementPlanner`` evaluates a new placement only when the link leaves the hysteresis band
-  around the estimate of its last evaluation, when the link state changes, when the services' figures
-  are revised (measured costs), or when pins, budgets or services change. A *new plan version* is
-  made only when the placement changes, the link state changes or something was forced (pins,
-  budgets, ``set_services``; never a revision); an evaluation that finds the same placement, or one
-  whose predicted gain over the current placement (both scored on the new estimates) is under
-  ``Hysteresis.switch_gain``, keeps the current plan (``plans_kept`` counts it) and only moves the
-  band's basis: on a link whose round trip wanders around a task's break-even point the task does
-  not move back and forth for nothing. Each new version appends one ``Decision`` to a bounded log
-  (evictions counted).
+  around the estimate of its last evaluation, when the link state changes, when a returning link
+  starts or ends settling, when the services' figures are revised (measured costs), or when pins,
+  budgets or services change. A *new plan version* is made only when the placement changes, the
+  link state changes or something was forced (pins, budgets, ``set_services``; never a revision);
+  an evaluation that finds the same placement, or one whose predicted gain over the current
+  placement (both scored on the new estimates) is under ``Hysteresis.switch_gain``, keeps the
+  current plan (``plans_kept`` counts it) and only moves the band's basis: on a link whose round
+  trip wanders around a task's break-even point the task does not move back and forth for nothing.
+  The end of a returning link's settling is treated as a change of state (no ``switch_gain``).
+  Each new version appends one ``Decision`` to a bounded log (evictions counted).
 """
 
 from __future__ import annotations
@@ -24,29 +27,27 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from gateway.placement.cost import (
     Budgets,
     EffectiveLink,
     LinkView,
     Option,
+    drop_risk,
     effective_link,
     evaluate,
     make_option,
     option_latency,
     queue_factor,
+    settle_s,
 )
 from gateway.placement.pins import PinError, Pins, check_pins, pins_for
 from gateway.placement.plan import Decision, Plan, ServicePlan, moves_between, placement_strings
 from gateway.placement.search import choose, service_options
+from gateway.placement.triggers import Hysteresis, kB_s, replan_trigger, settle_trigger
 from gateway.taskgraphs.graph import Side, TaskGraph
 
 log = logging.getLogger(__name__)
-
-
-def _kB(x: float) -> str:
-    return f"{x / 1000:.1f} kB/s"
 
 
 def plan_placement(
@@ -64,7 +65,7 @@ def plan_placement(
         raise PinError("; ".join(errors))
     eff = effective_link(link, budgets)
     reasons = [
-        f"link {link.state}: rtt {link.rtt_s * 1000:.1f} ms, goodput {_kB(link.goodput_Bps)}, "
+        f"link {link.state}: rtt {link.rtt_s * 1000:.1f} ms, goodput {kB_s(link.goodput_Bps)}, "
         f"up {link.up_fraction:.0%}"
     ]
     reasons += [f"pinned by operator: {k}@{v}" for k, v in sorted(pins.items())]
@@ -84,7 +85,7 @@ def plan_placement(
         backlog = sum(o.uplink_Bps for o in options)
         reasons.append(
             f"link down: all unpinned tasks at the edge; results wait in the log "
-            f"(backlog grows {_kB(backlog)})"
+            f"(backlog grows {kB_s(backlog)})"
         )
         if cpu > budgets.edge_cpu_share:
             reasons.append(
@@ -114,14 +115,20 @@ def plan_placement(
         option_lists.append(opts)
         methods.append(method)
     chosen, ev, method = None, None, ""
+    if eff.drop_risk > 0:
+        reasons.append(
+            f"link back {link.up_for_s:.1f} s after a down stretch of {link.longest_down_s:.1f} s: tasks"
+            f" in the cloud priced with handing their inputs back to the edge if it drops again (risk"
+            f" {eff.drop_risk:.2f}, settled in {settle_s(link, budgets) - link.up_for_s:.1f} s)"
+        )
     if link.state == "flapping":
         reasons.append(
-            f"link flapping (up {link.up_fraction:.0%}): predicting with goodput {_kB(eff.goodput_Bps)}"
+            f"link flapping (up {link.up_fraction:.0%}): predicting with goodput {kB_s(eff.goodput_Bps)}"
             f" and rtt {eff.rtt_s * 1000:.0f} ms (flap penalty {budgets.flap_penalty_s:g} s)"
         )
         if budgets.flapping == "edge":
             at_edge = [
-                make_option(s, [p.get(t.name, "edge") for t in s.tasks])
+                make_option(s, [p.get(t.name, "edge") for t in s.tasks], p)
                 for s, p in zip(services, per_service_pins, strict=True)
             ]
             ev = evaluate(at_edge, eff, budgets)
@@ -196,7 +203,7 @@ def _binding_reasons(option_lists, ev, eff, budgets: Budgets) -> list[str]:
     if ev.violation > 0:
         reasons.append(
             f"no placement fits the budgets: least violation chosen (edge CPU {ev.edge_utilisation:.2f}"
-            f" of {budgets.edge_cpu_share:.2f}, uplink {_kB(ev.uplink_Bps)} of {_kB(eff.uplink_limit_Bps)})"
+            f" of {budgets.edge_cpu_share:.2f}, uplink {kB_s(ev.uplink_Bps)} of {kB_s(eff.uplink_limit_Bps)})"
         )
     full = evaluate(free_choice, eff, budgets)
     if full.uplink_Bps > eff.uplink_limit_Bps:
@@ -206,8 +213,8 @@ def _binding_reasons(option_lists, ev, eff, budgets: Budgets) -> list[str]:
             else f"{budgets.max_link_utilisation:.0%} of goodput"
         )
         reasons.append(
-            f"uplink binds: fastest placement needs {_kB(full.uplink_Bps)} > limit "
-            f"{_kB(eff.uplink_limit_Bps)} ({src})"
+            f"uplink binds: fastest placement needs {kB_s(full.uplink_Bps)} > limit "
+            f"{kB_s(eff.uplink_limit_Bps)} ({src})"
         )
     if full.edge_utilisation > budgets.edge_cpu_share:
         reasons.append(
@@ -224,44 +231,11 @@ def _binding_reasons(option_lists, ev, eff, budgets: Budgets) -> list[str]:
         ):
             reasons.append(
                 f"byte cost (weight {budgets.byte_weight:g}) chose a placement sending "
-                f"{_kB(fast_ev.uplink_Bps - ev.uplink_Bps)} less at a small latency cost"
+                f"{kB_s(fast_ev.uplink_Bps - ev.uplink_Bps)} less at a small latency cost"
             )
     if free_ev.score[1:] == ev.score[1:] and not reasons:
         reasons.append("no budget binds: best placement for latency and bytes chosen")
     return reasons
-
-
-@dataclass(frozen=True)
-class Hysteresis:
-    """Re-plan when an estimate leaves the band around the one the plan was made with."""
-
-    rtt_ratio: float = 1.5  # re-plan if rtt grows or shrinks by more than this factor ...
-    rtt_floor_s: float = 0.02  # ... and by more than this many seconds (loopback jitter is not news)
-    goodput_ratio: float = 1.5
-    up_fraction_delta: float = 0.2
-    switch_gain: float = 0.05  # a move must gain this much score (latency / target units) in one state
-
-
-def replan_trigger(basis: LinkView, now: LinkView, band: Hysteresis) -> str | None:
-    """Why ``now`` calls for a new plan made at ``basis``; None while it stays in the band."""
-    if now.state != basis.state:
-        return f"link {basis.state}->{now.state}"
-    if now.state == "down":
-        return None
-    if (
-        abs(now.rtt_s - basis.rtt_s) > band.rtt_floor_s
-        and not basis.rtt_s / band.rtt_ratio <= now.rtt_s <= basis.rtt_s * band.rtt_ratio
-    ):
-        return f"rtt {basis.rtt_s * 1000:.1f}->{now.rtt_s * 1000:.1f} ms (band x{band.rtt_ratio:g})"
-    if (
-        not basis.goodput_Bps / band.goodput_ratio
-        <= now.goodput_Bps
-        <= basis.goodput_Bps * band.goodput_ratio
-    ):
-        return f"goodput {_kB(basis.goodput_Bps)}->{_kB(now.goodput_Bps)} (band x{band.goodput_ratio:g})"
-    if abs(now.up_fraction - basis.up_fraction) > band.up_fraction_delta:
-        return f"up fraction {basis.up_fraction:.0%}->{now.up_fraction:.0%}"
-    return None
 
 
 class PlacementPlanner:
@@ -336,13 +310,18 @@ class PlacementPlanner:
             return self.replan(link, "first plan")
         if self._forced is not None:
             return self.replan(link, self._forced)
-        moved = (replan_trigger(self.basis, link, self._band), self._revised)
+        settling = settle_trigger(self.basis, link, self._budgets)
+        moved = (replan_trigger(self.basis, link, self._band), settling, self._revised)
         trigger = "; ".join(t for t in moved if t)
         if not trigger:
             return None
         candidate = self._plan(link, self.current.version + 1)
+        # The end of a returning link's settling lifts a price, as a change of state does: the plan
+        # it allows is adopted without switch_gain (a move held back by the price may gain little).
+        settled = settling is not None and drop_risk(link, self._budgets) == 0
         if link.state == self.current.link.state and (
-            candidate.placement_key() == self.current.placement_key() or not self._worth_moving(candidate)
+            candidate.placement_key() == self.current.placement_key()
+            or not (settled or self._worth_moving(candidate))
         ):
             self.basis = link
             self._revised = None
@@ -363,7 +342,10 @@ class PlacementPlanner:
         return new[:-1] < now[:-1] or (new[:-1] == now[:-1] and new[-1] < now[-1] - self._band.switch_gain)
 
     def _score(self, plan: Plan, link: LinkView) -> tuple:
-        options = [make_option(s, [plan.side(s.name, t.name) for t in s.tasks]) for s in self._services]
+        options = [
+            make_option(s, [plan.side(s.name, t.name) for t in s.tasks], pins_for(s, self._pins))
+            for s in self._services
+        ]
         return evaluate(options, effective_link(link, self._budgets), self._budgets).score
 
     def replan(self, link: LinkView, trigger: str) -> Plan:

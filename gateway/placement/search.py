@@ -49,14 +49,14 @@ def _runs_as_placed(service: TaskGraph, sides: Sequence[Side]) -> bool:
     return service.returns_to_edge(dict(zip((t.name for t in service.tasks), sides, strict=True))) is None
 
 
-def _options(service: TaskGraph, candidates: Iterator[list[Side]]) -> list[Option]:
-    return [make_option(service, sides) for sides in candidates if _runs_as_placed(service, sides)]
+def _options(service: TaskGraph, pins: Mapping[str, Side], candidates: Iterator[list[Side]]) -> list[Option]:
+    return [make_option(service, sides, pins) for sides in candidates if _runs_as_placed(service, sides)]
 
 
 def enumerate_options(service: TaskGraph, pins: Mapping[str, Side]) -> list[Option]:
     free = free_positions(service, pins)
     choices = itertools.product(SIDES, repeat=len(free))
-    return _options(service, (_sides(service, pins, free, choice) for choice in choices))
+    return _options(service, pins, (_sides(service, pins, free, choice) for choice in choices))
 
 
 def _cut(k: int, n: int) -> list[Side]:
@@ -66,7 +66,8 @@ def _cut(k: int, n: int) -> list[Side]:
 
 def cut_options(service: TaskGraph, pins: Mapping[str, Side]) -> list[Option]:
     free = free_positions(service, pins)
-    return _options(service, (_sides(service, pins, free, _cut(k, len(free))) for k in range(len(free) + 1)))
+    cuts = (_sides(service, pins, free, _cut(k, len(free))) for k in range(len(free) + 1))
+    return _options(service, pins, cuts)
 
 
 def heuristic_options(
@@ -85,7 +86,7 @@ def heuristic_options(
             sides[pos] = "cloud" if sides[pos] == "edge" else "edge"
             if not _runs_as_placed(service, sides):
                 continue
-            candidate = make_option(service, sides)
+            candidate = make_option(service, sides, pins)
             score = evaluate([candidate], link, budgets).score
             if score < best_score:
                 best, best_score, improved = candidate, score, True
