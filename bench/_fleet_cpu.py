@@ -1,6 +1,7 @@
 """The serving side's CPU during a fleet run: cloudd replicas, haproxy and PostgreSQL, sampled on a
-thread of its own, so that a stage's figures can say how much CPU each stored batch cost; and the
-whole machine's busy CPU beside it (the driver and whatever else runs on the machine).
+thread of its own, so that a stage's figures can say how much CPU each stored batch cost; beside
+it the load driver's (this process's other children: its worker processes) and the whole machine's
+busy CPU (the serving side, the driver and whatever else runs on the machine).
 
 Why: on the shared 2-core machine the other work running changes how many batches a deployment
 stores per second far more than any change to cloudd does; CPU per stored batch (the serving side's
@@ -9,7 +10,8 @@ congestion collapse is: past capacity, CPU spent on uploads that are refused or 
 that each stored batch costs more.
 
 Invariant: ``cpu_s(lo, hi)`` is the CPU (user + system) the sampled processes and their children
-(``machine_s``: every process on the machine, from ``/proc/stat``, idle and iowait left out) used
+(``driver_s``: this process's other children; ``machine_s``: every process on the machine, from
+``/proc/stat``, idle and iowait left out) used
 between two samples bracketing ``[lo, hi]`` as closely as ``SAMPLE_S`` allows; a process that
 ended between samples takes its last sample's CPU with it (PostgreSQL's pooled backends live as
 long as their replica, so little is lost).
@@ -54,9 +56,11 @@ class ServingCpu:
 
     def __init__(self, pids: list[int]) -> None:
         self._roots = [psutil.Process(pid) for pid in pids]
+        self._me = psutil.Process()
         self._times: list[float] = []  # wall clock of each sample
         self._cpu: list[float] = []  # the processes' CPU seconds then
         self._machine: list[float] = []  # the machine's busy CPU seconds then
+        self._driver: list[float] = []  # the driver's CPU seconds then
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="serving-cpu")
 
@@ -76,7 +80,14 @@ class ServingCpu:
 
     def _sample(self) -> None:
         cpu = _tree_cpu_s(self._roots)
+        serving = {root.pid for root in self._roots}
+        try:
+            others = [child for child in self._me.children() if child.pid not in serving]
+        except psutil.Error:
+            others = []
+        driver = _tree_cpu_s(others)
         machine = psutil.cpu_times()
+        self._driver.append(driver)
         self._times.append(time.time())
         self._cpu.append(cpu)
         self._machine.append(sum(machine) - machine.idle - getattr(machine, "iowait", 0.0))
@@ -85,6 +96,11 @@ class ServingCpu:
         """The serving side's CPU seconds between the samples nearest ``lo`` and ``hi`` (nan if
         none between)."""
         return self._between(self._cpu, lo, hi)
+
+    def driver_s(self, lo: float, hi: float) -> float:
+        """The driver's CPU seconds, likewise (a worker that ended takes its CPU out of later
+        samples: only windows inside the run are meant)."""
+        return self._between(self._driver, lo, hi)
 
     def machine_s(self, lo: float, hi: float) -> float:
         """The machine's busy CPU seconds, likewise."""

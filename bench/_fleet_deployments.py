@@ -63,6 +63,7 @@ STAGE_METRICS = (
     "refused_per_s",
     "serving_cores",  # cloudd, haproxy and PostgreSQL (bench/_fleet_cpu.py)
     "serving_cpu_ms_per_batch",
+    "driver_stage_cores",  # the load driver's worker processes
     "machine_busy_cores",  # everything on the machine: the serving side, the driver, the rest
 )
 SORTS = ("backlog_records", "last_seen", "records", "id")
@@ -198,6 +199,7 @@ def run_deployment(
     for name, (lo, hi) in stage_windows(plan, reports, WARMUP_S).items():
         cpu_s = serving.cpu_s(lo, hi)
         stages[name]["serving_cores"] = cpu_s / (hi - lo)
+        stages[name]["driver_stage_cores"] = serving.driver_s(lo, hi) / (hi - lo)
         stages[name]["machine_busy_cores"] = serving.machine_s(lo, hi) / (hi - lo)
         stored = stages[name]["batches_per_s"] * (hi - lo)
         stages[name]["serving_cpu_ms_per_batch"] = cpu_s * 1000 / stored if stored else float("nan")
@@ -227,6 +229,7 @@ def run_deployment(
         f"refused/s {[round(f['refused_per_s']) for f in stages.values()]}, "
         f"serving CPU ms/batch {[round(f['serving_cpu_ms_per_batch'], 1) for f in stages.values()]} "
         f"cores {[round(f['serving_cores'], 2) for f in stages.values()]} "
+        f"driver {[round(f['driver_stage_cores'], 2) for f in stages.values()]} "
         f"of the machine's busy {[round(f['machine_busy_cores'], 2) for f in stages.values()]}, "
         f"everyday p99 {everyday['batch_p99_ms']:.0f} ms, "
         f"heartbeat p99 {everyday['heartbeat_p99_ms']:.0f} ms, "
