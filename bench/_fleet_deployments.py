@@ -15,6 +15,9 @@ drained as fast as cloudd takes it: a thousand gateways with a backlog each offe
 once, cloudd answers most with 503 ``busy``, the uplinks back off, and the rate stored is then the
 fleet's retry rhythm rather than cloudd's capacity (measured: 65-86 batches/s stored against
 300-400 refused per second, where the same deployment kept up with 100/s paced).
+Each stage also gets the CPU its window cost the serving side (cloudd, haproxy, PostgreSQL), the
+driver and the machine, and the serving side's CPU per stored batch (bench/_fleet_cpu.py): on the
+shared machine the rest of its work moves the stored rate more than a change to cloudd does.
 Meanwhile a poller asks for the fleet page's call (``GET /v1/fleet?limit=50&sort=...``, the sorts
 in turn) every ``FLEET_POLL_S`` and times it. Afterwards every record the gateways appended must
 be stored exactly once (read from the store), or the bench fails. cloudd runs with

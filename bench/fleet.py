@@ -26,9 +26,11 @@ Figures (times in ms; p95 over repeated calls, after one warm-up call):
 The load section's figures, per deployment (SQLite, and 1 and 2 PostgreSQL replicas, each behind
 haproxy): ``batches_per_s`` stored in each stage of a ramp (and ``refused_per_s``, 503s),
 ``capacity_batches_per_s`` (the best stage), the everyday pace's batch POST p50/p99 and heartbeat
-p99 (ms), the fleet page's p95 during the load, the load driver's own CPU (``driver_cores``) and
-the machine's load average, and the exactly-once check's counts. Ratios: ``replicas2_vs_1`` (the
-issue's target: >= 1.3 on the 2-core machine) and ``postgres_vs_sqlite``, both of capacities.
+p99 (ms), the fleet page's p95 during the load, the load driver's own CPU (``driver_cores``; per
+stage ``driver_stage_cores``), the serving side's (``serving_cores``, ``serving_cpu_ms_per_batch``),
+the machine's (``machine_busy_cores``) and its load average, and the exactly-once check's counts.
+Ratios: ``replicas2_vs_1`` (the issue's target: >= 1.3 on the 2-core machine) and
+``postgres_vs_sqlite``, both of capacities.
 
     python -m bench.fleet [--quick] [--only pages|load] [--deployments "postgresql x1,postgresql x2"]
         -> bench/results/fleet.json
