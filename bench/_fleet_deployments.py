@@ -15,6 +15,9 @@ drained as fast as cloudd takes it: a thousand gateways with a backlog each offe
 once, cloudd answers most with 503 ``busy``, the uplinks back off, and the rate stored is then the
 fleet's retry rhythm rather than cloudd's capacity (measured: 65-86 batches/s stored against
 300-400 refused per second, where the same deployment kept up with 100/s paced).
+Each stage also gets the CPU its window cost the serving side (cloudd, haproxy, PostgreSQL), the
+driver and the machine, and the serving side's CPU per stored batch (bench/_fleet_cpu.py): on the
+shared machine the rest of its work moves the stored rate more than a change to cloudd does.
 Meanwhile a poller asks for the fleet page's call (``GET /v1/fleet?limit=50&sort=...``, the sorts
 in turn) every ``FLEET_POLL_S`` and times it. Afterwards every record the gateways appended must
 be stored exactly once (read from the store), or the bench fails. cloudd runs with
@@ -30,10 +33,11 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench._common import Results
+from bench._fleet_cpu import ServingCpu, postmaster_pid
 from bench._fleet_load import run_fleet
 from bench._fleet_plan import (
     FleetPlan,
@@ -42,12 +46,13 @@ from bench._fleet_plan import (
     fleet_gateways,
     percentile,
     stage_figures,
+    stage_windows,
     verify_exactly_once,
 )
 from cloud.store import DatasetStore
 from tests.harness.cloud_http import call
 from tests.harness.cloudd import OPERATOR_TOKEN, make_cloudd
-from tests.harness.haproxy import start_haproxy
+from tests.harness.haproxy import SERVER_MAXCONN, start_haproxy
 from tests.harness.postgres import Postgres, start_postgres
 from tests.harness.replicas import start_replicas
 
@@ -55,6 +60,15 @@ RECORDS_PER_BATCH = 50
 PACE_S = 10.0
 RAMP = (1.5, 2, 2.5, 3)  # the paces after the everyday one, as multiples of it
 FLEET_POLL_S = 0.5
+WARMUP_S = 3.0  # each stage's first seconds, left out of its figures
+STAGE_METRICS = (
+    "batches_per_s",
+    "refused_per_s",
+    "serving_cores",  # cloudd, haproxy and PostgreSQL (bench/_fleet_cpu.py)
+    "serving_cpu_ms_per_batch",
+    "driver_stage_cores",  # the load driver's worker processes
+    "machine_busy_cores",  # everything on the machine: the serving side, the driver, the rest
+)
 SORTS = ("backlog_records", "last_seen", "records", "id")
 CLOUDD_ARGS = ("--log-level", "WARNING", "--no-tasks")
 
@@ -64,6 +78,7 @@ class Deployment:
     name: str
     database: str  # "sqlite" | "postgresql"
     replicas: int
+    maxconn: int = SERVER_MAXCONN  # haproxy's per replica (tests/harness/haproxy.py); 0: no limit
 
 
 DEPLOYMENTS = (
@@ -71,20 +86,28 @@ DEPLOYMENTS = (
     Deployment("postgresql x1", "postgresql", 1),
     Deployment("postgresql x2", "postgresql", 2),
 )
+DEPLOYMENT_NAMES = tuple(deployment.name for deployment in DEPLOYMENTS)
+# name -> (deployment, over deployment): capacities compared
+RATIOS = (
+    ("replicas2_vs_1", "postgresql x2", "postgresql x1"),
+    ("postgres_vs_sqlite", "postgresql x1", "sqlite x1"),
+)
 
 
 @contextlib.contextmanager
 def deployed(
     base: Path, deployment: Deployment, gateways: tuple[str, ...], pg: Postgres | None
-) -> Iterator[tuple[str, Path]]:
-    """The deployment running behind haproxy; yields the balancer's URL and the data directory."""
+) -> Iterator[tuple[str, Path, list[int]]]:
+    """The deployment running behind haproxy; yields the balancer's URL, the data directory and the
+    pids of the serving side (cloudd, haproxy, PostgreSQL's server)."""
     if deployment.database == "sqlite":
         server = make_cloudd(base / "sqlite", gateways=gateways, extra_args=CLOUDD_ARGS)
         server.start()
         try:
-            balancer = start_haproxy(base / "sqlite-haproxy", [server.port])
+            balancer = start_haproxy(base / "sqlite-haproxy", [server.port], deployment.maxconn)
             try:
-                yield balancer.url, server.data_dir
+                assert server.proc is not None
+                yield balancer.url, server.data_dir, [server.proc.pid, balancer.proc.pid]
             finally:
                 balancer.stop()
         finally:
@@ -98,9 +121,11 @@ def deployed(
         count=deployment.replicas,
         gateways=gateways,
         extra_args=CLOUDD_ARGS,
+        maxconn=deployment.maxconn,
     )
+    pids = [r.proc.pid for r in cluster.replicas if r.proc is not None]
     try:
-        yield cluster.url, cluster.data_dir
+        yield cluster.url, cluster.data_dir, [*pids, cluster.balancer.proc.pid, postmaster_pid(pg.data)]
     finally:
         cluster.stop()
 
@@ -164,23 +189,30 @@ def run_deployment(
 ) -> dict[str, float]:
     """One deployment under the fleet; its rows added to ``results``; returns its headline figures."""
     gateways = fleet_gateways(plan_for("").gateways)
-    with deployed(base, deployment, gateways, pg) as (url, data_dir):
+    with deployed(base, deployment, gateways, pg) as (url, data_dir, serving_pids):
         plan = plan_for(url)
         load_before = os.getloadavg()[0]
-        with FleetPagePoller(url) as poller:
+        with FleetPagePoller(url) as poller, ServingCpu(serving_pids) as serving:
             reports = run_fleet(plan)
         load_after = os.getloadavg()[0]
         check = verify_exactly_once(reports, _stored_keys(data_dir))
     if check["missing"] or check["duplicates"] or check["unexpected"] or check["stored"] != check["appended"]:
         raise AssertionError(f"{deployment.name}: not exactly once: {check}")
-    stages = stage_figures(plan, reports, warmup_s=3.0)
+    stages = stage_figures(plan, reports, warmup_s=WARMUP_S)
+    for name, (lo, hi) in stage_windows(plan, reports, WARMUP_S).items():
+        cpu_s = serving.cpu_s(lo, hi)
+        stages[name]["serving_cores"] = cpu_s / (hi - lo)
+        stages[name]["driver_stage_cores"] = serving.driver_s(lo, hi) / (hi - lo)
+        stages[name]["machine_busy_cores"] = serving.machine_s(lo, hi) / (hi - lo)
+        stored = stages[name]["batches_per_s"] * (hi - lo)
+        stages[name]["serving_cpu_ms_per_batch"] = cpu_s * 1000 / stored if stored else float("nan")
     everyday = stages["everyday"]
     capacity = max(figures["batches_per_s"] for figures in stages.values())
     cpu = driver_cpu(reports)
     case = f"{plan.gateways} gateways, {deployment.name}"
     for name, figures in stages.items():
         system = f"{figures['offered_batches_per_s']:.0f} batches/s offered ({name})"
-        for metric in ("batches_per_s", "refused_per_s"):
+        for metric in STAGE_METRICS:
             results.add(case, system, metric, figures[metric])
     for metric in ("batch_p50_ms", "batch_p99_ms", "heartbeat_p99_ms"):
         results.add(case, "everyday pace", metric, everyday[metric])
@@ -197,6 +229,11 @@ def run_deployment(
     results.add(case, "heartbeats", "heartbeats_failed", beats_failed)
     print(
         f"{case}: stored/s by stage {[round(f['batches_per_s']) for f in stages.values()]}, "
+        f"refused/s {[round(f['refused_per_s']) for f in stages.values()]}, "
+        f"serving CPU ms/batch {[round(f['serving_cpu_ms_per_batch'], 1) for f in stages.values()]} "
+        f"cores {[round(f['serving_cores'], 2) for f in stages.values()]} "
+        f"driver {[round(f['driver_stage_cores'], 2) for f in stages.values()]} "
+        f"of the machine's busy {[round(f['machine_busy_cores'], 2) for f in stages.values()]}, "
         f"everyday p99 {everyday['batch_p99_ms']:.0f} ms, "
         f"heartbeat p99 {everyday['heartbeat_p99_ms']:.0f} ms, "
         f"fleet page p95 {page_p95:.0f} ms (failed: {dict(poller.failures)}), "
@@ -220,16 +257,27 @@ def fleet_plan(url: str, quick: bool) -> FleetPlan:
     )
 
 
-def load_section(results: Results, base: Path, quick: bool) -> None:
-    """Every deployment under the fleet, then the ratios: ``replicas2_vs_1`` (two PostgreSQL
-    replicas' capacity over one's, the same balancer) and ``postgres_vs_sqlite`` (one replica)."""
+def load_section(
+    results: Results,
+    base: Path,
+    quick: bool,
+    names: tuple[str, ...] = DEPLOYMENT_NAMES,
+    maxconn: int = SERVER_MAXCONN,
+) -> None:
+    """The deployments ``names`` (default: all) under the fleet, then the ratios of those run:
+    ``replicas2_vs_1`` (two PostgreSQL replicas' capacity over one's, the same balancer) and
+    ``postgres_vs_sqlite`` (one replica). ``maxconn``: haproxy's limit per replica (0: none)."""
+    unknown = set(names) - set(DEPLOYMENT_NAMES)
+    if unknown:
+        raise ValueError(f"no deployment {sorted(unknown)}; there are {list(DEPLOYMENT_NAMES)}")
     capacity: dict[str, float] = {}
     pg = start_postgres(fsync=True)
     try:
-        for deployment in DEPLOYMENTS:
+        for deployment in (replace(d, maxconn=maxconn) for d in DEPLOYMENTS if d.name in names):
             figures = run_deployment(results, base, deployment, lambda url: fleet_plan(url, quick), pg)
             capacity[deployment.name] = figures["batches_per_s"]
     finally:
         pg.stop()
-    results.ratio("replicas2_vs_1", capacity["postgresql x2"], capacity["postgresql x1"])
-    results.ratio("postgres_vs_sqlite", capacity["postgresql x1"], capacity["sqlite x1"])
+    for ratio, ours, baseline in RATIOS:
+        if ours in capacity and baseline in capacity:
+            results.ratio(ratio, capacity[ours], capacity[baseline])

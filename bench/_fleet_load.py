@@ -19,7 +19,10 @@ wall-clock end; each worker's CPU seconds (``getrusage``, its threads included) 
 until its gateways drained.
 
 Invariant: when ``run_fleet`` returns, every record a gateway appended is acknowledged by cloudd
-(the uplinks drained), or it raises ``FleetNotDrained`` naming the gateways still behind.
+(the uplinks drained), or it raises ``FleetNotDrained`` naming the gateways still behind. Before
+any worker starts, cloudd must answer ``GET /healthz`` within ``PROBE_TIMEOUT_S``, or it raises
+``FleetUnreachable`` (a thousand uplinks would otherwise retry a dead URL until the drain's
+deadline, minutes, saying nothing).
 
     python -m bench._fleet_load --url http://127.0.0.1:8700 --gateways 1000 [--seconds 30 ...]
 """
@@ -34,8 +37,11 @@ import logging
 import multiprocessing
 import resource
 import shutil
+import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -52,10 +58,30 @@ from protocol.records import telemetry_record
 DEVICES_PER_GATEWAY = 10
 HEARTBEATS_IN_FLIGHT = 64  # per worker; a heartbeat due while this many wait is skipped (counted)
 START_TIMEOUT_S = 300.0  # the workers' logs and uplinks opened
+PROBE_TIMEOUT_S = 5.0  # cloudd answers GET /healthz within this before the fleet starts
 
 
 class FleetNotDrained(RuntimeError):
     pass
+
+
+class FleetUnreachable(RuntimeError):
+    pass
+
+
+def probe(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Raise ``FleetUnreachable`` unless ``GET url/healthz`` answers 200 within ``timeout_s``."""
+    target = f"{url.rstrip('/')}/healthz"
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # as the uplinks: no proxy
+    try:
+        with direct.open(target, timeout=timeout_s) as response:
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    except (OSError, ValueError) as exc:  # refused, no route, timed out, not a URL
+        raise FleetUnreachable(f"cloudd at {url} does not answer GET /healthz: {exc}") from exc
+    if status != 200:
+        raise FleetUnreachable(f"cloudd at {url} answered GET /healthz with {status}, not 200")
 
 
 class LightGateway:
@@ -244,6 +270,7 @@ def _worker_main(plan: FleetPlan, part: list[tuple[int, str]], root: str, barrie
 
 def run_fleet(plan: FleetPlan) -> list[WorkerReport]:
     """Run the plan's stages from ``plan.processes`` worker processes; their reports once drained."""
+    probe(plan.url)
     ids = list(enumerate(plan.gateway_ids()))
     parts = [ids[w :: plan.processes] for w in range(plan.processes) if ids[w :: plan.processes]]
     context = multiprocessing.get_context("spawn")  # no inherited event loop or threads
@@ -298,7 +325,10 @@ def main(argv: list[str] | None = None) -> None:
         processes=args.processes,
         token_format=args.token_format,
     )
-    reports = run_fleet(plan)
+    try:
+        reports = run_fleet(plan)
+    except FleetUnreachable as exc:
+        sys.exit(f"fleet: {exc}")
     summary = {**stage_figures(plan, reports, warmup_s=min(5.0, args.seconds / 4)), **driver_cpu(reports)}
     if plan.backlog_batches:
         summary["backlog"] = drain_figures(plan, reports)

@@ -103,17 +103,29 @@ def _span(plan: FleetPlan, reports: list[WorkerReport], lo: float, hi: float) ->
     }
 
 
+def stage_windows(
+    plan: FleetPlan, reports: list[WorkerReport], warmup_s: float
+) -> dict[str, tuple[float, float]]:
+    """Each paced stage's window (wall clock): after ``warmup_s`` (at most half the stage) to its end."""
+    windows, start = {}, min(r.started for r in reports)
+    for stage in plan.stages:
+        if stage.batch_every_s is not None:
+            windows[stage.name] = (start + min(warmup_s, stage.seconds / 2), start + stage.seconds)
+        start += stage.seconds
+    return windows
+
+
 def stage_figures(
     plan: FleetPlan, reports: list[WorkerReport], warmup_s: float
 ) -> dict[str, dict[str, float]]:
-    """Per paced stage, over its window after ``warmup_s`` (at most half the stage)."""
-    figures, start = {}, min(r.started for r in reports)
-    for stage in plan.stages:
-        if stage.batch_every_s is not None:
-            lo = start + min(warmup_s, stage.seconds / 2)
-            offered = {"offered_batches_per_s": plan.gateways / stage.batch_every_s}
-            figures[stage.name] = {**offered, **_span(plan, reports, lo, start + stage.seconds)}
-        start += stage.seconds
+    """Per paced stage, over its window (``stage_windows``)."""
+    paces = {stage.name: stage.batch_every_s for stage in plan.stages}
+    figures = {}
+    for name, (lo, hi) in stage_windows(plan, reports, warmup_s).items():
+        period = paces[name]
+        assert period is not None  # stage_windows gives paced stages only
+        offered = {"offered_batches_per_s": plan.gateways / period}
+        figures[name] = {**offered, **_span(plan, reports, lo, hi)}
     return figures
 
 

@@ -26,11 +26,19 @@ Figures (times in ms; p95 over repeated calls, after one warm-up call):
 The load section's figures, per deployment (SQLite, and 1 and 2 PostgreSQL replicas, each behind
 haproxy): ``batches_per_s`` stored in each stage of a ramp (and ``refused_per_s``, 503s),
 ``capacity_batches_per_s`` (the best stage), the everyday pace's batch POST p50/p99 and heartbeat
-p99 (ms), the fleet page's p95 during the load, the load driver's own CPU (``driver_cores``) and
-the machine's load average, and the exactly-once check's counts. Ratios: ``replicas2_vs_1`` (the
-issue's target: >= 1.3 on the 2-core machine) and ``postgres_vs_sqlite``, both of capacities.
+p99 (ms), the fleet page's p95 during the load, the load driver's own CPU (``driver_cores``; per
+stage ``driver_stage_cores``), the serving side's (``serving_cores``, ``serving_cpu_ms_per_batch``),
+the machine's (``machine_busy_cores``) and its load average, and the exactly-once check's counts.
+Ratios: ``replicas2_vs_1`` (the issue's target: >= 1.3 on the 2-core machine) and
+``postgres_vs_sqlite``, both of capacities.
 
-    python -m bench.fleet [--quick] [--only pages|load]   -> bench/results/fleet.json
+    python -m bench.fleet [--quick] [--only pages|load] [--deployments "postgresql x1,postgresql x2"]
+        -> bench/results/fleet.json
+
+``--deployments`` runs only those of the load section (names as printed; default all three), and
+only the ratios whose two deployments ran. ``--server-maxconn N``: haproxy's limit per replica
+(default ``SERVER_MAXCONN``; 0 runs without one, the configuration before issue 26's overload work,
+for comparison).
 """
 
 from __future__ import annotations
@@ -43,11 +51,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench._common import Results, parser
-from bench._fleet_deployments import load_section
+from bench._fleet_deployments import DEPLOYMENT_NAMES, load_section
 from cloud.store import DatasetStore, series
 from protocol.batch import decode_batch, encode_batch
 from tests.harness.cloud_http import call, heartbeat
 from tests.harness.cloudd import OPERATOR_TOKEN, cloudd_token, make_cloudd
+from tests.harness.haproxy import SERVER_MAXCONN
 
 GATEWAY, DEVICE, LOG_ID = "site", "sensor-000", "be0c0001"
 RATE_HZ, PER_BATCH, POINTS = 10, 6000, 600
@@ -123,13 +132,25 @@ def scan_chart(data_dir: Path, start: float, end: float) -> int:
 def main() -> None:
     options = parser(__doc__.splitlines()[0])
     options.add_argument("--only", choices=("pages", "load"), help="one section (default: both)")
+    options.add_argument(
+        "--deployments",
+        type=lambda text: tuple(name.strip() for name in text.split(",")),
+        default=DEPLOYMENT_NAMES,
+        help="the load section's deployments, comma-separated (default: all)",
+    )
+    options.add_argument(
+        "--server-maxconn",
+        type=int,
+        default=SERVER_MAXCONN,
+        help="haproxy's maxconn per replica in the load section (0: no limit, the configuration before it)",
+    )
     args = options.parse_args()
     results = Results("fleet", args.quick)
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
         if args.only in (None, "pages"):
             pages_section(results, Path(tmp) / "pages", args.quick)
         if args.only in (None, "load"):
-            load_section(results, Path(tmp) / "load", args.quick)
+            load_section(results, Path(tmp) / "load", args.quick, args.deployments, args.server_maxconn)
     results.write()
 
 

@@ -6,11 +6,12 @@ the bench's (bench/fleet.py)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
-from bench._fleet_load import run_fleet
+from bench._fleet_load import FleetUnreachable, run_fleet
 from bench._fleet_plan import (
     FleetPlan,
     Stage,
@@ -21,6 +22,7 @@ from bench._fleet_plan import (
 )
 from tests.harness.cloud_http import call
 from tests.harness.cloudd import OPERATOR_TOKEN, make_cloudd
+from tests.harness.processes import free_port
 
 GATEWAYS = 50
 
@@ -56,3 +58,15 @@ def test_fifty_gateways_store_every_record_exactly_once(tmp_path: Path) -> None:
     # the figures are computable from what was measured (their values are the bench's business)
     assert drain_figures(plan, reports)["batches_per_s"] > 0
     assert stage_figures(plan, reports, warmup_s=1.0)["paced"]["batches_per_s"] > 0
+
+
+@pytest.mark.timeout(30)
+def test_an_unreachable_cloud_fails_at_once_naming_the_url(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    plan = FleetPlan(
+        url=url, gateways=2, stages=(Stage("paced", 1.0, 1.0),), processes=1, log_root=str(tmp_path)
+    )
+    began = time.monotonic()
+    with pytest.raises(FleetUnreachable, match=url):
+        run_fleet(plan)
+    assert time.monotonic() - began < 10

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.harness.cloudd import GATEWAYS, Cloudd, make_cloudd
-from tests.harness.haproxy import LoadBalancer, start_haproxy
+from tests.harness.haproxy import SERVER_MAXCONN, LoadBalancer, start_haproxy
 
 
 @dataclass
@@ -59,6 +59,7 @@ def start_replicas(
     count: int = 2,
     gateways: Sequence[str] = GATEWAYS,
     extra_args: Sequence[str] = (),
+    maxconn: int = SERVER_MAXCONN,
 ) -> ReplicaSet:
     """``count`` cloudd on ``database`` sharing ``base/shared-data``, then haproxy in front."""
     data_dir = base / "shared-data"
@@ -77,7 +78,7 @@ def start_replicas(
         for replica in replicas:
             replica.start()
             started.append(replica)
-        balancer = start_haproxy(base / "haproxy", [r.port for r in replicas])
+        balancer = start_haproxy(base / "haproxy", [r.port for r in replicas], maxconn)
     except BaseException:
         for replica in started:
             replica.stop()
