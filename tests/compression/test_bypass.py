@@ -8,7 +8,14 @@ import gc
 import torch
 from torch import nn
 
-from cloud.training.compression import ActivationCompressor, LayerPolicy
+from cloud.training.compression import (
+    ActivationCompressor,
+    AdaptiveController,
+    ControllerSettings,
+    LayerPolicy,
+    fit_compressed,
+    leaf_names,
+)
 from models.numerics import BfpFormat
 from tests.compression.test_gist_families import _grads as _step  # same seed every step
 
@@ -132,3 +139,27 @@ def test_each_input_shape_keeps_its_own_plan() -> None:
         layer: tuple(3 * a + 3 * b for a, b in zip(at_8[layer], at_3[layer], strict=True)) for layer in at_8
     }
     assert _counted(compressor) == expected
+
+
+def _fit_with_controller(model: nn.Module, min_numel: int) -> list[int]:
+    """The steps whose full-precision probe ran, over 12 steps with a window of 4."""
+    torch.manual_seed(3)
+    batches = [(torch.randn(8, 16), torch.randint(0, 4, (8,))) for _ in range(12)]
+    controller = AdaptiveController(leaf_names(model), ControllerSettings(window=4))
+    compressor = ActivationCompressor(model, controller.policy, min_numel=min_numel)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    result = fit_compressed(
+        model, batches, nn.functional.cross_entropy, optimizer, compressor=compressor, controller=controller
+    )
+    return result.probe_steps
+
+
+def test_the_probe_is_skipped_only_when_the_step_is_exactly_fp32() -> None:
+    def model() -> nn.Sequential:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+    # Under the threshold nothing is encoded: the compressed step is fp32's, no probe runs.
+    assert _fit_with_controller(model(), min_numel=4096) == []
+    # The same model with every group encoded probes at the end of each window.
+    assert {3, 7, 11} <= set(_fit_with_controller(model(), min_numel=1))

@@ -237,6 +237,19 @@ class ActivationCompressor:
         self._layer_hooks.clear()
         self._unhooked = None
 
+    def next_step_is_exact(self) -> bool:
+        """Whether a step on inputs shaped like the last one is exactly the fp32 step: its learned
+        plan encodes nothing, and by size alone (every layer the policy names has a format, so no
+        choice of formats would encode more). A full-precision probe of such a step would measure
+        no error; the adaptive trainer skips it (and the policy moves that would follow, each of
+        which makes the next step learn its plan again)."""
+        plan = None if self._last_signature is None else self._plans.get(self._last_signature)
+        return (
+            plan is not None
+            and plan.no_saved_hooks
+            and all(fmt is not None for _, fmt in self.policy.per_layer)
+        )
+
     # Bypass (bypass.py) --------------------------------------------------------------------------
 
     def _begin_step(self, plan: BypassPlan | None) -> None:

@@ -9,7 +9,9 @@ for a seed) so that fp32 and compressed runs differ only in what is stored for b
 Invariant: with ``compressor=None`` this is the plain fp32 trainer; with a controller, every
 ``window``-th step (and the first) also runs a full-precision probe of the same batch before the
 compressed step and feeds the controller (the gradient error of the whole model and of each layer
-that owns parameters), whose new policy takes effect from the next step.
+that owns parameters), whose new policy takes effect from the next step; except where the
+compressor knows the step is exactly fp32's (``next_step_is_exact``: nothing it saves is large
+enough to encode), whose probe would measure no error.
 """
 
 from __future__ import annotations
@@ -165,7 +167,11 @@ def fit_compressed(
         for x, y in loader(epoch) if callable(loader) else loader:
             wall_started, cpu_started = time.perf_counter(), time.process_time()
             reference = None
-            if probe is not None and probe.controller.probe_due(step):
+            if (
+                probe is not None
+                and probe.controller.probe_due(step)
+                and not probe.compressor.next_step_is_exact()
+            ):
                 reference = probe.reference(model, loss_fn, optimizer, x, y)
             optimizer.zero_grad()
             if compressor is None:
