@@ -203,7 +203,7 @@ class ActivationCompressor:
             self.min_numel = measured_min_numel(device)
         if self._model_hook is None:
             self._model_hook = self.model.register_forward_pre_hook(self._note_inputs)
-        plan = None if self._last_signature is None else self._plans.get(self._last_signature)
+        plan = self._last_plan()
         self._begin_step(plan)
         self._recording = True
         try:
@@ -243,7 +243,7 @@ class ActivationCompressor:
         choice of formats would encode more). A full-precision probe of such a step would measure
         no error; the adaptive trainer skips it (and the policy moves that would follow, each of
         which makes the next step learn its plan again)."""
-        plan = None if self._last_signature is None else self._plans.get(self._last_signature)
+        plan = self._last_plan()
         return (
             plan is not None
             and plan.no_saved_hooks
@@ -256,8 +256,7 @@ class ActivationCompressor:
         """Follow ``plan``, or (``None``) keep full bookkeeping and learn a plan from this step."""
         self._step_plan = plan
         if plan is None:
-            counted = {layer: (e.original, e.stored, e.tensors) for layer, e in self.counters.items()}
-            self._learning = Learning(self.policy, counted_before=counted)
+            self._learning = Learning(self.policy, counted_before=self._counted())
             self._outside_frame = (OUTSIDE_LAYERS, self._outside)
             self._hook_layers(frozenset())
         else:
@@ -265,6 +264,14 @@ class ActivationCompressor:
             bypass_outside = OUTSIDE_LAYERS in plan.bypassed
             self._outside_frame = _BYPASS if bypass_outside else (OUTSIDE_LAYERS, self._outside)
             self._hook_layers(plan.unhooked)
+
+    def _last_plan(self) -> BypassPlan | None:
+        """The plan learned for the last step's input shapes, if any (the next step's, most likely)."""
+        return None if self._last_signature is None else self._plans.get(self._last_signature)
+
+    def _counted(self) -> dict[str, tuple[int, int, int]]:
+        """Each layer's counters as (original, stored, tensors): what a learning step compares."""
+        return {layer: (e.original, e.stored, e.tensors) for layer, e in self.counters.items()}
 
     def _end_step(self) -> None:
         plan, learning = self._step_plan, self._learning
@@ -277,8 +284,7 @@ class ActivationCompressor:
                 self.kinds["raw"] += tensors
             self._last_signature = plan.signature
         elif learning is not None:
-            counted = {layer: (e.original, e.stored, e.tensors) for layer, e in self.counters.items()}
-            learned = learned_plan(learning, counted, OUTSIDE_LAYERS)
+            learned = learned_plan(learning, self._counted(), OUTSIDE_LAYERS)
             if learned is not None:
                 if len(self._plans) >= _PLANS_KEPT:
                     self._plans.clear()
