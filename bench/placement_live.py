@@ -7,9 +7,10 @@ sensors, the uplink through the fault proxy: fast, outage, slow 50 kB/s + 300 ms
 - ``always-edge`` / ``always-cloud``: ``camera/infer`` pinned there (``[placement] pins``).
 
 The gateway is an emulated weak edge box (tests/harness/weak_edge.py): gatewayd under a CPU quota of
-``EDGE_CPU`` of one core, running a 192x128 scene model (~55 ms a frame here at full speed, so ~0.28 s
-under the quota: a Raspberry-Pi-class box, still faster than the catalog's declared 0.45 s), which
-cloudd runs too, at full speed. It plans with the costs it measures. This machine infers the shipped model in
+``EDGE_CPU`` of one core, running a 192-pixel scene model whose width is calibrated on the machine the
+bench runs on to ~55 ms a frame at full speed (``weak_edge.calibrated``; so ~0.28 s under the quota: a
+Raspberry-Pi-class box, still faster than the catalog's declared 0.45 s), which cloudd runs too, at
+full speed. It plans with the costs it measures. This machine infers the shipped model in
 ~1 ms, so without the emulation there is nothing for the cloud to win; where no cgroup can be written
 (not root) the bench says so, runs the shipped model on the bare gateway with the catalog's declared
 Pi-class cost instead, and records ``weak_edge: null``.
@@ -43,7 +44,7 @@ from typing import Any
 from bench._common import Results, parse_args
 from cloud.store.dataset import StoredRecord
 from tests.harness.live_trace import SLOW, LiveRun, Phase, run_live, trace
-from tests.harness.weak_edge import WeakEdge, WeakEdgeUnavailable
+from tests.harness.weak_edge import WeakEdge, WeakEdgeUnavailable, calibrated
 
 SYSTEMS: dict[str, dict[str, str]] = {
     "plan": {},
@@ -131,9 +132,14 @@ async def measure(quick: bool) -> Results:
     phases = trace(scale=0.5 if quick else 1.5)
     latency: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="placement-live-model-") as model_dir:
-        folder, artifact = await asyncio.to_thread(WeakEdge().artifact, Path(model_dir))  # once, for all
-        edge: WeakEdge | None = WeakEdge(cpu_fraction=EDGE_CPU, prebuilt=folder)
-        print(f"-- weak edge: {EDGE_CPU} of a core, model {artifact.version}", flush=True)
+        # once, for all three systems: the same box for each
+        weak, full_speed_ms = await asyncio.to_thread(calibrated, Path(model_dir), EDGE_CPU)
+        edge: WeakEdge | None = weak
+        print(
+            f"-- weak edge: {EDGE_CPU} of a core, model width {weak.width}: {full_speed_ms:.0f} ms a frame"
+            " at full speed",
+            flush=True,
+        )
         try:
             runs = await play_all(phases, edge)
         except WeakEdgeUnavailable as exc:
@@ -147,6 +153,7 @@ async def measure(quick: bool) -> Results:
             "cpu_fraction": edge.cpu_fraction,
             "input_size": edge.input_size,
             "width": edge.width,
+            "full_speed_ms": full_speed_ms,
         }
     )
     for system, run in runs.items():

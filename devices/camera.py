@@ -4,6 +4,9 @@
 (multipart/x-mixed-replace, one JPEG per part) in real time at ``--fps``; ``--out scene.avi``
 writes the same frames to an MJPG AVI (as fast as it can when no port is given). Every produced
 frame gets one ground-truth JSON line: frame index, unix timestamp, dominant label, objects+bboxes.
+``--hold`` serves the scene's first frame as a still (no ground truth) until the process gets SIGUSR1,
+then plays the scene from its start: so that runs whose watchers took different times to start see
+the same scene at the same time after the signal (tests/harness/live_trace.py plays its trace so).
 
 Invariant: each frame index is produced once, in order, and its ground-truth line is written and
 flushed before the frame is offered to any client or to the file.
@@ -51,6 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None, help="write an MJPG .avi video file")
     parser.add_argument("--truth", type=Path, default=None, help="write ground truth as JSON lines")
     parser.add_argument("--jpeg-quality", type=integer(1, 100), default=85, help="1 to 100")
+    parser.add_argument(
+        "--hold",
+        action="store_true",
+        help="serve the first frame as a still until SIGUSR1, then play the scene (HTTP only)",
+    )
 
 
 class LatestFrame:
@@ -115,9 +123,14 @@ def make_handler(latest: LatestFrame) -> type[BaseHTTPRequestHandler]:
 
 
 def produce(
-    args: argparse.Namespace, latest: LatestFrame | None, truth: IO[str] | None, stop: threading.Event
+    args: argparse.Namespace,
+    latest: LatestFrame | None,
+    truth: IO[str] | None,
+    stop: threading.Event,
+    play: threading.Event,
 ) -> int:
-    """Render frames in order; pace them in real time only when someone watches over HTTP."""
+    """Render frames in order; pace them in real time only when someone watches over HTTP. Until
+    ``play`` is set, serve frame 0 as a still (``--hold``)."""
     import cv2
 
     from models.synthetic_scene import SceneSynth
@@ -142,8 +155,18 @@ def produce(
             return 1
     period = 1.0 / args.fps
     start = time.time()
-    index = 0
+    index = published = 0  # the scene's frame; the frames served, stills included
+    still: bytes | None = None
     try:
+        while latest is not None and not play.is_set():
+            if still is None:
+                encoded = cv2.imencode(".jpg", synth.frame(0), [cv2.IMWRITE_JPEG_QUALITY, args.jpeg_quality])
+                still = encoded[1].tobytes()
+            latest.publish(published, still)
+            published += 1
+            if stop.wait(period):
+                return 0
+        start = time.time()
         while index < total and not stop.is_set():
             if latest is not None:
                 delay = start + index * period - time.time()
@@ -158,7 +181,8 @@ def produce(
                 writer.write(image)
             if latest is not None:
                 ok, jpeg = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, args.jpeg_quality])
-                latest.publish(index, jpeg.tobytes())
+                latest.publish(published, jpeg.tobytes())
+                published += 1
             index += 1
     finally:
         if writer is not None:
@@ -170,9 +194,12 @@ def run(args: argparse.Namespace) -> int:
     if args.port is None and args.out is None:
         print("give --port (serve MJPEG) and/or --out (write a video file)", file=sys.stderr)
         return 2
-    stop = threading.Event()
+    stop, play = threading.Event(), threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGUSR1, lambda *_: play.set())
+    if not args.hold:
+        play.set()
     truth = args.truth.open("w", encoding="utf-8") if args.truth else None
     latest = server = server_thread = None
     try:
@@ -183,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
             server_thread = threading.Thread(target=server.serve_forever, name="mjpeg-http", daemon=True)
             server_thread.start()
             print(f"serving MJPEG on http://{args.host}:{args.port}/stream.mjpg", flush=True)
-        status = produce(args, latest, truth, stop)
+        status = produce(args, latest, truth, stop, play)
         if latest is not None and args.frames > 0:
             stop.wait()  # a finite served scene stays up (last frame) until stopped
         return status

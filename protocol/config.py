@@ -175,6 +175,12 @@ class PlacementConfig(_Section):
     flap_penalty_s: float = Field(default=5.0, ge=0)
     byte_weight: float = Field(default=1.0, ge=0)
     flapping: FlappingPolicy = "edge"
+    # a returning link settles this x its longest recent down stretch (0: never), at most
+    # return_settle_max_s; meanwhile tasks in the cloud are priced with handing back the inputs of
+    # handback_window_s to the edge if it drops again (docs/placement.md, cost model)
+    return_settle_factor: float = Field(default=1.5, ge=0)
+    return_settle_max_s: float = Field(default=15.0, ge=0)
+    handback_window_s: float = Field(default=2.0, ge=0)
     # Hysteresis
     rtt_ratio: float = Field(default=1.5, gt=1)
     rtt_floor_s: float = Field(default=0.02, ge=0)

@@ -64,6 +64,9 @@ def budgets_from(config: PlacementConfig) -> Budgets:
         flap_penalty_s=config.flap_penalty_s,
         byte_weight=config.byte_weight,
         flapping=config.flapping,
+        return_settle_factor=config.return_settle_factor,
+        return_settle_max_s=config.return_settle_max_s,
+        handback_window_s=config.handback_window_s,
     )
 
 

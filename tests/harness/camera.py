@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import signal
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -44,13 +45,22 @@ def camera_extra(camera_port: int) -> str:
 
 
 class DevicesimCamera:
-    """`devicesim camera` serving MJPEG on ``port``, ground truth to ``truth``; listening on return."""
+    """`devicesim camera` serving MJPEG on ``port``, ground truth to ``truth``; listening on return.
+    ``hold``: a still until ``play()``, then the scene from its start."""
 
     def __init__(
-        self, port: int, truth: Path, *, seed: int = 0, fps: float = 10.0, extra: list[str] | None = None
+        self,
+        port: int,
+        truth: Path,
+        *,
+        seed: int = 0,
+        fps: float = 10.0,
+        hold: bool = False,
+        extra: list[str] | None = None,
     ) -> None:
         self.port, self.truth = port, truth
         args = ["camera", "--port", str(port), "--truth", str(truth), "--seed", str(seed), "--fps", str(fps)]
+        args += ["--hold"] if hold else []
         self.proc: subprocess.Popen = start_module(
             "devices.cli", [*args, *(extra or [])], truth.with_suffix(".camera.log")
         )
@@ -59,6 +69,10 @@ class DevicesimCamera:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/stream.mjpg"
+
+    def play(self) -> None:
+        """Start the scene of a camera made with ``hold``."""
+        self.proc.send_signal(signal.SIGUSR1)
 
     def kill(self) -> None:
         kill_process(self.proc)

@@ -240,7 +240,8 @@ async def run_live(
         cleanup.callback(cloud.stop)
         proxy = FaultProxy(cloud.port)
         proxy_port = await proxy.start()
-        camera = DevicesimCamera(free_port(), tmp / "truth.jsonl", seed=5, fps=fps)
+        # held until the trace starts: every run sees the same scene in the same phase of the trace
+        camera = DevicesimCamera(free_port(), tmp / "truth.jsonl", seed=5, fps=fps, hold=True)
         cleanup.callback(camera.stop)
         artifact_dir, model_version = None, None
         if weak_edge is not None:
@@ -279,6 +280,7 @@ async def run_live(
             for thread in threads:
                 thread.start()
             observer.start()
+            camera.play()
             start = time.time()
             steps = [step for phase in phases for step in phase.steps]
             await proxy.play(steps)

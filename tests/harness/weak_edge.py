@@ -9,7 +9,10 @@ gateway and cloudd read its outputs as they read the shipped one's); ``install_i
 through cloudd's real route and makes it production, so the registry's invariants hold and gatewayd's
 OTA updater, which runs the version cloudd assigns it, finds the version it already runs and swaps
 nothing.
-``python -m tests.harness.weak_edge --out DIR`` builds one and prints its cost per frame.
+``calibrated`` picks the model's width so that a frame takes ``FULL_SPEED_MS`` at full speed on the
+machine it runs on (the same model took 55 ms on one of this project's machines and 189 ms on
+another: an uncalibrated weak edge is a different box on each, one that cannot keep up with its camera
+on the slower). ``python -m tests.harness.weak_edge --out DIR`` builds one and prints its cost per frame.
 
 Owner: whoever enters ``cpu_limit`` owns the cgroup it makes and removes it on exit
 (``tests.harness.live_trace.run_live`` does, for its gatewayd, when given a ``WeakEdge``).
@@ -38,6 +41,8 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 # of running at full speed and then stalling for most of a 100 ms default period.
 CPU_PERIOD_US = 10_000
 MIN_QUOTA_US = 1_000  # the kernel refuses a smaller quota
+FULL_SPEED_MS = 55.0  # the recommended weak edge's model, a frame at full speed (WeakEdge's docstring)
+CALIBRATION_TOLERANCE = 1.25  # a calibrated model's time is within this factor of its target
 REMOVE_TIMEOUT_S = 5.0
 
 
@@ -61,10 +66,35 @@ class WeakEdge:
         """(its folder, the artifact): ``prebuilt``, or built into ``folder``."""
         if self.prebuilt is not None:
             return self.prebuilt, load_artifact(self.prebuilt)
-        version = f"weak-{self.input_size}x{self.width}"
-        return folder, heavy_scene_artifact(
-            folder, input_size=self.input_size, width=self.width, version=version
-        )
+        return folder, heavy_scene_artifact(folder, **self.shape())
+
+    def shape(self) -> dict[str, Any]:
+        """``heavy_scene_artifact``'s arguments for this edge's model."""
+        return {
+            "input_size": self.input_size,
+            "width": self.width,
+            "version": f"weak-{self.input_size}x{self.width}",
+        }
+
+
+def calibrated(
+    folder: Path, cpu_fraction: float, *, target_ms: float = FULL_SPEED_MS, tries: int = 4
+) -> tuple[WeakEdge, float]:
+    """(a ``WeakEdge`` with its model built under ``folder``, that model's ms a frame at full speed):
+    the width is scaled until a frame takes ``target_ms`` within ``CALIBRATION_TOLERANCE`` here
+    (a conv net's cost grows with its width squared), or the closest of ``tries`` builds."""
+    width, best = WeakEdge.width, None
+    for _ in range(tries):
+        model_dir = folder / f"width-{width}"
+        edge = WeakEdge(cpu_fraction, width=width, prebuilt=model_dir)
+        ms = per_frame_ms(heavy_scene_artifact(model_dir, **edge.shape()))
+        if best is None or abs(math.log(ms / target_ms)) < abs(math.log(best[1] / target_ms)):
+            best = (edge, ms)
+        if abs(math.log(ms / target_ms)) <= math.log(CALIBRATION_TOLERANCE):
+            break
+        width = max(4, round(width * math.sqrt(target_ms / ms)))
+    assert best is not None
+    return best
 
 
 # --- the CPU quota -----------------------------------------------------------------------------------

@@ -19,7 +19,14 @@ from models.inference import InferenceInput, load_and_probe, run_batch
 from models.synthetic_scene import LABELS, background
 from tests.harness.camera import relabel
 from tests.harness.cloudd import OPERATOR_TOKEN, Cloudd
-from tests.harness.weak_edge import WeakEdgeUnavailable, cpu_limit, heavy_scene_artifact, install_in_registry
+from tests.harness.weak_edge import (
+    WeakEdge,
+    WeakEdgeUnavailable,
+    calibrated,
+    cpu_limit,
+    heavy_scene_artifact,
+    install_in_registry,
+)
 
 FRACTION = 0.2
 MEASURE_S = 2.0
@@ -82,3 +89,13 @@ async def test_the_heavy_model_goes_into_the_registry_as_the_assigned_production
     await install_in_registry(cloudd.url, OPERATOR_TOKEN, relabel(heavy, "newer"))
     # stored already and no longer production: installing it again makes it production again
     assert (await install_in_registry(cloudd.url, OPERATOR_TOKEN, heavy))["version"] == "weak-64x4"
+
+
+def test_calibrated_scales_the_width_towards_its_target(tmp_path: Path) -> None:
+    """Asked for a frame far cheaper than the default width's on any machine, the calibration narrows
+    the model, and the edge it returns runs the model it built."""
+    edge, ms = calibrated(tmp_path, FRACTION, target_ms=0.01, tries=2)
+    assert edge.width < WeakEdge.width and edge.cpu_fraction == FRACTION
+    assert edge.prebuilt is not None
+    _, artifact = edge.artifact(edge.prebuilt)
+    assert artifact.version == f"weak-{edge.input_size}x{edge.width}" and ms > 0
