@@ -14,9 +14,10 @@ from cloud.training.compression.controller import (
     propagating_layers,
 )
 from cloud.training.compression.gist import GistPair, GistPlan, ReluMaxPoolBinarized, gist_transform
-from cloud.training.compression.hooks import OUTSIDE_LAYERS, ActivationCompressor, LayerBytes, leaf_names
+from cloud.training.compression.hooks import ActivationCompressor, LayerBytes, leaf_names
 from cloud.training.compression.layer_formats import LayerPolicy
 from cloud.training.compression.recompute import RecomputedLayer, recompute_recurrent
+from cloud.training.compression.step_bypass import OUTSIDE_LAYERS
 from cloud.training.compression.trainer import (
     TrainResult,
     count_saved_bytes,

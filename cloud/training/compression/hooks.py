@@ -19,11 +19,11 @@ smaller), or as-is. The unpack hook decodes it in backward.
   tensors. The mask packer's own break-even by the same fit is higher (~40 Ki elements; the
   codec's measured 20-40 Ki on the loaded dev VM); one threshold keeps "does this layer encode anything" a
   question of shapes alone, which the bypass below relies on.
-- **Layers with nothing to encode are bypassed** (bypass.py): the first step under a policy (and
-  after ``reset_counters`` or a change of the model's input shapes) keeps full bookkeeping and
-  learns which layers encoded nothing; from the next step on, their tensors go to autograd as
-  they are, their forward hooks are removed where that is safe, and when no layer encodes
-  anything the saved-tensor hooks are not entered at all (the step runs as fp32 does).
+- **Layers with nothing to encode are bypassed** (bypass.py, step_bypass.py): the first step under
+  a policy (and after ``reset_counters`` or a change of the model's input shapes) keeps full
+  bookkeeping and learns which layers encoded nothing; from the next step on, their tensors go to
+  autograd as they are, their forward hooks are removed where that is safe, and when no layer
+  encodes anything the saved-tensor hooks are not entered at all (the step runs as fp32 does).
 - Parameters and views of them (same storage), and any other leaf that requires grad (stashed
   weight versions, a pipeline stage's received input), are returned untouched and not counted:
   they are not activations the hooks could free, their owner keeps them alive anyway.
@@ -38,9 +38,8 @@ smaller), or as-is. The unpack hook decodes it in backward.
   once and shared; the cache holds only weak references, so it never keeps memory alive. Its
   decoded form is shared too: a group's decoded buffer is kept until the last of its users has
   unpacked (fp32 keeps the originals alive that long anyway), so backward decodes it once.
-- The per-layer forward hooks that tell the pack hook which layer is running are registered on
-  the first ``active()`` and stay (they only record while active; a bypassed layer's are removed
-  until a learning step needs them): registering them per step cost about a millisecond.
+- The per-layer forward hooks that tell the pack hook which layer is running (step_bypass.py) are
+  registered on the first ``active()`` and stay.
 
 Invariant: ``counters[layer].stored`` is the sum of the real bytes held for backward by that
 layer's saved tensors (each distinct tensor counted once; a bypassed layer's, as-is, are the bytes
@@ -63,16 +62,11 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from cloud.training.compression.bypass import (
-    BypassPlan,
-    Learning,
-    Signature,
-    input_signature,
-    learned_plan,
-)
+from cloud.training.compression.bypass import input_signature
 from cloud.training.compression.groups import GroupSlot, SavedGroup, measured_min_numel
 from cloud.training.compression.layer_formats import LayerPolicy
 from cloud.training.compression.sparse import count_nonzero_bits, encode_sparse
+from cloud.training.compression.step_bypass import BYPASS, OUTSIDE_LAYERS, Counted, Groups, StepBypass
 from cloud.training.compression.stored import Stored, StoredKind, as_bits, tensor_nbytes
 from models.numerics import (
     BfpCodec,
@@ -81,11 +75,7 @@ from models.numerics import (
     packed_nbytes,
 )
 
-OUTSIDE_LAYERS = "<outside>"  # saved by ops that run outside any leaf module (e.g. the loss)
 _CACHE_PRUNE_AT = 1024
-_PLANS_KEPT = 8  # bypass plans, one per input shapes seen; more shapes than this: start again
-Frame = tuple[str, dict[torch.dtype, SavedGroup]]  # a running layer and the groups its call gathers
-_BYPASS: Frame = ("<bypassed>", {})  # on the layer stack (and as the outside frame): return at once
 
 
 @dataclass
@@ -132,9 +122,9 @@ class ActivationCompressor:
         ``None``: ``measured_min_numel`` for the model's device, measured on the first ``active()``.
         ``mask_bits``: store dropout masks as bits (False: as they are, to count fp32's bytes)."""
         self.model = model
-        self._plans: dict[Signature, BypassPlan] = {}  # learned, per input shapes (a few at most)
-        self._last_signature: Signature | None = None  # the inputs of the last step
-        self.policy = policy
+        leaves = [(name, model.get_submodule(name)) for name in leaf_names(model)]
+        # The policy, the bypass plans learned under it, the layer hooks and stack.
+        self._bypass = StepBypass(leaves, policy, counted=self._counted, close_groups=self._close_groups)
         self.ssdc_layers = frozenset(ssdc_layers)
         self.generator = generator
         self.min_numel = min_numel
@@ -147,40 +137,29 @@ class ActivationCompressor:
         # CPU seconds spent encoding (at each group's close) and decoding since reset_counters.
         self.encode_s = 0.0
         self.decode_s = 0.0
-        self._stack: list[Frame] = []
-        self._outside: dict[torch.dtype, SavedGroup] = {}
-        self._outside_frame: Frame = (OUTSIDE_LAYERS, self._outside)
-        self._recording = False
-        self._leaves = [(name, model.get_submodule(name)) for name in leaf_names(model)]
-        self._dropout_layers = {name for name, m in self._leaves if type(m) is nn.Dropout}
+        self._dropout_layers = {name for name, m in leaves if type(m) is nn.Dropout}
         self.mask_bits = mask_bits
         self._model_hook: RemovableHandle | None = None  # the model's pre-hook (notes its inputs)
-        self._layer_hooks: dict[str, tuple[RemovableHandle, RemovableHandle]] = {}  # (pre, post) per layer
-        self._unhooked: frozenset[str] | None = None  # layers without hooks now (None: not set up)
-        self._step_plan: BypassPlan | None = None  # the plan the running step follows
-        self._learning: Learning | None = None  # what the running full step records for a plan
         self._saved_hooks: contextlib.ExitStack | None = None  # while active(): where they are entered
         self._params = list(model.parameters())
         self._input_storages: set[int] = set()
         self._cache: dict[tuple, tuple[weakref.ref, weakref.ref, str]] = {}  # key -> (source, stored, layer)
         self._codecs: dict[BfpFormat, BfpCodec] = {}
         self._param_storages: set[int] = set()
-        self._formats: dict[str, BfpFormat | None] = {}
+        self._formats: dict[str, BfpFormat | None] = {}  # layer -> format, filled as layers save tensors
 
     @property
     def policy(self) -> LayerPolicy:
-        return self._policy
+        return self._bypass.policy
 
     @policy.setter
     def policy(self, policy: LayerPolicy) -> None:
-        self._policy = policy
-        self._formats = {}  # layer -> format, filled as layers save tensors
-        if any(plan.policy != policy for plan in self._plans.values()):
-            self._plans.clear()  # a layer's format may have changed what it encodes: learn again
+        self._formats = {}
+        self._bypass.use_policy(policy)
 
     def reset_counters(self) -> None:
         """Zero the counters; the next step keeps full bookkeeping (every tensor in live_bytes)."""
-        self._plans.clear()
+        self._bypass.forget()
         self.counters.clear()
         self.kinds = dict.fromkeys(self.kinds, 0)
         self.layer_errors.clear()
@@ -203,25 +182,19 @@ class ActivationCompressor:
             self.min_numel = measured_min_numel(device)
         if self._model_hook is None:
             self._model_hook = self.model.register_forward_pre_hook(self._note_inputs)
-        plan = self._last_plan()
-        self._begin_step(plan)
-        self._recording = True
+        plan = self._bypass.last_plan()
+        self._bypass.begin(plan)
+        self._bypass.recording = True
         try:
             with contextlib.ExitStack() as saved_hooks:
                 self._saved_hooks = saved_hooks
                 if plan is None or not plan.no_saved_hooks:
-                    saved_hooks.enter_context(
-                        torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-                    )
+                    self._enter_saved_hooks()
                 yield self
         finally:
-            self._recording = False
+            self._bypass.recording = False
             self._saved_hooks = None
-            while self._stack:
-                frame = self._stack.pop()
-                if frame is not _BYPASS:
-                    self._close_groups(frame[1])
-            self._close_groups(self._outside)
+            self._bypass.unwind()
             self._cache.clear()
             self._input_storages.clear()
             self._end_step()
@@ -231,11 +204,7 @@ class ActivationCompressor:
         if self._model_hook is not None:
             self._model_hook.remove()
             self._model_hook = None
-        for handles in self._layer_hooks.values():
-            for handle in handles:
-                handle.remove()
-        self._layer_hooks.clear()
-        self._unhooked = None
+        self._bypass.remove_hooks()
 
     def next_step_is_exact(self) -> bool:
         """Whether a step on inputs shaped like the last one is exactly the fp32 step: its learned
@@ -243,38 +212,25 @@ class ActivationCompressor:
         choice of formats would encode more). A full-precision probe of such a step would measure
         no error; the adaptive trainer skips it (and the policy moves that would follow, each of
         which makes the next step learn its plan again)."""
-        plan = self._last_plan()
+        plan = self._bypass.last_plan()
         return (
             plan is not None
             and plan.no_saved_hooks
             and all(fmt is not None for _, fmt in self.policy.per_layer)
         )
 
-    # Bypass (bypass.py) --------------------------------------------------------------------------
+    # Bypass (bypass.py, step_bypass.py) -------------------------------------------------------
 
-    def _begin_step(self, plan: BypassPlan | None) -> None:
-        """Follow ``plan``, or (``None``) keep full bookkeeping and learn a plan from this step."""
-        self._step_plan = plan
-        if plan is None:
-            self._learning = Learning(self.policy, counted_before=self._counted())
-            self._outside_frame = (OUTSIDE_LAYERS, self._outside)
-            self._hook_layers(frozenset())
-        else:
-            self._learning = None
-            bypass_outside = OUTSIDE_LAYERS in plan.bypassed
-            self._outside_frame = _BYPASS if bypass_outside else (OUTSIDE_LAYERS, self._outside)
-            self._hook_layers(plan.unhooked)
+    def _enter_saved_hooks(self) -> None:
+        assert self._saved_hooks is not None, "only while active()"
+        self._saved_hooks.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack))
 
-    def _last_plan(self) -> BypassPlan | None:
-        """The plan learned for the last step's input shapes, if any (the next step's, most likely)."""
-        return None if self._last_signature is None else self._plans.get(self._last_signature)
-
-    def _counted(self) -> dict[str, tuple[int, int, int]]:
+    def _counted(self) -> Counted:
         """Each layer's counters as (original, stored, tensors): what a learning step compares."""
         return {layer: (e.original, e.stored, e.tensors) for layer, e in self.counters.items()}
 
     def _end_step(self) -> None:
-        plan, learning = self._step_plan, self._learning
+        plan = self._bypass.plan
         if plan is not None:  # the bypassed layers' bytes, as their learning step counted them
             for layer, original, stored, tensors in plan.per_step:
                 entry = self.counters.setdefault(layer, LayerBytes())
@@ -282,82 +238,25 @@ class ActivationCompressor:
                 entry.stored += stored
                 entry.tensors += tensors
                 self.kinds["raw"] += tensors
-            self._last_signature = plan.signature
-        elif learning is not None:
-            learned = learned_plan(learning, self._counted(), OUTSIDE_LAYERS)
-            if learned is not None:
-                if len(self._plans) >= _PLANS_KEPT:
-                    self._plans.clear()
-                self._plans[learned.signature] = learned
-                self._last_signature = learned.signature
-        self._step_plan = self._learning = None
-
-    def _hook_layers(self, unhooked: frozenset[str]) -> None:
-        """Register the forward hooks of every layer not in ``unhooked``; remove the others'."""
-        if unhooked == self._unhooked:
-            return
-        for name, module in self._leaves:
-            handles = self._layer_hooks.get(name)
-            if name in unhooked and handles is not None:
-                for handle in handles:
-                    handle.remove()
-                del self._layer_hooks[name]
-            elif name not in unhooked and handles is None:
-                self._layer_hooks[name] = (
-                    module.register_forward_pre_hook(self._enter_layer(name)),
-                    module.register_forward_hook(self._leave_layer, always_call=True),
-                )
-        self._unhooked = unhooked
+        self._bypass.end()
 
     # Hooks -------------------------------------------------------------------------------------
 
     def _note_inputs(self, module: nn.Module, args: tuple) -> None:
-        if not self._recording:
+        if not self._bypass.recording:
             return
-        plan = self._step_plan
-        signature = input_signature(args)
-        if plan is not None and plan.signature != signature:
-            # Inputs of other shapes may save other tensors: follow their own plan (an epoch's
-            # last, smaller batch) or learn one, from this forward on.
-            other = self._plans.get(signature)
-            self._begin_step(other)
-            needs_hooks = other is None or not other.no_saved_hooks
-            if plan.no_saved_hooks and needs_hooks and self._saved_hooks is not None:
-                self._saved_hooks.enter_context(
-                    torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-                )
-        if self._learning is not None and self._learning.signature is None:
-            self._learning.signature = signature
+        if self._bypass.note_inputs(input_signature(args)) and self._saved_hooks is not None:
+            self._enter_saved_hooks()
         self._input_storages.update(
             a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)
         )
 
-    def _enter_layer(self, name: str):
-        def hook(module: nn.Module, args: tuple) -> None:
-            if not self._recording:
-                return
-            plan = self._step_plan
-            if plan is not None and name in plan.bypassed:
-                self._stack.append(_BYPASS)
-                return
-            if self._learning is not None and self._stack:
-                self._learning.nested.add(name)
-            self._stack.append((name, {}))
-
-        return hook
-
-    def _leave_layer(self, module: nn.Module, args: tuple, output: object) -> None:
-        if self._recording and self._stack:
-            frame = self._stack.pop()
-            if frame is not _BYPASS:
-                self._close_groups(frame[1])
-
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor | Stored | GroupSlot:
-        frame = self._stack[-1] if self._stack else self._outside_frame
-        if frame is _BYPASS:  # a layer with nothing to encode (bypass.py)
+        frame = self._bypass.frame()
+        if frame is BYPASS:  # a layer with nothing to encode (bypass.py)
             return tensor
         layer, groups = frame
-        learning = self._learning
+        learning = self._bypass.learning
         if learning is not None:
             learning.seen.add(layer)
         # Leaves that require grad (parameters, stashed weight versions, a pipeline stage's
@@ -430,9 +329,7 @@ class ActivationCompressor:
             self._formats[layer] = self.policy.format_for(layer) if named else None
         return self._formats[layer]
 
-    def _encode(
-        self, tensor: torch.Tensor, layer: str, groups: dict[torch.dtype, SavedGroup]
-    ) -> Stored | GroupSlot:
+    def _encode(self, tensor: torch.Tensor, layer: str, groups: Groups) -> Stored | GroupSlot:
         if (
             self.mask_bits
             and tensor.numel() >= max(64, self.min_numel or 0)
@@ -445,8 +342,9 @@ class ActivationCompressor:
             return Stored("raw", tensor, tensor_nbytes(tensor))
         fmt = self._format(layer)
         if layer in self.ssdc_layers and tensor.numel() >= (self.min_numel or 0):
-            if self._learning is not None:  # sparse or not depends on the values: never bypassed
-                self._learning.encoded.add(layer)
+            learning = self._bypass.learning
+            if learning is not None:  # sparse or not depends on the values: never bypassed
+                learning.encoded.add(layer)
             n, itemsize = tensor.numel(), tensor.element_size()
             sparse_bytes = math.ceil(n / 8) + count_nonzero_bits(tensor) * itemsize
             dense_bytes = (
@@ -466,7 +364,7 @@ class ActivationCompressor:
             group = groups[tensor.dtype] = SavedGroup(layer, fmt)
         return GroupSlot(group, group.add(tensor))
 
-    def _close_groups(self, groups: dict[torch.dtype, SavedGroup]) -> None:
+    def _close_groups(self, groups: Groups) -> None:
         """Encode each group a layer call gathered (one encode per group), or keep it raw when it is
         smaller than ``min_numel``; count its bytes."""
         for group in groups.values():
@@ -485,8 +383,9 @@ class ActivationCompressor:
                 self.layer_errors[group.layer] = max(error, self.layer_errors.get(group.layer, 0.0))
             if encode:
                 self.encode_s += time.process_time() - started
-                if self._learning is not None:
-                    self._learning.encoded.add(group.layer)
+                learning = self._bypass.learning
+                if learning is not None:
+                    learning.encoded.add(group.layer)
             self.counters[group.layer].stored += group.nbytes
             self.kinds["bfp" if encode else "raw"] += 1 if encode else len(tensors)
             self._hold(group, group.nbytes)

@@ -23,8 +23,9 @@ from torch import nn
 
 from cloud.training.compression.controller import AdaptiveController, ControllerSettings, propagating_layers
 from cloud.training.compression.gist import GistPlan, gist_transform
-from cloud.training.compression.hooks import OUTSIDE_LAYERS, ActivationCompressor, leaf_names
+from cloud.training.compression.hooks import ActivationCompressor, leaf_names
 from cloud.training.compression.layer_formats import LayerPolicy
+from cloud.training.compression.step_bypass import OUTSIDE_LAYERS
 from cloud.training.options import CompressionOptions
 from models.numerics import BfpFormat
 
