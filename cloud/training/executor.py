@@ -11,17 +11,9 @@ its backward (``backward.py``): ``B`` computes the input gradient, ``SEND_B`` sh
 gradients follow before the next action, so the previous stage stops waiting one weight-gradient pass
 sooner. (With compression a split would decompress each saved activation twice.)
 
-Weight updates follow ``schedule.update``:
-- ``flush`` (GPipe, 1F1B-flush): gradients of all microbatches accumulate (each loss scaled by
-  1/microbatches, or by its share of the minibatch's samples when ``run_step`` is told their
-  count: microbatches of unequal sizes), replicas of a stage all-reduce them in their own process
-  group, then one optimizer step: the same update as single-process training with gradient
-  accumulation. A ``flush_gradients`` callback replaces that all-reduce and step (the
-  ``SyncScheduler`` takes the summed gradients and steps each layer before its next forward).
-- ``per_microbatch`` (1F1B-stash, PipeDream): every backward is followed by an optimizer step.
-  The forward of microbatch b runs on a snapshot of the weights (the newest version, or with
-  vertical sync the version stage 0 used), and its backward differentiates that same snapshot:
-  weight stashing. A snapshot is freed when no in-flight or future microbatch needs it.
+Weight updates follow ``schedule.update`` (``weight_updates.py``): ``flush`` accumulates the
+microbatches' gradients, sums them over the stage's replicas and steps once; ``per_microbatch``
+steps after every backward, each microbatch's forward and backward on one stashed weight version.
 
 Options: ``autocast`` is entered around the stage's own forward only (bf16): its output is cast
 back to fp32, so the loss, the tensors sent and the gradients stay fp32. ``record_answers`` (last
@@ -37,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -49,6 +40,7 @@ from torch.func import functional_call
 
 from cloud.training import backward, comm
 from cloud.training.schedules import Action, ActionKind, Schedule, Topology
+from cloud.training.weight_updates import Grads, WeightStash, accumulate, sum_over_replicas
 
 
 @dataclass
@@ -73,28 +65,21 @@ class _InFlight:
     tape: backward.LayerTape | None  # split backward: the layer outputs its weight pass needs
 
 
-Grads = Sequence[torch.Tensor | None]  # per parameter, in named_parameters order; None: unused
-
-
 @dataclass
 class _Step:
     """One step's state, which the action handlers read and update."""
 
     inputs: dict[int, torch.Tensor] | None  # stage 0: by microbatch
     targets: dict[int, torch.Tensor] | None  # last stage: by microbatch
-    stashing: bool  # per_microbatch updates: weight versions are stashed
+    stash: WeightStash | None  # per_microbatch updates: the weight versions; None: flush
     scale: float  # of each microbatch's loss
     batch_samples: int | None  # flush with unequal microbatches: a loss is scaled by its samples / this
-    tags: dict[int, int]  # vertical sync: microbatch -> weight version; else empty
-    needed: Counter[int]  # vertical sync: weight version -> forwards still to run on it
     recvs: dict[tuple[ActionKind, int], comm.PendingRecv]  # posted, not yet waited
     stats: StepStats = field(default_factory=StepStats)
     sends: comm.PendingSends = field(default_factory=comm.PendingSends)
     received: dict[tuple[ActionKind, int], torch.Tensor] = field(default_factory=dict)
     in_flight: dict[int, _InFlight] = field(default_factory=dict)
     input_grads: dict[int, torch.Tensor] = field(default_factory=dict)  # computed, not yet sent
-    version: int = 0  # per_microbatch updates applied so far
-    snapshots: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # version -> weights
     deferred: tuple[backward.LayerTape, list[torch.Tensor | None]] | None = None  # a weight pass to run
 
 
@@ -163,10 +148,7 @@ class StageExecutor:
             "SEND_B": self._send_input_gradient,
         }
 
-    # -- weight versions (per_microbatch updates) -------------------------------------------------
-    def _snapshot(self) -> dict[str, torch.Tensor]:
-        return {name: p.detach().clone().requires_grad_(True) for name, p in self.params.items()}
-
+    # -- weight updates (weight_updates.py) --------------------------------------------------------
     def _apply_update(self, grads: Grads) -> None:
         for p, g in zip(self.params.values(), grads, strict=True):
             p.grad = None if g is None else g.detach()
@@ -210,17 +192,14 @@ class StageExecutor:
         stashing = schedule.update == "per_microbatch"
         if stashing and max(self.topology.replicas) > 1:
             raise NotImplementedError("1f1b-stash with replicated stages")
-        order = schedule.orders[self.rank]
         recvs = self._post_receives(schedule)
-        tags = schedule.stash_versions() if schedule.vertical_sync else {}
-        needed = Counter(tags[a.microbatch] for a in order if a.kind == "F") if tags else Counter()
+        stash = None
+        if stashing:
+            tags = schedule.stash_versions() if schedule.vertical_sync else {}
+            forwards = (a.microbatch for a in schedule.orders[self.rank] if a.kind == "F")
+            stash = WeightStash(self.params, tags, forwards, self.stage)
         scale = 1.0 if stashing else 1.0 / schedule.n_microbatches
-        step = _Step(
-            inputs, targets, stashing, scale, None if stashing else batch_samples, tags, needed, recvs
-        )
-        if stashing and (not tags or needed[0]):
-            step.snapshots[0] = self._snapshot()
-        return step
+        return _Step(inputs, targets, stash, scale, None if stashing else batch_samples, recvs)
 
     def _receive(self, step: _Step, action: Action) -> None:
         start = time.perf_counter()
@@ -259,7 +238,7 @@ class StageExecutor:
             x = _given(step.inputs, b, "inputs").to(self.device)
         else:
             x = step.received.pop(("RECV_F", b)).requires_grad_(True)
-        version, params = self._forward_weights(step, b)
+        version, params = step.stash.forward_weights(b) if step.stash is not None else (0, None)
         with self.activation_context():
             with self.autocast():
                 tape, out = self._stage_forward(x, params)
@@ -273,19 +252,9 @@ class StageExecutor:
                 step.stats.answers[b] = out.detach().argmax(dim=1) == target
             out = loss * (len(target) / step.batch_samples if step.batch_samples else step.scale)
         step.in_flight[b] = _InFlight(x, out, params, version, tape)
-        if step.tags:
-            step.needed[version] -= 1
+        if step.stash is not None:
+            step.stash.forward_ran(version)
         step.stats.busy_s += time.perf_counter() - start
-
-    def _forward_weights(self, step: _Step, b: int) -> tuple[int, dict[str, torch.Tensor] | None]:
-        """The weight version microbatch ``b``'s forward uses, and its stashed weights (stashing only)."""
-        if not step.stashing:
-            return step.version, None
-        version = step.tags.get(b, step.version)
-        params = step.snapshots.get(version)
-        if params is None:
-            raise RuntimeError(f"stage {self.stage}: weight version {version} of microbatch {b} not kept")
-        return version, params
 
     def _stage_forward(
         self, x: torch.Tensor, params: dict[str, torch.Tensor] | None
@@ -327,16 +296,11 @@ class StageExecutor:
         step.stats.busy_s += time.perf_counter() - start
 
     def _apply_weight_grads(self, step: _Step, weight_grads: Grads) -> None:
-        if not step.stashing:
-            self._accumulate(weight_grads)
+        if step.stash is None:
+            accumulate(self.params.values(), weight_grads)
             return
         self._apply_update(weight_grads)
-        step.version += 1
-        if not step.tags or step.needed[step.version]:
-            step.snapshots[step.version] = self._snapshot()
-        self._drop_unused(
-            step.snapshots, step.in_flight, step.needed, step.version if not step.tags else None
-        )
+        step.stash.updated(s.version for s in step.in_flight.values())
 
     def _end_step(self, step: _Step) -> None:
         """Wait for the sends; with flush updates, sum the replicas' gradients and step."""
@@ -344,12 +308,13 @@ class StageExecutor:
         step.sends.wait_all(self.timeout_s)
         if step.in_flight or step.recvs:
             raise RuntimeError(f"rank {self.rank}: unfinished microbatches {sorted(step.in_flight)}")
-        if not step.stashing and self.flush_gradients is not None:
+        flush = step.stash is None
+        if flush and self.flush_gradients is not None:
             self.flush_gradients()  # it sums across replicas and steps the weights itself
-        elif not step.stashing:
-            self._allreduce_grads()
+        elif flush and self.topology.replicas[self.stage] > 1:
+            sum_over_replicas(list(self.params.values()), self.replica_group, self.all_reduce)
         step.stats.idle_s += time.perf_counter() - start
-        if not step.stashing and self.flush_gradients is None:
+        if flush and self.flush_gradients is None:
             start = time.perf_counter()
             self._optimizer_step()
             step.stats.busy_s += time.perf_counter() - start
@@ -372,46 +337,6 @@ class StageExecutor:
                     src, comm.message_tag(comm.KIND_GRADIENT, b), self.slot_sizes, self.channels.backward
                 )
         return recvs
-
-    @staticmethod
-    def _drop_unused(
-        snapshots: dict[int, dict[str, torch.Tensor]],
-        in_flight: dict[int, _InFlight],
-        needed: Counter[int],
-        current: int | None,
-    ) -> None:
-        """Free weight versions that no in-flight microbatch and no future forward will use."""
-        used = {s.version for s in in_flight.values()} | {v for v, count in needed.items() if count > 0}
-        if current is not None:
-            used.add(current)
-        for v in [v for v in snapshots if v not in used]:
-            del snapshots[v]
-
-    def _accumulate(self, grads: Grads) -> None:
-        for p, g in zip(self.params.values(), grads, strict=True):
-            if g is not None:
-                p.grad = g.detach().clone() if p.grad is None else p.grad.add_(g)
-
-    def _allreduce_grads(self) -> None:
-        if self.topology.replicas[self.stage] < 2:
-            return
-        # Sum, not mean: replicas hold disjoint microbatches of one minibatch whose losses are
-        # already scaled by 1/microbatches.
-        for p in self.params.values():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        if self.all_reduce is None:
-            for p in self.params.values():
-                dist.all_reduce(p.grad, group=self.replica_group)
-            return
-        # one message for the stage: a program pays its steps once, not once per parameter
-        grads = [p.grad for p in self.params.values() if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        self.all_reduce(flat)
-        offset = 0
-        for grad in grads:
-            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
-            offset += grad.numel()
 
     # -- evaluation ---------------------------------------------------------------------------------
     @torch.no_grad()
