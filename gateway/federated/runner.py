@@ -12,13 +12,9 @@ drop-oldest), the client, the trainer, the forwarder, and one watch task that re
 
 The decision is re-taken, and acted on, under one lock, so ``apply`` and the watch task never act at
 the same time; a decision that changes the mode is logged and kept in a bounded list (``decisions``,
-evictions counted). torch is imported only when local training is first decided, by a background task
-in a thread (seconds on a small box): the event loop, the control plane and the daemon's start never
-wait for it. Meanwhile the service is ``pending`` ("loading torch"); once loaded, the runner
-re-decides and starts the client. The client module is taken from the load task once its import has
-returned, never from ``sys.modules``, which holds a module from the moment its import *starts*: a
-decision taken meanwhile saw a half-initialised module ("partially initialized module ... most
-likely due to a circular import"). A state reached without an ``apply`` (torch loaded, the mode
+evictions counted). torch is imported only when local training is first decided, in the background
+(lazy_client.py): meanwhile the service is ``pending`` ("loading torch"); once loaded, the runner
+re-decides and starts the client. A state reached without an ``apply`` (torch loaded, the mode
 changed with the link), goes to ``report``, so the control plane's retained state follows it;
 ``health`` says what is wrong with the running worker now (backing off: ``degraded``; torch would
 not load: ``failed``), and a successful (re)start clears the error it replaced.
@@ -31,33 +27,27 @@ decision is being acted on (torch loading, say), ``status()["state"]`` still nam
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from gateway.control.handlers import Applied
 from gateway.federated.choice import LinkLike, TrainingChoice, choose_training_mode
 from gateway.federated.forward import RawForwarder
+from gateway.federated.lazy_client import LazyClient
 from gateway.storage.epoch_log import EpochLog
 from gateway.storage.interface import RecordLog
 from protocol.config import TrainingConfig
 from protocol.control import TrainingSettings
 from runtime.tasks import cancel_and_wait, wait_event
 
-if TYPE_CHECKING:  # both import torch: loaded by a background task, only once local training is decided
-    from gateway.federated.client import FederatedClient
-    from gateway.federated.trainer import LocalTrainer
-
 log = logging.getLogger(__name__)
 
 DECISIONS_KEPT = 20
-CLIENT_MODULE = "gateway.federated.client"  # imports torch
 TrainingState = Literal["training", "loading", "forwarding_raw", "stopped"]  # /status "training.state"
 
 
@@ -101,7 +91,6 @@ class TrainingRunner:
         self.gateway_id = gateway_id
         self.data_dir = Path(data_dir)
         self.directory = self.data_dir / "training"
-        self._cloud_url, self._token = cloud_url, token
         self._uplink_log = uplink_log
         self._link_view = link_view
         self._wake_uplink = wake_uplink
@@ -118,16 +107,19 @@ class TrainingRunner:
         self.decisions_dropped = 0
         self.decisions_total = 0
         self._data_log: EpochLog | None = None
-        self._client: FederatedClient | None = None  # once torch is loaded
-        self._trainer: LocalTrainer | None = None
-        self._forwarder: RawForwarder | None = None
-        self._client_running = False
+        self._local = LazyClient(  # train_locally: the client, once torch is loaded
+            config,
+            gateway_id=gateway_id,
+            cloud_url=cloud_url,
+            token=token,
+            uplink_log=uplink_log,
+            wake_uplink=wake_uplink,
+            loaded=self.poke,
+        )
+        self._forwarder: RawForwarder | None = None  # upload_raw
         self._lock = asyncio.Lock()
         self._poke = asyncio.Event()
         self._watch_task: asyncio.Task[None] | None = None
-        self._load_task: asyncio.Task[None] | None = None
-        self._client_module: ModuleType | None = None  # set by the load task once the import returned
-        self.load_error: str | None = None  # why the last load failed; None once one succeeded
         self.last_error: str | None = None  # of acting on a decision; cleared by the next success
 
     # --- the control plane and placement drive it ---------------------------------------------------
@@ -146,14 +138,12 @@ class TrainingRunner:
         self._poke.set()
 
     async def stop(self) -> None:
-        for task in (self._watch_task, self._load_task):  # the load's thread finishes its import alone
-            await cancel_and_wait(task)
-        self._watch_task = self._load_task = None
+        await cancel_and_wait(self._watch_task)
+        self._watch_task = None
+        await self._local.cancel_load()
         async with self._lock:
             await self._stop_workers()
-            if self._trainer is not None:
-                await asyncio.to_thread(self._trainer.close)  # ends a running round at its next step
-                self._trainer = None
+            await self._local.close()
             if self._data_log is not None:
                 await self._data_log.close()
                 self._data_log = None
@@ -208,10 +198,10 @@ class TrainingRunner:
         choice = self.decide(settings.private)
         self._record(choice, trigger)
         try:
-            await self._open_data_log()
+            data_log = await self._open_data_log()
             if choice.mode == "train_locally":
                 await self._stop_forwarder()
-                if not await self._start_client():
+                if not await self._local.start(data_log):
                     return Applied(
                         "pending",
                         False,
@@ -219,8 +209,8 @@ class TrainingRunner:
                         "in the background (/status training.state)",
                     )
             else:
-                await self._stop_client()
-                await self._start_forwarder()
+                await self._local.stop()
+                await self._start_forwarder(data_log)
         except Exception as exc:
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.exception("training: could not act on %s", choice)
@@ -257,85 +247,18 @@ class TrainingRunner:
         self.decisions_total += 1
         log.info("training mode %s -> %s (%s): %s", before, after, trigger, entry["reason"])
 
-    async def _open_data_log(self) -> None:
-        if self._data_log is not None:
-            return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        data_log = open_sample_log(self.data_dir, self.config)
-        await data_log.open()
-        self._data_log = data_log
+    async def _open_data_log(self) -> EpochLog:
+        if self._data_log is None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            data_log = open_sample_log(self.data_dir, self.config)
+            await data_log.open()
+            self._data_log = data_log
+        return self._data_log
 
-    async def _start_client(self) -> bool:
-        """True once the client runs; False while torch is still loading in the background."""
-        if self._client_running:
-            return True
-        if self._client is None:
-            if self._client_module is None:
-                if self._load_task is None or self._load_task.done():
-                    self._load_task = asyncio.create_task(self._load(), name="training-load-torch")
-                return False
-            self._client = self._build_client(self._client_module)
-        await self._client.start()
-        self._client_running = True
-        return True
-
-    async def _load(self) -> None:
-        """Import the client (and torch) in a thread, then have the watch task re-decide."""
-        try:
-            module = await asyncio.to_thread(importlib.import_module, CLIENT_MODULE)
-        except Exception as exc:  # e.g. torch not installed: the service fails and says why
-            self.load_error = f"cannot load local training: {type(exc).__name__}: {exc}"
-            log.error("training: %s", self.load_error)
-            return
-        self._client_module, self.load_error = module, None
-        self.poke()
-
-    def _build_client(self, client_module: ModuleType) -> FederatedClient:
-        """The client (and its trainer, kept in ``_trainer``), from the imported client module."""
-        from gateway.federated.encoder import CodecSpec
-        from gateway.federated.trainer import LocalTrainer
-        from models.numerics import BfpFormat
-
-        config = self.config
-        codec = CodecSpec(
-            config.codec,
-            BfpFormat(block_size=config.block_size, mantissa_bits=config.mantissa_bits),
-            topk_fraction=config.topk_fraction,
-            error_feedback=config.error_feedback,
-        )
-        self._trainer = LocalTrainer(threads=config.threads, duty=config.duty)
-        assert self._data_log is not None
-        return client_module.FederatedClient(
-            self.gateway_id,
-            self._cloud_url,
-            self._token,
-            self._data_log,
-            self._uplink_log,
-            trainer=self._trainer,
-            codec=codec,
-            wake_uplink=self._wake_uplink,
-            device="trainer",
-            poll_interval_s=config.poll_interval_s,
-            retrain_after_s=config.retrain_after_s,
-            min_samples=config.min_samples,
-            max_samples=config.max_samples,
-            timeout_s=config.timeout_s,
-            expect_model=config.model,
-            expect_arch=config.arch,
-        )
-
-    async def _stop_client(self) -> None:
-        if self._client_running:
-            assert self._client is not None and self._trainer is not None, "a running client was built"
-            self._trainer.interrupt()  # a round in progress ends at its next step, nothing is sent
-            await self._client.stop()
-            self._client_running = False
-
-    async def _start_forwarder(self) -> None:
+    async def _start_forwarder(self, data_log: EpochLog) -> None:
         if self._forwarder is None:
-            assert self._data_log is not None
             self._forwarder = RawForwarder(
-                self._data_log,
+                data_log,
                 self._uplink_log,
                 self.directory / "forwarded.json",
                 wake_uplink=self._wake_uplink,
@@ -348,35 +271,20 @@ class TrainingRunner:
             await self._forwarder.stop()
 
     async def _stop_workers(self) -> None:
-        await self._stop_client()
+        await self._local.stop()
         await self._stop_forwarder()
 
     # --- what it shows ------------------------------------------------------------------------------
 
     @property
     def state(self) -> TrainingState:
-        if self._client_running:
+        if self._local.running:
             return "training"
-        if self._load_task is not None and not self._load_task.done():
+        if self._local.loading:
             return "loading"
         if self._forwarder is not None and self._forwarder.running:
             return "forwarding_raw"
         return "stopped"
-
-    def _client_counters(self) -> dict[str, int]:
-        if self._client is None:
-            return {
-                "rounds": 0,
-                "updates_sent": 0,
-                "payload_bytes": 0,
-                "record_bytes": 0,
-                "fetches": 0,
-                "fetch_bytes": 0,
-                "fetch_failures": 0,
-                "wrong_model": 0,
-                "errors": 0,
-            }
-        return dict(self._client.counters)
 
     def _forwarder_counters(self) -> dict[str, int]:
         if self._forwarder is None:
@@ -388,11 +296,11 @@ class TrainingRunner:
         retried at the next decision), or the running worker is backing off after an error (``degraded``)."""
         if self.settings is None or not self.settings.enabled:
             return None
-        if self.load_error is not None:
-            return Applied("failed", False, f"{self.choice}: {self.load_error}")
-        if self._client_running:
-            assert self._client is not None
-            worker, failing = "the federated client", self._client.failing
+        if self._local.load_error is not None:
+            return Applied("failed", False, f"{self.choice}: {self._local.load_error}")
+        if self._local.running:
+            assert self._local.client is not None
+            worker, failing = "the federated client", self._local.client.failing
         elif self._forwarder is not None and self._forwarder.running:
             worker, failing = "the raw forwarder", self._forwarder.failing
         else:
@@ -402,17 +310,18 @@ class TrainingRunner:
         return Applied("degraded", True, f"{self.choice}; {worker} is retrying after: {failing}")
 
     def _last_error(self) -> str | None:
+        client = self._local.client
         errors = [
-            self.load_error,
+            self._local.load_error,
             self.last_error,
-            self._client.last_error if self._client is not None else None,
+            client.last_error if client is not None else None,
             self._forwarder.last_error if self._forwarder is not None else None,
         ]
         return next((e for e in reversed(errors) if e), None)
 
     def status(self) -> dict[str, Any]:
         settings = self.settings or TrainingSettings()
-        client = self._client
+        client = self._local.client
         outcome = client.last_outcome if client is not None else None
         return {
             "enabled": settings.enabled,
@@ -433,21 +342,22 @@ class TrainingRunner:
             "last_outcome": None
             if outcome is None
             else {"kind": outcome.kind, "detail": outcome.detail, "version": outcome.version},
-            "client": self._client_counters(),
+            "client": self._local.counters(),
             "forwarder": self._forwarder_counters(),
             "last_error": self._last_error(),
         }
 
     def metrics(self) -> dict[str, float]:
         mode = self.choice.mode if self.choice is not None else None
+        client = self._local.client
         return {
-            **self._client_counters(),
+            **self._local.counters(),
             **{f"raw_{k}": v for k, v in self._forwarder_counters().items()},
             "decisions": self.decisions_total,
             "enabled": float(bool(self.settings and self.settings.enabled)),
             "mode_local": float(mode == "train_locally"),
             "mode_raw": float(mode == "upload_raw"),
-            "samples": float(len(self._client.samples)) if self._client is not None else 0.0,
+            "samples": float(len(client.samples)) if client is not None else 0.0,
         }
 
 
