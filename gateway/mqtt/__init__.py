@@ -6,6 +6,7 @@
     packet_limit.py   ``BoundedClient``: paho's client refusing a packet over max_packet_size unread
     batched_client.py ``BatchedClient``, beneath it: one ``recv`` for many packets, many PUBACKs a write
     inbound.py        ``InboundQueue``: what was read, not yet taken; full, it pauses the socket
+    paho_options.py   the settings as paho's client, CONNECT, subscribe and publish options
     types.py          the values it takes and gives: settings, the last will, messages, errors, counters
 
 Sensor ingest and the camera use an adapter each; the control plane and gatewayctl use

@@ -1,8 +1,9 @@
 """The gateway's one MQTT adapter: paho-mqtt 2.x driven by the daemon's asyncio loop.
 
 Built the way aiomqtt is: no paho network thread. gateway/mqtt/socket_driver.py drives paho's socket from
-the loop (reads, writes, keepalive), gateway/mqtt/packet_limit.py bounds what paho reads, and
-gateway/mqtt/inbound.py queues what it read; this module is the connection's life and its data path:
+the loop (reads, writes, keepalive), gateway/mqtt/packet_limit.py bounds what paho reads,
+gateway/mqtt/inbound.py queues what it read, and gateway/mqtt/paho_options.py turns the settings into
+paho's client and options; this module is the connection's life and its data path:
 connect, reconnect, acks and publishes. The blocking TCP/TLS connect runs in a daemon thread
 (``runtime.shutdown.in_daemon_thread``: one still blocked at stop does not hold the exit). A plain
 ``mqtt://`` connection that ends before its CONNACK may have met TLS: tls_hint.py says so.
@@ -26,13 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
-from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from gateway.mqtt.inbound import InboundQueue
 from gateway.mqtt.packet_limit import BoundedClient, RefusedPacket
+from gateway.mqtt.paho_options import connect_arguments, make_client, publish_properties, subscribe_arguments
 from gateway.mqtt.socket_driver import SocketDriver
 from gateway.mqtt.tls_hint import TlsHint
 from gateway.mqtt.types import (  # noqa: F401  (re-exported: the adapter's public names live here)
@@ -53,8 +51,6 @@ from runtime.shutdown import in_daemon_thread
 from runtime.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
-
-SESSION_EXPIRY_S = 7 * 24 * 3600  # the broker keeps the session (and queued QoS 1) for a week offline
 
 
 @dataclass
@@ -100,31 +96,7 @@ class MqttAdapter:
     # --- lifecycle -------------------------------------------------------------------------------
 
     def _make_client(self) -> BoundedClient:
-        s = self.settings
-        v5 = s.protocol_version == "5"
-        client = BoundedClient(
-            s.max_packet_size,
-            self._on_refused,
-            callback_api_version=CallbackAPIVersion.VERSION2,
-            client_id=s.client_id,
-            protocol=paho.MQTTv5 if v5 else paho.MQTTv311,
-            manual_ack=s.manual_ack,
-            clean_session=None if v5 else not s.persistent_session,
-            reconnect_on_failure=False,
-        )
-        _, _, tls = s.host_port_tls
-        if tls:
-            client.tls_set(
-                ca_certs=str(s.ca_file) if s.ca_file else None,
-                certfile=str(s.cert_file) if s.cert_file else None,
-                keyfile=str(s.key_file) if s.key_file else None,
-            )
-        if s.username is not None:
-            client.username_pw_set(s.username, s.password)
-        if s.will is not None:
-            client.will_set(s.will.topic, s.will.payload, qos=s.will.qos, retain=s.will.retain)
-        client.connect_timeout = s.connect_timeout_s
-        client.max_inflight_messages_set(1000)  # paho's default of 20 throttles bursts of QoS 1 replies
+        client = make_client(self.settings, self._on_refused)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
@@ -144,9 +116,8 @@ class MqttAdapter:
             self._send_subscribe(subscription)
 
     def _send_subscribe(self, sub: _Subscription) -> None:
-        v5 = self.settings.protocol_version == "5"  # the QoS goes in the options (3.1.1 has none), not both
-        options = SubscribeOptions(sub.qos, retainAsPublished=sub.retain_as_published) if v5 else None
-        self._client.subscribe(sub.topic, qos=0 if v5 else sub.qos, options=options)
+        options = subscribe_arguments(self.settings, sub.qos, sub.retain_as_published)
+        self._client.subscribe(sub.topic, **options)
 
     async def start(self) -> None:
         if self._task is not None:
@@ -221,20 +192,7 @@ class MqttAdapter:
         loop = asyncio.get_running_loop()
         connack: asyncio.Future[bool] = loop.create_future()
         self._state = _ConnectionState(number=self._state.number + 1, connack=connack)
-        if self.settings.protocol_version == "5":
-            props = Properties(PacketTypes.CONNECT)
-            props.SessionExpiryInterval = SESSION_EXPIRY_S if self.settings.persistent_session else 0
-            props.ReceiveMaximum = max(1, min(self.settings.inbound_bound, 65535))
-            # One byte under what the reader takes: mosquitto (2.0, packet__check_oversize) leaves a
-            # packet's first byte out of its size, so it sends up to one byte more than announced.
-            props.MaximumPacketSize = self.settings.max_packet_size - 1
-            # clean_start=False on every connect: the session must survive a daemon restart
-            kwargs: dict[str, Any] = {
-                "clean_start": not self.settings.persistent_session,
-                "properties": props,
-            }
-        else:
-            kwargs = {}  # v3.1.1: clean_session was given to the Client
+        kwargs = connect_arguments(self.settings)
         try:
             async with asyncio.timeout(self.settings.connect_timeout_s + 1):
                 await in_daemon_thread(  # a connect blocked at stop must not hold the exit
@@ -391,17 +349,7 @@ class MqttAdapter:
         """
         if not self._state.connected:
             raise MqttNotConnected(f"not connected to {self.settings.url}")
-        props = None
-        if self.settings.protocol_version == "5" and (
-            response_topic or correlation_data is not None or expiry_s is not None
-        ):
-            props = Properties(PacketTypes.PUBLISH)
-            if response_topic:
-                props.ResponseTopic = response_topic
-            if correlation_data is not None:
-                props.CorrelationData = correlation_data
-            if expiry_s is not None:
-                props.MessageExpiryInterval = expiry_s
+        props = publish_properties(self.settings, response_topic, correlation_data, expiry_s)
         info = self._client.publish(topic, payload, qos=qos, retain=retain, properties=props)
         if info.rc != paho.MQTT_ERR_SUCCESS:
             raise MqttNotConnected(f"publish failed: {paho.error_string(info.rc)}")
