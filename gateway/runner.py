@@ -46,13 +46,7 @@ from gateway.control.store import ControlStore
 from gateway.control.wiring import base_from_file, known_models, task_catalog
 from gateway.datadir import DataDirLock, StartupError, open_record_log, record_log_dir
 from gateway.extras import NeedsExtraHandler, extra_installed, missing_extras
-from gateway.heartbeat import (
-    HeartbeatSender,
-    heartbeat_counters,
-    heartbeat_link,
-    heartbeat_placement,
-    heartbeat_services,
-)
+from gateway.heartbeat import HeartbeatSender
 from gateway.ingest.sensors import SensorIngest
 from gateway.metrics import make_registry
 from gateway.mqtt.adapter import MqttAdapter, Will, settings_from_config
@@ -63,6 +57,7 @@ from gateway.placement.runner import PlacementRunner, make_monitor
 from gateway.provided_files import check_provided_files
 from gateway.reload import applied_live, restart_needed_for
 from gateway.runner_metrics import gateway_collector
+from gateway.runner_status import gateway_status, heartbeat_fields
 from gateway.status import StatusServer
 from gateway.uplink.sender import Uplink, read_token
 from protocol.config import GatewayConfig, load_gateway_config
@@ -135,7 +130,7 @@ class GatewayRunner:
             config.uplink.cloud_url,
             self.token,
             config.uplink.heartbeat_interval_s,
-            self._heartbeat_fields,
+            lambda: heartbeat_fields(self),
         )
         self.fatal: asyncio.Future[BaseException] | None = None
         self.ingest = SensorIngest(
@@ -242,18 +237,6 @@ class GatewayRunner:
             wake_uplink=self.uplink.wake,
             report=lambda applied: self.handlers.report("training", applied),
         )
-
-    def _heartbeat_fields(self) -> dict[str, Any]:
-        plan = self.placement.planner.current if self.placement is not None else None
-        return {
-            "backlog_records": self.uplink.backlog,
-            "backlog_bytes": self.log.stats()["bytes_used"],
-            "link": heartbeat_link(self.link_monitor.snapshot()),
-            "placement": heartbeat_placement(plan),
-            "services": heartbeat_services(self.control.states.all()),
-            "models": self.camera.model_figures() if self.camera is not None else {},
-            "counters": heartbeat_counters(self.log.stats(), self.ingest.rejected, self.uplink.figures),
-        }
 
     def _offline_now(self) -> Will:
         gw = self.config.gateway_id
@@ -388,35 +371,5 @@ class GatewayRunner:
         return dict(self.placement.planner.pins)
 
     def status(self) -> dict[str, Any]:
-        return {
-            "gateway_id": self.config.gateway_id,
-            "uptime_s": round(time.monotonic() - self.started_at, 3),
-            "mqtt": {"broker": self.config.mqtt.broker, **self.mqtt.stats()},
-            "log": {
-                "log_id": self.log.log_id,
-                **self.log.stats(),
-                "damage": [d.as_dict() for d in self.log.damage[:20]],
-                "scrub": self.log.scrub.status(),
-            },
-            "ingest": {
-                **self.ingest.stats(),
-                "rejected": sum(self.ingest.rejected.values()),
-                "rejected_by_reason": dict(self.ingest.rejected),
-            },
-            "uplink": {
-                "state": self.uplink.state,
-                "backlog": self.uplink.backlog,
-                "last_error": self.uplink.last_error,
-                "last_success_ts": self.uplink.last_success_ts,
-                **self.uplink.figures,
-                "failures": dict(self.uplink.failures),
-                "drain": self.uplink.chooser.status(),
-                "corruption": self.uplink.damage_stop.status(),
-            },
-            "placement": self.placement.status() if self.placement is not None else None,
-            "heartbeat": dict(self.heartbeat.counters),
-            "control": self.control.status(),
-            "reload": {**self.reloads, "last": self.last_reload},
-            "camera": self.camera.status() if self.camera is not None else None,
-            "training": self.training.status(),
-        }
+        """What ``/status`` shows (runner_status.py)."""
+        return gateway_status(self)
