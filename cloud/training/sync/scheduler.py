@@ -11,9 +11,10 @@ steps the layers whose syncs already arrived, so their steps fill the wait inste
 it. The time spent in that wait is the layer's blockage. The window also measures what the
 planner (``predict.py``) models an iteration from: each layer's forward compute and when its gradients
 were ready in backward, and each message's time on the wire and in its collective.
-Every ``window`` iterations the ranks combine their tables (blockage: max over ranks; sync and
-queue time: min, since a rank that launched early also counts the time it waited for its peers) and
-feed the same ``PolicyEngine``, so every rank switches to the same policy at the same iteration.
+Every ``window`` iterations the ranks combine their tables (``window_sums.py``; blockage: max over
+ranks; sync and queue time: min, since a rank that launched early also counts the time it waited
+for its peers) and feed the same ``PolicyEngine``, so every rank switches to the same policy at the
+same iteration.
 The exchange rides on the window's last gradient message (each rank's table in its own slot of a
 zeroed tail, so the sum is an all-gather; no message of its own, hence no extra round trip on the
 link) and is read at the start of the next backward, so a window's end does not drain the lanes
@@ -40,10 +41,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from cloud.training.sync.barrier import LayerWindow, SyncPolicy, WindowTable
+from cloud.training.sync.barrier import SyncPolicy, WindowTable
 from cloud.training.sync.engine import PolicyEngine
 from cloud.training.sync.link import CommThread, LinkDelay, PendingSync, Reducer, SharedWire
 from cloud.training.sync.rules import EngineConfig
+from cloud.training.sync.window_sums import WindowSums, combined_table
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
@@ -120,7 +122,7 @@ class SyncScheduler:
         self.iteration = 0
         self.window_index = 0
         self.tables: list[WindowTable] = []
-        self._reset_window()
+        self._sums = WindowSums(self.forward_order)  # this window's measurements on this rank
         self._handles = [
             module.register_forward_pre_hook(self._make_pre_hook(name))
             for name, module in model.named_modules()
@@ -164,7 +166,7 @@ class SyncScheduler:
         for name in self.forward_order:
             self._consume(name, record=False)
         self._apply_window()
-        self._iteration_started = time.monotonic()  # time until the next iteration is not training
+        self._sums.iteration_started = time.monotonic()  # time until the next iteration is not training
 
     def close(self) -> None:
         self.finish()
@@ -205,7 +207,7 @@ class SyncScheduler:
         self._layer_ready[layer] = self._layer_ready.get(layer, 0) + 1
         if not self._layer_complete(layer):
             return
-        self._ready_sum[layer] += time.monotonic() - self._backward_started
+        self._sums.ready[layer] += time.monotonic() - self._backward_started
         bucket = self.policy.bucket_of(layer)
         if not self.policy.bucket_held(bucket) and all(self._layer_complete(name) for name in bucket):
             self._launch(bucket)
@@ -221,10 +223,10 @@ class SyncScheduler:
             self._launch(bucket)  # the barrier: held buckets go out now, first-needed first
         self.iteration += 1
         now = time.monotonic()
-        self._iteration_s += now - self._iteration_started
-        self._iteration_started = now
+        self._sums.iteration_s += now - self._sums.iteration_started
+        self._sums.iteration_started = now
         if self.iteration % self.window == 0:
-            self._reset_window()  # the window's tables left with its last message
+            self._sums.reset()  # the window's tables left with its last message
 
     def _launch(self, bucket: tuple[str, ...]) -> None:
         for name in bucket:
@@ -234,7 +236,8 @@ class SyncScheduler:
         numel = sum(grad.numel() for grad in grads)
         # the iteration's last message at a window's end also carries the window's tables
         last = len(self._launched) == len(self.policy.buckets) - 1
-        tables = self._window_tables() if last and (self.iteration + 1) % self.window == 0 else None
+        at_window_end = last and (self.iteration + 1) % self.window == 0
+        tables = self._sums.tables(self.window, self.world, self.rank) if at_window_end else None
         flat = self._buffer(bucket, numel, grads[0].dtype, 0 if tables is None else tables.numel())
         offset = 0
         for grad in grads:  # scaled straight into the message: one pass, not a copy then a scale
@@ -279,7 +282,7 @@ class SyncScheduler:
         """The layer whose forward was running is done: count its compute time."""
         if self._last_forward is not None:
             name, started = self._last_forward
-            self._forward_sum[name] += now - started
+            self._sums.forward[name] += now - started
             self._last_forward = None
 
     def _consume(self, name: str, *, record: bool) -> None:
@@ -292,7 +295,7 @@ class SyncScheduler:
         pending.wait(self.timeout_s)
         if record:
             waited = time.monotonic() - started
-            self._blocked[name] += waited
+            self._sums.blocked[name] += waited
             self.blocked_s += waited
         self._step(pending)
 
@@ -316,89 +319,20 @@ class SyncScheduler:
                 self.optimizers[layer].step()
                 self.optimizers[layer].zero_grad(set_to_none=True)
                 del self._pending[layer]
-                self._record_sync(layer, pending)
-
-    def _record_sync(self, layer: str, pending: PendingSync) -> None:
-        """Add a done message's times to ``layer``'s window sums."""
-        sync_s, queue_s, wire_s, reduce_s = pending.sync_s, pending.queue_s, pending.wire_s, pending.reduce_s
-        if sync_s is None or queue_s is None or wire_s is None or reduce_s is None:
-            return  # not done; a done message has all four (picked, on the wire, launched, done)
-        self._sync_sum[layer] += sync_s
-        self._queue_sum[layer] += queue_s
-        self._wire_sum[layer] += wire_s
-        self._reduce_min[layer] = min(self._reduce_min[layer], reduce_s)
-        self._sync_count[layer] += 1
+                self._sums.record_sync(layer, pending)
 
     # ------------------------------------------------------------------ window
-
-    def _reset_window(self) -> None:
-        self._blocked = dict.fromkeys(self.forward_order, 0.0)
-        self._sync_sum = dict.fromkeys(self.forward_order, 0.0)
-        self._queue_sum = dict.fromkeys(self.forward_order, 0.0)
-        self._wire_sum = dict.fromkeys(self.forward_order, 0.0)
-        # the shortest collective per layer: a rank's collective also counts its wait for a late
-        # peer, and over a window each rank is the late one at times
-        self._reduce_min = dict.fromkeys(self.forward_order, float("inf"))
-        self._forward_sum = dict.fromkeys(self.forward_order, 0.0)
-        self._ready_sum = dict.fromkeys(self.forward_order, 0.0)
-        self._sync_count = dict.fromkeys(self.forward_order, 0)
-        self._iteration_s = 0.0
-        self._iteration_started = time.monotonic()
-
-    def _window_tables(self) -> torch.Tensor:
-        """This rank's window table (per layer: blocked, forward, ready, then per message: sync,
-        queue, wire (means), collective (shortest); then the iteration time) in its own row of a
-        zeroed ranks x columns block: summed across ranks, every rank gets every rank's row exactly
-        (x + 0 = x), an all-gather riding on the window's last gradient message."""
-        order = self.forward_order
-        counts = [max(1, self._sync_count[name]) for name in order]
-        iteration_s = self._iteration_s + time.monotonic() - self._iteration_started  # this one so far
-        per_iteration = [self._blocked, self._forward_sum, self._ready_sum]
-        per_message = [self._sync_sum, self._queue_sum, self._wire_sum]
-        row = (
-            [sums[name] / self.window for sums in per_iteration for name in order]
-            + [sums[name] / c for sums in per_message for name, c in zip(order, counts, strict=True)]
-            + [self._reduce_min[name] if self._sync_count[name] else 0.0 for name in order]
-            + [iteration_s / self.window]
-        )
-        tables = torch.zeros(self.world, len(row))
-        tables[self.rank] = torch.tensor(row)
-        return tables.reshape(-1)
 
     def _apply_window(self) -> None:
         if self._exchange is None:
             return
         pending, offset, policy_text = self._exchange
         self._exchange = None
-        rows = pending.wait(self.timeout_s)[offset:].reshape(self.world, -1).double()
-        n = len(self.forward_order)
-        columns = rows[:, :-1].reshape(self.world, -1, n)  # ranks x (the row's per-layer groups) x layers
-        # compute (blocked, forward, ready): the slower rank sets the pace, max over ranks; message
-        # times (sync, queue, wire, collective): min (a rank that launched early also counts the time
-        # it waited for its peers); iteration: max
-        blocked, forward, ready = columns[:, :3].amax(0)
-        sync, queue, wire, reduce = columns[:, 3:].amin(0)
-        table = WindowTable(
-            self.window_index,
-            self.window,
-            float(rows[:, -1].max()),
-            policy_text,
-            tuple(
-                LayerWindow(
-                    name,
-                    i,
-                    sum(p.numel() * p.element_size() for p in self.layers[name]),
-                    float(blocked[i]),
-                    float(sync[i]),
-                    float(queue[i]),
-                    wire_s=float(wire[i]),
-                    reduce_s=float(reduce[i]),
-                    forward_s=float(forward[i]),
-                    ready_s=float(ready[i]),
-                )
-                for i, name in enumerate(self.forward_order)
-            ),
-        )
+        tables = pending.wait(self.timeout_s)[offset:]
+        layer_bytes = {
+            name: sum(p.numel() * p.element_size() for p in params) for name, params in self.layers.items()
+        }
+        table = combined_table(tables, self.world, self.window_index, self.window, policy_text, layer_bytes)
         self.tables.append(table)
         decisions_before = len(self.engine.decisions)
         self.engine.end_window(table)
