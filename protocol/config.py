@@ -174,7 +174,7 @@ class PlacementConfig(_Section):
     max_link_utilisation: float = Field(default=0.8, gt=0, le=1)
     flap_penalty_s: float = Field(default=5.0, ge=0)
     byte_weight: float = Field(default=1.0, ge=0)
-    flapping: FlappingPolicy = "edge"
+    flapping: FlappingPolicy = "model"
     # a returning link settles this x its longest recent down stretch (0: never), at most
     # return_settle_max_s; meanwhile tasks in the cloud are priced with handing back the inputs of
     # handback_window_s to the edge if it drops again (docs/placement.md, cost model)

@@ -15,8 +15,13 @@ Model (units: seconds, bytes, cores):
   feeding only *delivery* tasks): store-and-forward into the cloud costs uplink bytes, not latency.
 - Loads: edge CPU = sum of input rate x edge cost over edge tasks; uplink = bytes/s of every edge
   output that has a consumer in the cloud (uploaded once however many consumers it has).
-- A flapping link is seen through its up fraction: goodput scaled by it, and each crossing pays
-  ``flap_penalty_s`` times the down fraction (the expected wait for the link to come back).
+- A flapping link is seen through its up fraction: goodput scaled by it, and each crossing waits for
+  the link: an input finds it down the down fraction of the time, and then waits half a down stretch
+  on average, so ``(1 - up) x longest_down_s / 2`` (the monitor's longest down stretch in its window:
+  the conservative one), or ``(1 - up) x flap_penalty_s`` before a down stretch was measured. Paid
+  once per crossing, not per round trip: the trips of one crossing go in the same up window. (Seen on
+  the live trace, 2 s up / 3 s down: frames inferred in the cloud 1.0 s after capture; the old model,
+  ``flap_penalty_s`` per round trip, predicted 6 s and kept them on an edge that took 3.4 s.)
 - A link back from down may drop again soon (a flapping link before it is recognised as one). A task
   in the cloud then hands the inputs of the last ``handback_window_s`` (the time to call the link
   down) back to the edge at once, and on a saturated edge that burst queues behind the model for the
@@ -66,9 +71,9 @@ class Budgets:
     edge_cores: float = 1.0  # cores the services may use on the gateway
     edge_cpu_share: float = 0.8  # of those cores: keep headroom for ingest, the log, the uplink
     max_link_utilisation: float = 0.8  # of the measured goodput
-    flap_penalty_s: float = 5.0  # expected wait for a flapping link, per crossing, at 0% up
+    flap_penalty_s: float = 5.0  # expected wait for a flapping link, per crossing, at 0% up, until measured
     byte_weight: float = 1.0  # score of sending the whole uplink budget, in units of one latency target
-    flapping: FlappingPolicy = "edge"
+    flapping: FlappingPolicy = "model"
     return_settle_factor: float = 1.5  # an up link settles for this x its longest recent down stretch
     return_settle_max_s: float = 15.0  # ... but no longer (a long outage is not a flapping link)
     handback_window_s: float = 2.0  # inputs sent to the cloud after a drop, until it is called down
@@ -95,19 +100,20 @@ class EffectiveLink:
     up_fraction: float = 1.0
     drop_risk: float = 0.0  # of a returning link (``drop_risk``), weighting the hand-back
     handback_window_s: float = 0.0
+    wait_s: float = 0.0  # a crossing's expected wait for a flapping link to be up
 
 
 def effective_link(link: LinkView, budgets: Budgets) -> EffectiveLink:
     up = min(max(link.up_fraction, 0.0), 1.0) if link.state == "flapping" else 1.0
     goodput = max(link.goodput_Bps * up, 1.0)
-    rtt = link.rtt_s + (1.0 - up) * budgets.flap_penalty_s
     return EffectiveLink(
-        rtt,
+        link.rtt_s,
         goodput,
         min(budgets.uplink_Bps, goodput * budgets.max_link_utilisation),
         max(up, 0.05),
         drop_risk(link, budgets),
         budgets.handback_window_s,
+        (1.0 - up) * (link.longest_down_s / 2 if link.longest_down_s > 0 else budgets.flap_penalty_s),
     )
 
 
@@ -174,7 +180,9 @@ def option_latency(option: Option, link: EffectiveLink, qf_edge: float, qf_link:
             crossing = 0.0
             if where[p] != where[t.name]:
                 size = service.task(p).output_bytes
-                crossing = link.rtt_s * service.task(p).trips + size / link.goodput_Bps * qf_link
+                crossing = (
+                    link.rtt_s * service.task(p).trips + link.wait_s + size / link.goodput_Bps * qf_link
+                )
             start = max(start, finish[p] + crossing)
         compute = t.edge_cost_s * qf_edge if where[t.name] == "edge" else t.cloud_cost_s
         finish[t.name] = start + compute

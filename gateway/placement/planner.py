@@ -123,8 +123,9 @@ def plan_placement(
         )
     if link.state == "flapping":
         reasons.append(
-            f"link flapping (up {link.up_fraction:.0%}): predicting with goodput {kB_s(eff.goodput_Bps)}"
-            f" and rtt {eff.rtt_s * 1000:.0f} ms (flap penalty {budgets.flap_penalty_s:g} s)"
+            f"link flapping (up {link.up_fraction:.0%}): predicting with goodput {kB_s(eff.goodput_Bps)},"
+            f" rtt {eff.rtt_s * 1000:.0f} ms and a wait of {eff.wait_s:.2f} s per crossing (down stretches"
+            f" of up to {link.longest_down_s:.1f} s)"
         )
         if budgets.flapping == "edge":
             at_edge = [
