@@ -8,6 +8,9 @@ up / 3 s down, a recovery); ``run_live`` records the phases' wall-clock bounds, 
 ``/status`` every ``SAMPLE_S`` (link state, plan version, sides, uplink), and every record cloudd
 stores with the time an observer polling its store first saw it (``first_seen``) and the order it was
 committed in (``order``). ``pins`` turn the plan into a static baseline (``{"camera/infer": "edge"}``).
+The camera holds a still until ``SCENE_LEAD_S`` before the trace, then plays its scene from the start:
+runs whose gateways took different times to start see the same frames in the same phases (the
+changed frames come in bursts, and where a burst falls moved a phase's mean by seconds).
 ``weak_edge`` (tests/harness/weak_edge.py) makes the gateway a weak box: a heavier scene model, installed
 in cloudd's registry so both sides infer with it, and gatewayd under a CPU quota from its start.
 
@@ -46,6 +49,10 @@ SAMPLE_S = 0.5  # the gateway's /status and the cloud's store are read this ofte
 HOT_DEVICE = "hot-001"  # publishes readings above the alert bound, always
 HOT_C, ALERT_HIGH_C = 45.0, 40.0
 READY_S = 20.0  # gatewayd's start, at full speed; on a weak edge it is given 1/fraction as long
+# The camera's scene starts this long before the trace: the gateway has measured its frames (rate,
+# changed fraction, size) and planned with them, as a gateway that has run with its camera has, and
+# every run still meets the same scene in the same phase of the trace.
+SCENE_LEAD_S = 15.0
 SLOW = {"delay_s": 0.3, "bandwidth_Bps": 50_000}  # the issue's slow link: 50 kB/s + 300 ms
 
 
@@ -240,7 +247,7 @@ async def run_live(
         cleanup.callback(cloud.stop)
         proxy = FaultProxy(cloud.port)
         proxy_port = await proxy.start()
-        # held until the trace starts: every run sees the same scene in the same phase of the trace
+        # held until SCENE_LEAD_S before the trace
         camera = DevicesimCamera(free_port(), tmp / "truth.jsonl", seed=5, fps=fps, hold=True)
         cleanup.callback(camera.stop)
         artifact_dir, model_version = None, None
@@ -281,6 +288,7 @@ async def run_live(
                 thread.start()
             observer.start()
             camera.play()
+            await asyncio.sleep(SCENE_LEAD_S)
             start = time.time()
             steps = [step for phase in phases for step in phase.steps]
             await proxy.play(steps)

@@ -42,7 +42,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 CPU_PERIOD_US = 10_000
 MIN_QUOTA_US = 1_000  # the kernel refuses a smaller quota
 FULL_SPEED_MS = 55.0  # the recommended weak edge's model, a frame at full speed (WeakEdge's docstring)
-CALIBRATION_TOLERANCE = 1.25  # a calibrated model's time is within this factor of its target
+CALIBRATION_TOLERANCE = 1.1  # a calibrated model's time is within this factor of its target
 REMOVE_TIMEOUT_S = 5.0
 
 
@@ -78,7 +78,7 @@ class WeakEdge:
 
 
 def calibrated(
-    folder: Path, cpu_fraction: float, *, target_ms: float = FULL_SPEED_MS, tries: int = 4
+    folder: Path, cpu_fraction: float, *, target_ms: float = FULL_SPEED_MS, tries: int = 6
 ) -> tuple[WeakEdge, float]:
     """(a ``WeakEdge`` with its model built under ``folder``, that model's ms a frame at full speed):
     the width is scaled until a frame takes ``target_ms`` within ``CALIBRATION_TOLERANCE`` here
