@@ -4,7 +4,9 @@ Owns the uplink's HTTP session, its token bucket's use and the requests in fligh
 batch's records are POSTed only after every blob they reference was committed in the cloud, and,
 for a batch sent beside alert batches, only after those were acknowledged (never if one failed);
 every request ends in an ``Outcome`` (outcome.py), a request abandoned on the link's return
-included, and every POST is reported to the link monitor.
+included, and every POST is reported to the link monitor. A batch's body goes gzipped
+(``uplink.compress_level``); the monitor, the bandwidth cap, stall deadlines and ``bytes_uploaded``
+count the bytes on the wire.
 
 Abandoned on the link's return: when the monitor sees the link come back (``link_returned``), a
 request that was in flight while it was down is ended as a "connection" failure if it was sent
@@ -20,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import zlib
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 
 import aiohttp
 
@@ -41,6 +45,15 @@ _OWN_REQUEST: contextvars.ContextVar[asyncio.Event | None] = contextvars.Context
 )
 
 
+@dataclass(frozen=True)
+class WireBody:
+    """A batch's body as it goes on the wire."""
+
+    data: bytes
+    encoded_bytes: int  # before compression
+    encoding: str | None  # its Content-Encoding; None: as encoded
+
+
 class BatchWire:
     def __init__(
         self,
@@ -59,6 +72,7 @@ class BatchWire:
         self._gateway_id = gateway_id
         self._url = f"{config.cloud_url.rstrip('/')}/v1/gateways/{gateway_id}/batches"
         self._timeout_s = config.timeout_s
+        self._compress_level = config.compress_level
         self._token = token
         self._bucket = bucket
         self._blobs = blobs
@@ -70,7 +84,8 @@ class BatchWire:
         self._requests: dict[asyncio.Event, float] = {}
         self._stalls = StallWatch(monitor, clock, self._stalled)
         self.counters: dict[str, float] = {  # all counts but throttled_s (seconds)
-            "bytes_uploaded": 0,
+            "bytes_uploaded": 0,  # on the wire: compressed
+            "bytes_encoded": 0,  # the same batches' bodies before compression
             "attempts": 0,
             "abandoned_on_link_return": 0,
             "stalls": 0,
@@ -131,12 +146,21 @@ class BatchWire:
     async def _transfer(self, batch: Batch, after: list[asyncio.Task[Outcome]]) -> Outcome:
         entries = batch.entries
         refs = [ref for _, data in entries for ref in blob_refs(data)]
+        body = self._body(entries)
         key = id(batch)
-        self._stalls.began(key, sum(len(data) for _, data in entries) + sum(r.size for r in refs))
+        self._stalls.began(key, len(body.data) + sum(r.size for r in refs))
         try:
-            return await self._blobs_then_batch(entries, refs, after)
+            return await self._blobs_then_batch(entries, body, refs, after)
         finally:
             self._stalls.ended(key)
+
+    def _body(self, entries: list[tuple[int, bytes]]) -> WireBody:
+        encoded = encode_batch(self._gateway_id, self._log.log_id, entries)
+        if self._compress_level == 0:
+            return WireBody(encoded, len(encoded), None)
+        # wbits 31: the gzip container, which Content-Encoding: gzip names
+        packer = zlib.compressobj(self._compress_level, zlib.DEFLATED, 31)
+        return WireBody(packer.compress(encoded) + packer.flush(), len(encoded), "gzip")
 
     def _stalled(self) -> None:
         self.counters["stalls"] += 1
@@ -144,7 +168,11 @@ class BatchWire:
         self._monitor.observe_stall()
 
     async def _blobs_then_batch(
-        self, entries: list[tuple[int, bytes]], refs: list[BlobRef], after: list[asyncio.Task[Outcome]]
+        self,
+        entries: list[tuple[int, bytes]],
+        body: WireBody,
+        refs: list[BlobRef],
+        after: list[asyncio.Task[Outcome]],
     ) -> Outcome:
         first, last = entries[0][0], entries[-1][0]
         blob_failure = await self._upload_blobs(refs)
@@ -155,8 +183,7 @@ class BatchWire:
             failed = next((o for o in (t.result() for t in after) if o.kind != "ok"), None)
             if failed is not None:
                 return Outcome(failed.kind, f"not sent: the alert batch before it failed ({failed.detail})")
-        body = encode_batch(self._gateway_id, self._log.log_id, entries)
-        wait = self._bucket.delay_for(len(body))
+        wait = self._bucket.delay_for(len(body.data))
         if wait > 0:
             self.counters["throttled_s"] += wait
             await asyncio.sleep(wait)
@@ -164,10 +191,11 @@ class BatchWire:
         outcome = await self._post(body, idempotency_key(self._gateway_id, self._log.log_id, first, last))
         if self._monitor is not None:
             self._monitor.observe_upload(
-                len(body), self._clock() - started, outcome.kind not in LINK_FAILURES
+                len(body.data), self._clock() - started, outcome.kind not in LINK_FAILURES
             )
         if outcome.kind == "ok":
-            self.counters["bytes_uploaded"] += len(body)
+            self.counters["bytes_uploaded"] += len(body.data)
+            self.counters["bytes_encoded"] += body.encoded_bytes
         return outcome
 
     async def _upload_blobs(self, refs: list[BlobRef]) -> Outcome | None:
@@ -179,14 +207,16 @@ class BatchWire:
         outcome = await self._blobs.upload_all(self._session, refs)
         return None if outcome.kind == "ok" else Outcome(outcome.kind, outcome.detail)
 
-    async def _post(self, body: bytes, key: str) -> Outcome:
+    async def _post(self, body: WireBody, key: str) -> Outcome:
         assert self._session is not None, "open() first"
         headers = {"Content-Type": "application/json", "Idempotency-Key": key}
+        if body.encoding is not None:
+            headers["Content-Encoding"] = body.encoding
         if self._token is not None:
             headers["Authorization"] = f"Bearer {self._token}"
         self.counters["attempts"] += 1
         began = self._clock()
-        outcome = await post(self._session, self._url, body, headers, self._timeout_s)
+        outcome = await post(self._session, self._url, body.data, headers, self._timeout_s)
         if self._on_answer is not None:
             self._on_answer(outcome, self._clock() - began)
         return outcome

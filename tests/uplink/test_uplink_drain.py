@@ -177,6 +177,7 @@ async def test_bandwidth_cap_throttles(cloudd, tmp_path):
             backlog_threshold_records=1000,
             bandwidth_cap_Bps=4000,
             bandwidth_burst_bytes=1024,
+            compress_level=0,  # the cap counts bytes on the wire: gzipped, these batches fit its burst
         ),
     )
     await uplink.start()
@@ -213,3 +214,27 @@ async def test_a_live_tail_past_the_threshold_joins_the_backlog(cloudd, tmp_path
     assert sorted(lsns) == list(range(1, 43))
     raw_left = [lsn for lsn in lsns[lsns.index(40) :] if lsn % 10 and lsn % 3]
     assert len(raw_left) == sum(1 for lsn in range(1, 43) if lsn % 10 and lsn % 3)  # 40 before every raw
+
+
+@pytest.mark.parametrize("level", [0, 1, 9])
+async def test_batch_bodies_go_gzipped_and_cloudd_stores_each_record_once(cloudd, tmp_path, level):
+    """``uplink.compress_level``: the bodies go with Content-Encoding: gzip (cloudd's server
+    decompresses them), the wire counts fewer bytes than the JSON it carries, and 0 sends them plain."""
+    log = await filled_log(tmp_path / "log", 200)
+    uplink = Uplink(
+        log,
+        "gw1",
+        config(cloudd.url, cloudd.token_for("gw1"), batch_max_records=50, compress_level=level),
+    )
+    await uplink.start()
+    try:
+        await eventually(lambda: uplink.backlog == 0, 60, "the log drained")
+    finally:
+        await uplink.stop()
+        await log.close()
+    assert sorted(r.lsn for r in cloudd.records("gw1")) == list(range(1, 201))  # each once
+    wire, encoded = uplink.figures["bytes_uploaded"], uplink.figures["bytes_encoded"]
+    if level == 0:
+        assert wire == encoded > 0
+    else:
+        assert 0 < wire < encoded / 3, (wire, encoded)
