@@ -83,7 +83,9 @@ async def test_placement_follows_connectivity_trace(cloud):
     )
     planner = PlacementPlanner(
         [sensor_graph(), CAMERA],
-        Budgets(uplink_Bps=1_000_000),
+        # the "edge" flapping policy: a flapping link puts every task here (the default, "model", is
+        # held to its flap model in test_handback.py and on real processes in test_placement_live.py)
+        Budgets(uplink_Bps=1_000_000, flapping="edge"),
         hysteresis=Hysteresis(up_fraction_delta=0.3),
     )
     plans = []
