@@ -55,8 +55,10 @@ def test_ingest_accepts_valid_and_counts_each_rejection(mosquitto, tmp_path):
         # 2 samples, the start marker (+ results if aggregated here); the gauge shows what /status does,
         # read together (a plan record, when the monitor calls the unreachable cloud down, adds one)
         wait_until(
-            lambda: (backlog := gw.status()["uplink"]["backlog"]) >= 3
-            and f"edgefed_gateway_uplink_backlog {backlog}.0" in gw.get("/metrics").decode(),
+            lambda: (
+                (backlog := gw.status()["uplink"]["backlog"]) >= 3
+                and f"edgefed_gateway_uplink_backlog {backlog}.0" in gw.get("/metrics").decode()
+            ),
             10,
             "the backlog gauge showing the uplink's backlog",
         )
