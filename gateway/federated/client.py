@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from gateway.federated.encoder import CodecSpec, UpdateEncoder
+from gateway.federated.lazy_client import CLIENT_COUNTERS
 from gateway.federated.samples import SampleWindow
 from gateway.federated.trainer import LocalResult, LocalTrainer, TrainingStopped
 from gateway.storage.interface import RecordLog
@@ -123,17 +124,7 @@ class FederatedClient:
         self._weights: dict[str, torch.Tensor] | None = None
         self._trained_version: int | None = None
         self._last_sent = float("-inf")
-        self.counters = {
-            "rounds": 0,
-            "updates_sent": 0,
-            "payload_bytes": 0,
-            "record_bytes": 0,
-            "fetches": 0,
-            "fetch_bytes": 0,
-            "fetch_failures": 0,
-            "wrong_model": 0,
-            "errors": 0,
-        }
+        self.counters = dict.fromkeys(CLIENT_COUNTERS, 0)
         self.last_outcome: RoundOutcome | None = None
         self.last_error: str | None = None
 

@@ -27,6 +27,20 @@ from gateway.storage.interface import RecordLog
 from protocol.config import TrainingConfig
 from runtime.tasks import cancel_and_wait
 
+# The client's counters (client.py counts them), named here so that a client not loaded yet reports
+# them at zero without importing torch.
+CLIENT_COUNTERS = (
+    "rounds",
+    "updates_sent",
+    "payload_bytes",
+    "record_bytes",
+    "fetches",
+    "fetch_bytes",
+    "fetch_failures",
+    "wrong_model",
+    "errors",
+)
+
 if TYPE_CHECKING:  # both import torch: loaded by the load task, only once local training is decided
     from gateway.federated.client import FederatedClient
     from gateway.federated.trainer import LocalTrainer
@@ -100,17 +114,7 @@ class LazyClient:
 
     def counters(self) -> dict[str, int]:
         if self.client is None:
-            return {
-                "rounds": 0,
-                "updates_sent": 0,
-                "payload_bytes": 0,
-                "record_bytes": 0,
-                "fetches": 0,
-                "fetch_bytes": 0,
-                "fetch_failures": 0,
-                "wrong_model": 0,
-                "errors": 0,
-            }
+            return dict.fromkeys(CLIENT_COUNTERS, 0)
         return dict(self.client.counters)
 
     async def _load(self) -> None:
