@@ -219,7 +219,10 @@ class GatewayRunner:
         """Where the plan runs a service's tasks now; all at the edge when placement is off."""
         if self.placement is None:
             return ServiceSides.edge(service)
-        return self.placement.sides.current(service)
+        current = self.placement.sides.current(service)
+        if current.dispatch is not None and self.uplink.live_waits:  # a spilled input would wait too
+            return dataclasses.replace(current, dispatch=current.dispatch.uplink_busy())
+        return current
 
     def _make_training(self) -> TrainingRunner:
         """The training runner: cheap until enabled; torch loads only when a local round is to run."""

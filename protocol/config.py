@@ -185,6 +185,10 @@ class PlacementConfig(_Section):
     return_settle_factor: float = Field(default=1.5, ge=0)
     return_settle_max_s: float = Field(default=15.0, ge=0)
     handback_window_s: float = Field(default=2.0, ge=0)
+    # each camera frame goes where it is done sooner: the plan's side, unless the edge's queue would
+    # make it later than the cloud, or the uplink has not taken it when the edge would have been done
+    # (docs/placement.md, "Dispatching each frame"); a pinned task is never dispatched
+    dispatch_inputs: bool = True
     # Hysteresis
     rtt_ratio: float = Field(default=1.5, gt=1)
     rtt_floor_s: float = Field(default=0.02, ge=0)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -125,6 +126,8 @@ class CameraEventRecorder:
             "frames_for_cloud": 0,
             "frames_for_cloud_log_full": 0,
             "frames_cloud_fallback": 0,
+            "frames_spilled": 0,
+            "frames_kept_here": 0,
             "alerts": 0,
             "swaps_logged": 0,
             "swap_log_full": 0,
@@ -230,10 +233,12 @@ class CameraEventRecorder:
         self._routed(1)
         return True
 
-    async def append_for_cloud(self, frame: Any, model: str, model_version: str) -> bool:
+    async def append_for_cloud(
+        self, frame: Any, model: str, model_version: str, deadline: float = math.inf
+    ) -> bool:
         """A frame whose ``infer`` runs in the cloud: its JPEG spooled, its FrameForCloud held for the
-        uplink (handoff.py). False when it cannot go (no JPEG, the spool full or failing): the caller
-        infers it here."""
+        uplink (handoff.py) until ``deadline`` at most. False when it cannot go (no JPEG, the spool
+        full or failing): the caller infers it here."""
         ref = await self._spool_frame(frame.jpeg)
         if ref is None:
             return False
@@ -246,7 +251,8 @@ class CameraEventRecorder:
             camera=self.config.alert_params(),
             blob=ref.to_body(),
         )
-        await self.handoff.hold(HeldFrame(frame, body.model_dump(mode="json")), self._append_held)
+        held = HeldFrame(frame, body.model_dump(mode="json"), deadline)
+        await self.handoff.hold(held, self._append_held)
         return True  # held (then appended, or counted as lost to a full log), or reclaimed by the router
 
     async def _append_held(self, item: HeldFrame) -> None:

@@ -19,22 +19,34 @@ frame cannot reach the cloud, so ``infer`` stays at the edge whatever the plan s
 so too); a frame the full spool refuses is inferred here (``frames_cloud_fallback``), its record
 saying so.
 
+Dispatching each frame (docs/placement.md): with an ``InputDispatch`` beside the sides, a frame goes
+where it is done sooner, its latency here being ``(queued + 1) x`` the engine's measured cost (or the
+operator's declared one). The
+plan puts ``infer`` at the edge but this frame would be later here than the cloud's predicted latency:
+it is held for the cloud (``frames_spilled``). Every frame held for the cloud carries a deadline, when
+the edge would have inferred it; one the uplink has not taken by then is taken back and inferred here
+(the handoff's ``overdue``), and while the link is failing every held frame is, and a frame the plan
+sends to the cloud is inferred here at once (``frames_kept_here``): a link that went into a black hole
+keeps no frame it never carried waiting for the monitor to call it down.
+
 Invariant: every frame the source delivers is routed exactly once to where it is processed: submitted
 to the engine (whose own invariant accounts for it), or appended as one ``FrameForCloud`` record, or
-counted (``frames_for_cloud_log_full``); a frame reclaimed from the handoff was never appended and is
-routed again. A frame's record never precedes the marker in force when it was last routed, nor
-follows the next one.
+counted (``frames_for_cloud_log_full``); a frame reclaimed or taken back overdue from the handoff was
+never appended and is routed again, to the engine. A frame's record never precedes the marker in
+force when it was last routed, nor follows the next one.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Callable
 from typing import Any
 
 from gateway.camera.events import CameraEventRecorder, EdgeFrame
 from gateway.camera.inference import InferenceEngine
-from gateway.placement.execution import EDGE_SIDES, ServiceSides, sides_text
+from gateway.placement.execution import EDGE_SIDES, InputDispatch, ServiceSides, sides_text
 from models.inference import InferenceInput
 from protocol.control import Side
 
@@ -60,11 +72,15 @@ async def route_frames(
     routed = 0
     while not source.finished:
         await _follow(engine, events, sides)
-        frame = await source.get(POLL_S)
+        wait_s, dispatch = POLL_S, sides().dispatch
+        if dispatch is not None:  # every deadline left is in the future: a wait, never a busy loop
+            await _take_overdue(engine, events, dispatch.link_failing)
+            wait_s = min(wait_s, events.handoff.next_deadline() - time.monotonic())
+        frame = await source.get(wait_s)
         if frame is None:
             continue
         await _follow(engine, events, sides)  # the plan may have changed while waiting
-        await _route_applied(frame, engine, events)
+        await _route_applied(frame, engine, events, sides().dispatch)  # read again: it follows the link
         routed += 1
         await events.flush_routed(idle=source.queued() == 0)  # the cloud's frames, durable soon
     return routed
@@ -90,24 +106,54 @@ async def _follow(
             f"; {len(reclaimed)} frame(s) the link had not carried are inferred here" if reclaimed else "",
         )
     for held in reclaimed:
-        await _route_applied(held.frame, engine, events)
+        await _route_applied(held.frame, engine, events, None)
 
 
-async def _route_applied(frame: Any, engine: InferenceEngine, events: CameraEventRecorder) -> None:
-    """Route ``frame`` by the sides of the last marker."""
+async def _take_overdue(engine: InferenceEngine, events: CameraEventRecorder, link_failing: bool) -> None:
+    """Infer here the held frames the uplink did not take before their deadline (all of them while
+    the link is failing)."""
+    for held in await events.handoff.take_overdue(math.inf if link_failing else time.monotonic()):
+        _infer_here(held.frame, engine, "edge")
+
+
+async def _route_applied(
+    frame: Any, engine: InferenceEngine, events: CameraEventRecorder, dispatch: InputDispatch | None
+) -> None:
+    """Route ``frame`` by the sides of the last marker, and ``dispatch`` (None: by the sides only)."""
     applied = events.applied  # None only while no marker could be appended (a full log)
-    await _route(frame, engine, events, applied.sides if applied else EDGE_SIDES["camera"])
+    if applied is None:
+        dispatch = None
+    await _route(frame, engine, events, applied.sides if applied else EDGE_SIDES["camera"], dispatch)
 
 
 async def _route(
-    frame: Any, engine: InferenceEngine, events: CameraEventRecorder, sides: dict[str, Side]
+    frame: Any,
+    engine: InferenceEngine,
+    events: CameraEventRecorder,
+    sides: dict[str, Side],
+    dispatch: InputDispatch | None,
 ) -> None:
-    if sides["infer"] == "cloud":
+    cost_s = None if dispatch is None else dispatch.cost_s(engine.cost_per_input()[0])
+    if dispatch is not None and cost_s is not None:  # module docstring, "Dispatching each frame"
+        edge_s = (engine.pending() + 1) * cost_s
+        deadline = time.monotonic() + edge_s
+        if sides["infer"] == "cloud" and dispatch.link_failing:
+            events.counters["frames_kept_here"] += 1
+            _infer_here(frame, engine, "edge")
+            return
+        spill = sides["infer"] == "edge" and events.can_upload_frames and dispatch.spill(edge_s)
+    else:
+        deadline, spill = math.inf, False
+    if sides["infer"] == "cloud" or spill:
         model = engine.active_artifact
-        if model is not None and await events.append_for_cloud(frame, model.name, model.version):
+        if model is not None and await events.append_for_cloud(frame, model.name, model.version, deadline):
+            events.counters["frames_spilled"] += spill
             return
         events.counters["frames_cloud_fallback"] += 1
-    summarise_at: Side = sides["summarise"]
+    _infer_here(frame, engine, sides["summarise"])
+
+
+def _infer_here(frame: Any, engine: InferenceEngine, summarise_at: Side) -> None:
     engine.submit(
         InferenceInput(
             frame.camera_id, frame.seq, frame.capture_ts, frame.image, EdgeFrame(frame.jpeg, summarise_at)

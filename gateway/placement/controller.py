@@ -2,9 +2,10 @@
 
 Invariants: one owner starts and stops it; the first plan is made in ``start`` (so a started
 controller always has a plan); ``before_check`` (the owner's refresh of the planner's inputs, e.g.
-measured costs) runs before every check, the first included, in this task; ``on_plan`` is called
-once per new plan, in order, from this task only; an exception in either is logged and counted
-(``callback_errors``), never kills the loop.
+measured costs) runs before every check, the first included, in this task, and ``after_check`` after
+it with the link view the check planned with (what follows the link between plans: per-input dispatch);
+``on_plan`` is called once per new plan, in order, from this task only; an exception in any of them is
+logged and counted (``callback_errors``), never kills the loop.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable
 
+from gateway.placement.cost import LinkView
 from gateway.placement.link import LinkMonitor
 from gateway.placement.plan import Plan
 from gateway.placement.planner import PlacementPlanner
@@ -34,11 +36,13 @@ class PlacementController:
         interval_s: float = 1.0,
         default_rtt_s: float = 0.1,
         before_check: Callable[[], None] | None = None,
+        after_check: Callable[[LinkView], None] | None = None,
     ) -> None:
         self.planner = planner
         self._monitor = monitor
         self._on_plan = on_plan
         self._before_check = before_check
+        self._after_check = after_check
         self._interval = interval_s
         self._default_rtt = default_rtt_s
         self._wake = asyncio.Event()
@@ -70,7 +74,8 @@ class PlacementController:
             except Exception:
                 self.callback_errors += 1
                 log.exception("placement: before_check failed; planning with the inputs it had")
-        plan = self.planner.update(self._monitor.snapshot().view(self._default_rtt))
+        view = self._monitor.snapshot().view(self._default_rtt)
+        plan = self.planner.update(view)
         if plan is not None:
             log.info("placement %s", self.planner.decisions[-1].to_text())
             if self._on_plan is not None:
@@ -81,6 +86,12 @@ class PlacementController:
                 except Exception:
                     self.callback_errors += 1
                     log.exception("on_plan callback failed for plan v%d", plan.version)
+        if self._after_check is not None:
+            try:
+                self._after_check(view)
+            except Exception:
+                self.callback_errors += 1
+                log.exception("placement: after_check failed")
         return plan
 
     async def _run(self) -> None:

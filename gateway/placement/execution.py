@@ -11,13 +11,18 @@ owner of a service's inputs (the sensor ingest task, the camera router) reads ``
 in its own task, before each input, and switches (writing a PlacementMarker) when the sides differ
 from the last it applied. Nothing here runs a task or calls back into an owner.
 
+``InputDispatch`` is what a service whose inputs are independent (the camera's frames; ``PER_INPUT``)
+needs to send one input to the other side than the plan's (docs/placement.md, "Dispatching each
+frame"): the runner sets it after every check of the link (``set_dispatch``), not only with a new plan,
+so it follows the link without making plan versions.
+
 Invariant: ``current(service)`` always returns a side for every placed task of that service, and no
 task is at the edge when one of its predecessors is in the cloud.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.placement.plan import Plan
 from gateway.taskgraphs.graph import TaskGraph
@@ -28,6 +33,9 @@ from protocol.derived import PlacedService, all_on
 # the protocol's table, looked up by a task graph's name (any str)
 PLACED_TASKS: dict[str, tuple[str, ...]] = {service: tasks for service, tasks in PLACED_BY_SERVICE.items()}
 EDGE_SIDES: dict[str, dict[str, Side]] = {service: all_on(service, "edge") for service in PLACED_BY_SERVICE}
+# The services whose inputs may each go to either side, and the task that decides it (the tasks after
+# it follow it). The sensor's windows are not independent inputs: they move with the plan only.
+PER_INPUT: dict[str, str] = {"camera": "infer"}
 
 
 def service_sides(plan: Plan, graph: TaskGraph) -> dict[str, Side]:
@@ -43,11 +51,41 @@ def service_sides(plan: Plan, graph: TaskGraph) -> dict[str, Side]:
 
 
 @dataclass(frozen=True)
+class InputDispatch:
+    """What the owner of a ``PER_INPUT`` service needs to send one input against the plan:
+    ``cloud_s``, the predicted latency of one input with the task in the cloud on the link as it is
+    now (None: none goes there against the plan: the link is down, or the uplink has others to send
+    first); ``link_failing``, a failure seen since the last success (or the link down): nothing waits
+    for the link, an input the plan sends to the cloud runs here; ``declared_cost_s``, the task's edge
+    cost per input if the operator declared one (in force whatever is measured, as in the plan; None:
+    the owner prices its queue with what it measures)."""
+
+    cloud_s: float | None
+    link_failing: bool = False
+    declared_cost_s: float | None = None
+
+    def cost_s(self, measured_s: float | None) -> float | None:
+        """The cost per input to price the owner's queue with: the declared one, else ``measured_s``."""
+        return self.declared_cost_s if self.declared_cost_s is not None else measured_s
+
+    def spill(self, edge_s: float) -> bool:
+        """Whether an input the plan runs at the edge, done there in ``edge_s``, is done sooner in
+        the cloud."""
+        return not self.link_failing and self.cloud_s is not None and edge_s > self.cloud_s
+
+    def uplink_busy(self) -> InputDispatch:
+        """The same, while the uplink has other records to send first: nothing spills."""
+        return InputDispatch(None, self.link_failing, self.declared_cost_s)
+
+
+@dataclass(frozen=True)
 class ServiceSides:
-    """Where a service's placed tasks run, and the plan that said so (0: no plan yet)."""
+    """Where a service's placed tasks run, the plan that said so (0: no plan yet), and how a single
+    input may go to the other side (None: it may not: a pinned task, placement off, dispatch off)."""
 
     plan: int
     sides: dict[str, Side]
+    dispatch: InputDispatch | None = field(default=None, compare=False)
 
     @staticmethod
     def edge(service: str) -> ServiceSides:
@@ -66,6 +104,7 @@ class PlannedSides:
     def __init__(self, graphs: tuple[TaskGraph, ...]) -> None:
         self._graphs = {g.name: g for g in graphs if g.name in PLACED_TASKS}
         self._current: dict[str, ServiceSides] = {name: ServiceSides.edge(name) for name in self._graphs}
+        self._dispatch: dict[str, InputDispatch | None] = {}
         self.changes = 0  # plans that moved a placed task
 
     def update(self, plan: Plan) -> None:
@@ -76,10 +115,23 @@ class PlannedSides:
             self._current[name] = ServiceSides(plan.version, sides)
         self.changes += changed
 
+    def set_dispatch(self, service: str, dispatch: InputDispatch | None) -> None:
+        """How one input of ``service`` (a ``PER_INPUT`` one) may go to the other side from now on."""
+        self._dispatch[service] = dispatch
+
     def current(self, service: PlacedService) -> ServiceSides:
         """The sides now; a service this gateway does not plan runs everything at the edge."""
         found = self._current.get(service)
-        return found if found is not None else ServiceSides.edge(service)
+        if found is None:
+            return ServiceSides.edge(service)
+        return ServiceSides(found.plan, found.sides, self._dispatch.get(service))
 
     def to_dict(self) -> dict[str, dict[str, Side]]:
         return {name: dict(current.sides) for name, current in self._current.items()}
+
+    def dispatch_status(self) -> dict[str, dict[str, float | None] | None]:
+        """/status: per ``PER_INPUT`` service, the figures its inputs are dispatched by (None: off)."""
+        return {
+            name: None if d is None else {"cloud_s": d.cloud_s, "link_failing": d.link_failing}
+            for name, d in self._dispatch.items()
+        }

@@ -354,6 +354,23 @@ class PlacementPlanner:
         version = 1 if self.current is None else self.current.version + 1
         return self._adopt(self._plan(link, version), trigger)
 
+    def cloud_input_s(self, service: str, task: str, link: LinkView) -> float | None:
+        """The predicted latency of one input of ``service`` with ``task`` and every task after it in
+        the cloud, the others where the current plan has them, on ``link`` with the current plan's
+        uplink traffic (execution.py's ``InputDispatch``); None while the link is down or before a
+        plan."""
+        if link.state == "down" or self.current is None:
+            return None
+        graph = next(s for s in self._services if s.name == service)
+        in_cloud: set[str] = set()
+        for t in graph.tasks:  # topological order
+            if t.name == task or any(before in in_cloud for before in t.after):
+                in_cloud.add(t.name)
+        sides = ["cloud" if t.name in in_cloud else self.current.side(service, t.name) for t in graph.tasks]
+        eff = effective_link(link, self._budgets)
+        qf_link = queue_factor(self.current.uplink_Bps / eff.goodput_Bps)
+        return option_latency(make_option(graph, sides), eff, 1.0, qf_link)
+
     def _plan(self, link: LinkView, version: int) -> Plan:
         return plan_placement(
             self._services, link, self._budgets, self._pins, version=version, made_at=self._clock()

@@ -4,7 +4,9 @@ Owns the LinkProber and the PlacementController (the LinkMonitor is made by ``ma
 the uplink can feed it before this starts). Start order: prober, then controller (whose first
 plan is made in its ``start``); stop in reverse. ``sides`` (a ``PlannedSides``) is updated with
 each new plan before ``on_plan`` is called: the owners of the placed services read it there
-(execution.py).
+(execution.py). After every check, with ``dispatch_inputs``, the figures each input of a per-input
+service (the camera) is dispatched by are set there too (``InputDispatch``), unless the operator pinned
+its task.
 
 Costs: ``costs`` (a ``MeasuredGraphs``) holds the graphs the planner plans with: the catalog's, with
 the edge costs the config declares, and what the measurement sources (``add_measurement_source``:
@@ -27,8 +29,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gateway.placement.controller import OnPlan, PlacementController
-from gateway.placement.cost import Budgets
-from gateway.placement.execution import PlannedSides
+from gateway.placement.cost import Budgets, LinkView
+from gateway.placement.execution import PER_INPUT, InputDispatch, PlannedSides
 from gateway.placement.link import LinkMonitor
 from gateway.placement.plan import Plan
 from gateway.placement.planner import Hysteresis, PlacementPlanner
@@ -127,8 +129,10 @@ class PlacementRunner:
             self._new_plan,
             interval_s=config.replan_interval_s,
             before_check=self._poll_costs,
+            after_check=self._set_dispatch,
         )
         monitor.add_listener(lambda _up: self.controller.poke())  # up/down re-plans now, not at the next tick
+        monitor.add_suspect_listener(self.controller.poke)  # a failing link: dispatch nothing to it now
         self._started: list[str] = []
 
     def add_measurement_source(self, source: MeasurementSource) -> None:
@@ -150,6 +154,19 @@ class PlacementRunner:
         if moved:
             self.planner.revise_services(self.costs.graphs, "costs: " + ", ".join(moved))
             log.info("placement: costs in force now %s", ", ".join(moved))
+
+    def _set_dispatch(self, link: LinkView) -> None:
+        """Per-input dispatch from this check's link (execution.py's ``InputDispatch``)."""
+        failing = link.state == "down" or self.monitor.snapshot().consecutive_failures > 0
+        planned = {g.name for g in self.costs.graphs}
+        for service, task in PER_INPUT.items():
+            if service not in planned:
+                continue
+            dispatch, name = None, f"{service}/{task}"
+            if self.config.dispatch_inputs and name not in self.planner.pins:
+                cloud_s = self.planner.cloud_input_s(service, task, link)
+                dispatch = InputDispatch(cloud_s, failing, self.config.edge_costs.get(name))
+            self.sides.set_dispatch(service, dispatch)
 
     async def _new_plan(self, plan: Plan) -> None:
         self.sides.update(plan)
@@ -194,5 +211,6 @@ class PlacementRunner:
             "callback_errors": self.controller.callback_errors,
             "sides": self.sides.to_dict(),
             "sides_changes": self.sides.changes,
+            "dispatch": self.sides.dispatch_status(),
             "costs": {**self.costs.status(), "source_errors": self.source_errors},
         }

@@ -148,6 +148,12 @@ class BatchChooser:
         self._index.restore(cls, back)
 
     # -- choosing ----------------------------------------------------------------------------
+    @property
+    def live_held(self) -> bool:
+        """Whether a record appended now waits for a backlog first: a generation drains, or a failed
+        batch's records are about to join the backlog."""
+        return self._hold_live or self._absorb
+
     async def next_batch(self, durable: int, *, in_flight: bool = False) -> Batch | None:
         """The next batch among the records up to ``durable``, an empty "scan" batch after a scan
         slice, or None when nothing waits. ``in_flight``: other batches are being sent; only a

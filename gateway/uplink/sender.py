@@ -211,6 +211,12 @@ class Uplink:
         return self._ledger.acknowledged(lsn)
 
     @property
+    def live_waits(self) -> bool:
+        """Whether a record appended now waits before it is sent: the uplink backs off from a failure,
+        or a backlog goes first (chooser.py's ``live_held``)."""
+        return self.state == "backoff" or self.chooser.live_held
+
+    @property
     def last_success_ts(self) -> float:
         return self._ledger.last_success_ts
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
@@ -29,7 +30,30 @@ async def test_held_frames_leave_once_released_or_reclaimed_oldest_first():
     await handoff.hold(held(5), append)
     assert [h.frame for h in await handoff.reclaim()] == [4, 5]
     assert await handoff.release(append) == 0 and appended == [1, 2, 3]  # reclaimed: never appended
-    assert handoff.counters == {"held": 5, "released": 3, "reclaimed": 2, "overflow_released": 0}
+    assert handoff.counters == {
+        "held": 5,
+        "released": 3,
+        "reclaimed": 2,
+        "overdue": 0,
+        "overflow_released": 0,
+    }
+
+
+async def test_a_frame_past_its_deadline_is_taken_back_the_others_stay():
+    appended: list[int] = []
+
+    async def append(item: HeldFrame) -> None:
+        appended.append(item.body["seq"])
+
+    handoff = CloudHandoff(bound=8, on_held=lambda: None)
+    assert handoff.next_deadline() == math.inf
+    for seq, deadline in ((1, 10.0), (2, 5.0), (3, math.inf)):
+        await handoff.hold(HeldFrame(frame=seq, body={"seq": seq}, deadline=deadline), append)
+    assert handoff.next_deadline() == 5.0
+    assert await handoff.take_overdue(4.9) == []
+    assert [h.frame for h in await handoff.take_overdue(10.0)] == [1, 2]
+    assert handoff.next_deadline() == math.inf and handoff.counters["overdue"] == 2
+    assert await handoff.release(append) == 1 and appended == [3]  # taken back: never appended
 
 
 async def test_at_the_bound_the_oldest_goes_into_the_log():

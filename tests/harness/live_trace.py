@@ -90,9 +90,14 @@ def trace(scale: float = 1.0) -> tuple[Phase, ...]:
 
 
 def gateway_config(
-    camera_url: str, blob_dir: Path, pins: dict[str, str], artifact_dir: Path | None = None
+    camera_url: str,
+    blob_dir: Path,
+    pins: dict[str, str],
+    artifact_dir: Path | None = None,
+    dispatch_inputs: bool = True,
 ) -> str:
-    """What gatewayd runs with (the part after write_config's [uplink] keys).
+    """What gatewayd runs with (the part after write_config's [uplink] keys). ``dispatch_inputs``
+    off: every frame goes where the plan runs ``infer`` (docs/placement.md, "Dispatching each frame").
 
     With ``artifact_dir`` (a weak edge's model) the gateway plans with what it measures, as a real box
     does. Without, it plans as a Raspberry-Pi-class box with the catalog's camera would: camera
@@ -109,6 +114,7 @@ def gateway_config(
         "[log]\nflush_interval_ms = 50\n"
         '[devices]\nallow = ["sensor-*", "hot-*"]\n'
         f"[placement]\npins = {{ {pin_table} }}\n"  # the default probes: one every 5 s
+        f"dispatch_inputs = {str(dispatch_inputs).lower()}\n"
         f"{costs}"
         f"[sensor]\nwindow_s = 1.0\n[sensor.bounds]\ntemperature_c = {{ high = {ALERT_HIGH_C} }}\n"
         f'[camera]\nenabled = true\ncamera_id = "{CAMERA_ID}"\nsource = "{camera_url}"\nalert_score = 0.9\n'
@@ -233,9 +239,11 @@ async def run_live(
     sensor_hz: float = 5.0,
     settle_timeout_s: float = 60.0,
     weak_edge: WeakEdge | None = None,
+    dispatch_inputs: bool = True,
 ) -> LiveRun:
     """Play ``phases`` once on fresh processes under ``tmp``; drain; return what happened.
-    ``weak_edge`` raises ``WeakEdgeUnavailable`` where no CPU quota can be set (not emulated)."""
+    ``weak_edge`` raises ``WeakEdgeUnavailable`` where no CPU quota can be set (not emulated);
+    ``dispatch_inputs`` is gateway_config's."""
     tmp.mkdir(parents=True, exist_ok=True)
     run = LiveRun()
     stop_devices = threading.Event()
@@ -260,7 +268,7 @@ async def run_live(
             broker.url,
             cloud_url=f"http://127.0.0.1:{proxy_port}",
             token=cloudd_token("gw1"),
-            extra=gateway_config(camera.url, tmp / "blobs", pins or {}, artifact_dir),
+            extra=gateway_config(camera.url, tmp / "blobs", pins or {}, artifact_dir, dispatch_inputs),
         )
         gateway = Gatewayd(config, http_port)
         cleanup.callback(gateway.terminate)  # registered first: run after the CPU quota is lifted

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from gateway.placement.cost import Budgets, LinkView, effective_link, evaluate, make_option
+from gateway.placement.execution import InputDispatch
 from gateway.placement.planner import Hysteresis, PinError, PlacementPlanner, plan_placement, replan_trigger
 from gateway.placement.search import (
     cut_options,
@@ -249,3 +250,26 @@ def test_planner_replans_only_outside_band_and_logs_decisions():
 def test_plan_text_form_names_everything():
     text = plan_placement([sensor_graph()], UP, Budgets()).to_text()
     assert "sensor p3:" in text and "ingest@edge" in text and "reason:" in text
+
+
+def test_one_frames_cloud_latency_follows_the_link_and_decides_where_a_frame_is_done_sooner():
+    """``cloud_input_s`` (what the camera router dispatches each frame by): one frame with ``infer``
+    and ``summarise`` in the cloud, priced on the link as it is now, whatever the plan placed."""
+    planner = PlacementPlanner(default_graphs())
+    assert planner.cloud_input_s("camera", "infer", UP) is None  # no plan yet
+    planner.update(SLOW)
+    assert planner.current is not None and planner.current.side("camera", "infer") == "edge"
+    fast, slow = (planner.cloud_input_s("camera", "infer", link) for link in (UP, SLOW))
+    assert fast is not None and slow is not None
+    frame = camera_graph().task("change")  # what crosses: the changed frame, a blob then its record
+    assert slow >= frame.trips * SLOW.rtt_s + frame.output_bytes / SLOW.goodput_Bps > fast
+    assert planner.cloud_input_s("camera", "infer", LinkView("down", 0.04, 1e6)) is None
+    flapping = LinkView("flapping", 0.04, 1e6, up_fraction=0.4, longest_down_s=3.0)
+    waits = planner.cloud_input_s("camera", "infer", flapping)
+    assert waits is not None and waits > fast + 0.6 * 3.0 / 2 - 1e-9  # the wait for the link
+
+    dispatch = InputDispatch(cloud_s=0.7)
+    assert [dispatch.spill(edge_s) for edge_s in (0.3, 0.6, 0.9)] == [False, False, True]
+    assert not dispatch.uplink_busy().spill(100)  # a backlog goes first: never
+    assert not InputDispatch(cloud_s=None).spill(100)  # link down: never
+    assert not InputDispatch(cloud_s=0.7, link_failing=True).spill(100)
