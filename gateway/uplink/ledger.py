@@ -10,6 +10,8 @@ backlog (chooser.py).
 
 Full log (policy "drop_oldest"): the books follow the log's trim point past a drop (the backlog
 forgets what is gone); what the drop lost, and the LogGap records that tell the cloud, are gaps.py's.
+A drop leaves a batch in flight to its fate; the books, following the drop, call its records trimmed,
+so they first note which of them the drop took (``_dropped_in_flight``): lost if the batch fails.
 Damage in the log (``LogCorrupted``): nothing is read, sent or trimmed past it (damage_stop.py).
 """
 
@@ -36,6 +38,9 @@ class UplinkLedger:
         self.damage_stop = DamageStop()
         self._gap_records = GapRecords(record_log, gateway_id)
         self._in_flight: dict[int, list[tuple[int, int]]] = {}  # id(batch) -> its LSN runs, while sent
+        # id(batch) -> its runs a drop removed while it was in flight, taken when the books followed
+        # that drop (which books them as trimmed): lost if the batch then fails (``failed``)
+        self._dropped_in_flight: dict[int, list[tuple[int, int]]] = {}
         self._synced = False
         self._warn = RateLimitedLog(log)
         self.last_success_ts = 0.0
@@ -90,6 +95,10 @@ class UplinkLedger:
             return
         self.counters["drops_followed"] += 1
         self._gap_records.forget_dropped(trimmed, self.chooser.acked)
+        for key, runs in self._in_flight.items():
+            gone = lost_in_flight(self.chooser.acked, runs, trimmed)  # before the books call them trimmed
+            if gone:
+                self._dropped_in_flight[key] = self._dropped_in_flight.get(key, []) + gone
         self.chooser.follow_drops(trimmed)
 
     def sending(self, batch: Batch) -> None:
@@ -112,6 +121,7 @@ class UplinkLedger:
             return Outcome(
                 "bad_ack", f"sent {first}-{last}, cloud acked {outcome.ack.first_lsn}-{outcome.ack.last_lsn}"
             )
+        self._dropped_in_flight.pop(id(batch), None)  # stored after all: nothing of it was lost
         self.chooser.acknowledged(batch)
         # Counted when the cloud acknowledged it, before the trim's await: a reader that sees the
         # log trimmed also sees the batch counted.
@@ -126,6 +136,7 @@ class UplinkLedger:
         self.chooser.failed(batch)
         runs = runs_of(lsn for lsn, _ in batch.entries)
         lost = lost_in_flight(self.chooser.acked, runs, self._log.trimmed_lsn)  # before the await
+        lost += self._dropped_in_flight.pop(id(batch), [])  # those the books already called trimmed
         if lost:
             await self._log.add_lost(lost)
 

@@ -9,7 +9,6 @@ plays the uplink's part where one is needed (``release_held``, as the uplink cal
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 from collections import Counter, deque
 from pathlib import Path
@@ -27,7 +26,7 @@ from gateway.storage.epoch_log import EpochLog
 from gateway.uplink.blobs import BlobSpool
 from protocol.config import CameraConfig
 from protocol.control import Side
-from tests.harness.camera import scene_artifact
+from tests.harness.camera import scene_artifact, ticking
 from tests.harness.poll import eventually
 
 COST_S = 0.2  # what the engine measures per frame (its timer ticks this much per timed run)
@@ -57,11 +56,6 @@ def frames() -> list[CameraFrame]:
     return [
         CameraFrame("cam1", seq, 1000.0 + seq, image, f"jpeg {seq}".encode(), 0.5) for seq in range(FRAMES)
     ]
-
-
-def ticking(step_s: float):
-    ticks = itertools.count()
-    return lambda: next(ticks) * step_s
 
 
 class Camera:

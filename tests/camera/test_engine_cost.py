@@ -3,25 +3,17 @@ loaded (so a model that never ran here still has a figure), then the median of i
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 
 from gateway.camera.inference import MIN_COST_BATCHES, PROBE_RUNS, InferenceEngine
 from models.inference import InferenceInput
-from tests.harness.camera import scene_artifact
+from tests.harness.camera import scene_artifact, ticking
 
 
 def frame(seq: int) -> InferenceInput:
     rng = np.random.default_rng(seq)
     return InferenceInput("cam1", seq, 0.0, rng.integers(0, 255, (240, 320, 3), dtype=np.uint8))
-
-
-def ticking(step_s: float):
-    """A timer that advances ``step_s`` per call: every timed run lasts exactly ``step_s``."""
-    ticks = itertools.count()
-    return lambda: next(ticks) * step_s
 
 
 async def run_batch_of(engine: InferenceEngine, size: int, first_seq: int) -> None:

@@ -4,7 +4,9 @@ believed fast from the start: ``prior_goodput_Bps``).
 
 - gw1 measures (the default): /status reports camera/infer's edge cost as "measured", far below the
   catalog's Raspberry-Pi-class 0.45 s (the scene model is a 48x48 CNN), and the camera's measured
-  frame rate and frame size; every plan it made kept infer at the edge, so no frame went to the cloud.
+  frame rate and frame size; every plan it made kept infer at the edge, so no frame went to the cloud
+  (``dispatch_inputs`` off: what is asserted is the plan; with it on, a frame the busy engine's queue
+  would delay may spill to the cloud, docs/placement.md "Dispatching each frame").
 - gw2 declares ``[placement.edge_costs] "camera/infer" = 0.45``, as a Pi-class box would: the
   declared cost is in force (what it measures is only shown) and, on the same link, its plan runs
   infer in the cloud: frames go up for cloudd to infer.
@@ -32,6 +34,7 @@ def config_text(camera_url: str, blob_dir: Path, declared: str = "") -> str:
         f'blob_dir = "{blob_dir}"\n'  # still inside write_config's [uplink]
         "[log]\nflush_interval_ms = 50\n"
         "[placement]\nprobe_interval_s = 0.5\ngoodput_every = 1\nprior_goodput_Bps = 10000000.0\n"
+        "dispatch_inputs = false\n"
         f"{declared}"
         f'[camera]\nenabled = true\ncamera_id = "cam1"\nsource = "{camera_url}"\n'
         "open_timeout_s = 3.0\nread_timeout_s = 3.0\nbackoff_initial_s = 0.2\nbackoff_max_s = 1.0\n"

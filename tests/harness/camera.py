@@ -5,9 +5,11 @@ of it, ground-truth matching."""
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import signal
 import subprocess
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +17,13 @@ from models.artifact import ModelArtifact, build_metadata, load_artifact
 from tests.harness.processes import REPO, kill_process, run_module, start_module, stop_process, wait_for_port
 
 SCENE_ARTIFACT = REPO / "models" / "artifacts" / "scene"
+
+
+def ticking(step_s: float) -> Callable[[], float]:
+    """A timer for ``InferenceEngine(timer=...)`` that advances ``step_s`` per call: every timed run
+    lasts exactly ``step_s``, so the engine measures that cost per input whatever the machine."""
+    ticks = itertools.count()
+    return lambda: next(ticks) * step_s
 
 
 def scene_artifact(version: str | None = None) -> ModelArtifact:
