@@ -3,7 +3,8 @@
 Invariants: one owner starts and stops it; the first plan is made in ``start`` (so a started
 controller always has a plan); ``before_check`` (the owner's refresh of the planner's inputs, e.g.
 measured costs) runs before every check, the first included, in this task, and ``after_check`` after
-it with the link view the check planned with (what follows the link between plans: per-input dispatch);
+it with the monitor's estimate and the view the check planned with (what follows the link between
+plans: per-input dispatch);
 ``on_plan`` is called once per new plan, in order, from this task only; an exception in any of them is
 logged and counted (``callback_errors``), never kills the loop.
 """
@@ -16,7 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from gateway.placement.cost import LinkView
-from gateway.placement.link import LinkMonitor
+from gateway.placement.link import LinkEstimate, LinkMonitor
 from gateway.placement.plan import Plan
 from gateway.placement.planner import PlacementPlanner
 from runtime.tasks import cancel_and_wait, wait_event
@@ -36,7 +37,7 @@ class PlacementController:
         interval_s: float = 1.0,
         default_rtt_s: float = 0.1,
         before_check: Callable[[], None] | None = None,
-        after_check: Callable[[LinkView], None] | None = None,
+        after_check: Callable[[LinkEstimate, LinkView], None] | None = None,
     ) -> None:
         self.planner = planner
         self._monitor = monitor
@@ -74,7 +75,8 @@ class PlacementController:
             except Exception:
                 self.callback_errors += 1
                 log.exception("placement: before_check failed; planning with the inputs it had")
-        view = self._monitor.snapshot().view(self._default_rtt)
+        estimate = self._monitor.snapshot()
+        view = estimate.view(self._default_rtt)
         plan = self.planner.update(view)
         if plan is not None:
             log.info("placement %s", self.planner.decisions[-1].to_text())
@@ -88,7 +90,7 @@ class PlacementController:
                     log.exception("on_plan callback failed for plan v%d", plan.version)
         if self._after_check is not None:
             try:
-                self._after_check(view)
+                self._after_check(estimate, view)
             except Exception:
                 self.callback_errors += 1
                 log.exception("placement: after_check failed")

@@ -31,7 +31,7 @@ from typing import Any
 from gateway.placement.controller import OnPlan, PlacementController
 from gateway.placement.cost import Budgets, LinkView
 from gateway.placement.execution import PER_INPUT, InputDispatch, PlannedSides
-from gateway.placement.link import LinkMonitor
+from gateway.placement.link import LinkEstimate, LinkMonitor
 from gateway.placement.plan import Plan
 from gateway.placement.planner import Hysteresis, PlacementPlanner
 from gateway.placement.probe import LinkProber
@@ -155,9 +155,9 @@ class PlacementRunner:
             self.planner.revise_services(self.costs.graphs, "costs: " + ", ".join(moved))
             log.info("placement: costs in force now %s", ", ".join(moved))
 
-    def _set_dispatch(self, link: LinkView) -> None:
+    def _set_dispatch(self, estimate: LinkEstimate, link: LinkView) -> None:
         """Per-input dispatch from this check's link (execution.py's ``InputDispatch``)."""
-        failing = link.state == "down" or self.monitor.snapshot().consecutive_failures > 0
+        failing = link.state == "down" or estimate.consecutive_failures > 0
         planned = {g.name for g in self.costs.graphs}
         for service, task in PER_INPUT.items():
             if service not in planned:
